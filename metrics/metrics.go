@@ -1,0 +1,192 @@
+// Package metrics holds the Prometheus collectors of the generator. Names,
+// types, labels, help strings and buckets of the kubelet_* collectors match
+// the kubelet's, so existing dashboards and the kubernetes-mixin rules work
+// unchanged; what the kubelet lacks lives under the pleg_ prefix.
+package metrics
+
+import (
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+)
+
+// Runtime operation types, the values of the operation_type label.
+const (
+	OpListPodSandbox     = "list_podsandbox"
+	OpListContainers     = "list_containers"
+	OpPodSandboxStatus   = "podsandbox_status"
+	OpContainerStatus    = "container_status"
+	OpGetContainerEvents = "get_container_events"
+	OpStatus             = "status"
+	OpVersion            = "version"
+)
+
+// Metrics is the set of collectors one generator (and its runtime client)
+// reports to. Create it with New; the zero value is not usable.
+type Metrics struct {
+	RelistDuration    prometheus.Histogram
+	RelistInterval    prometheus.Histogram
+	PodRelistDuration prometheus.Histogram
+	DiscardEvents     prometheus.Counter
+	LastSeen          prometheus.Gauge
+	RunningPods       prometheus.Gauge
+	RunningContainers *prometheus.GaugeVec
+	NodeName          *prometheus.GaugeVec
+
+	RuntimeOperations        *prometheus.CounterVec
+	RuntimeOperationErrors   *prometheus.CounterVec
+	RuntimeOperationDuration *prometheus.HistogramVec
+
+	EventedConnectionErrors  prometheus.Counter
+	EventedConnectionSuccess prometheus.Counter
+	EventedConnectionLatency prometheus.Histogram
+
+	// pleg_ extras.
+	RelistInProgress      prometheus.Gauge
+	InspectionTimeouts    *prometheus.CounterVec
+	InspectionFailures    prometheus.Counter
+	InspectionsInFlight   prometheus.Gauge
+	SubscriberResyncs     prometheus.Counter
+	EventsDelivered       *prometheus.CounterVec
+	EventDeliveryLatency  prometheus.Histogram
+	RuntimeEvents         *prometheus.CounterVec
+	PodRelistQueueDropped prometheus.Counter
+	EventStreamUp         prometheus.Gauge
+}
+
+// New creates the collectors and registers them on reg. A nil reg leaves
+// them unregistered (useful in tests and benchmarks).
+func New(reg prometheus.Registerer) *Metrics {
+	m := &Metrics{
+		RelistDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Subsystem: "kubelet", Name: "pleg_relist_duration_seconds",
+			Help:    "Duration in seconds for relisting pods in PLEG.",
+			Buckets: prometheus.DefBuckets,
+		}),
+		RelistInterval: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Subsystem: "kubelet", Name: "pleg_relist_interval_seconds",
+			Help:    "Interval in seconds between relisting in PLEG.",
+			Buckets: prometheus.DefBuckets,
+		}),
+		PodRelistDuration: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Subsystem: "kubelet", Name: "pleg_pod_relist_duration_seconds",
+			Help:    "Duration in seconds for relisting a single pod in PLEG.",
+			Buckets: prometheus.DefBuckets,
+		}),
+		DiscardEvents: prometheus.NewCounter(prometheus.CounterOpts{
+			Subsystem: "kubelet", Name: "pleg_discard_events",
+			Help: "The number of discard events in PLEG.",
+		}),
+		LastSeen: prometheus.NewGauge(prometheus.GaugeOpts{
+			Subsystem: "kubelet", Name: "pleg_last_seen_seconds",
+			Help: "Timestamp in seconds when PLEG was last seen active.",
+		}),
+		RunningPods: prometheus.NewGauge(prometheus.GaugeOpts{
+			Subsystem: "kubelet", Name: "running_pods",
+			Help: "Number of pods that have a running pod sandbox",
+		}),
+		RunningContainers: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Subsystem: "kubelet", Name: "running_containers",
+			Help: "Number of containers currently running",
+		}, []string{"container_state"}),
+		NodeName: prometheus.NewGaugeVec(prometheus.GaugeOpts{
+			Subsystem: "kubelet", Name: "node_name",
+			Help: "The node's name. The count is always 1.",
+		}, []string{"node"}),
+		RuntimeOperations: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Subsystem: "kubelet", Name: "runtime_operations_total",
+			Help: "Cumulative number of runtime operations by operation type.",
+		}, []string{"operation_type"}),
+		RuntimeOperationErrors: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Subsystem: "kubelet", Name: "runtime_operations_errors_total",
+			Help: "Cumulative number of runtime operation errors by operation type.",
+		}, []string{"operation_type"}),
+		RuntimeOperationDuration: prometheus.NewHistogramVec(prometheus.HistogramOpts{
+			Subsystem: "kubelet", Name: "runtime_operations_duration_seconds",
+			Help:    "Duration in seconds of runtime operations. Broken down by operation type.",
+			Buckets: prometheus.ExponentialBuckets(.005, 2.5, 14),
+		}, []string{"operation_type"}),
+		EventedConnectionErrors: prometheus.NewCounter(prometheus.CounterOpts{
+			Subsystem: "kubelet", Name: "evented_pleg_connection_error_count",
+			Help: "The number of errors encountered during the establishment of streaming connection with the CRI runtime.",
+		}),
+		EventedConnectionSuccess: prometheus.NewCounter(prometheus.CounterOpts{
+			Subsystem: "kubelet", Name: "evented_pleg_connection_success_count",
+			Help: "The number of times a streaming client was obtained to receive CRI Events.",
+		}),
+		EventedConnectionLatency: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Subsystem: "kubelet", Name: "evented_pleg_connection_latency_seconds",
+			Help:    "The latency of streaming connection with the CRI runtime, measured in seconds.",
+			Buckets: prometheus.DefBuckets,
+		}),
+		RelistInProgress: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "pleg_relist_in_progress_seconds",
+			Help: "How long the relist now running has been running, in seconds; 0 when no relist runs. Unlike the relist duration histogram it moves while a relist is stuck.",
+		}),
+		InspectionTimeouts: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "pleg_pod_inspection_timeouts_total",
+			Help: "Pod inspections abandoned because they exceeded the pod inspection timeout, by the runtime call that was outstanding.",
+		}, []string{"operation_type"}),
+		InspectionFailures: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "pleg_pod_inspection_failures_total",
+			Help: "Pod inspections that failed (error or timeout); the pod is reinspected on a later relist.",
+		}),
+		InspectionsInFlight: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "pleg_pod_inspections_in_flight",
+			Help: "Pod status fetches now outstanding, including abandoned ones that have not returned yet.",
+		}),
+		SubscriberResyncs: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "pleg_subscriber_resyncs_total",
+			Help: "Times a subscriber fell too far behind and was sent a resync marker followed by the state of every pod instead of the events it missed.",
+		}),
+		EventsDelivered: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "pleg_events_total",
+			Help: "Pod lifecycle events emitted, by event type.",
+		}, []string{"type"}),
+		EventDeliveryLatency: prometheus.NewHistogram(prometheus.HistogramOpts{
+			Name:    "pleg_runtime_event_to_delivery_seconds",
+			Help:    "Time from a runtime container event (its created_at) to the lifecycle event it triggered being delivered.",
+			Buckets: []float64{.001, .0025, .005, .01, .025, .05, .1, .25, .5, 1, 2.5, 5, 10},
+		}),
+		RuntimeEvents: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "pleg_runtime_events_total",
+			Help: "Container events received from the runtime's event stream, by event type.",
+		}, []string{"type"}),
+		PodRelistQueueDropped: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "pleg_pod_relist_requests_dropped_total",
+			Help: "Single-pod relist requests the bounded queue could not hold; the next global relist covers them.",
+		}),
+		EventStreamUp: prometheus.NewGauge(prometheus.GaugeOpts{
+			Name: "pleg_event_stream_connected",
+			Help: "1 while the runtime's container event stream is connected, 0 otherwise.",
+		}),
+	}
+	if reg != nil {
+		reg.MustRegister(m.collectors()...)
+	}
+	return m
+}
+
+func (m *Metrics) collectors() []prometheus.Collector {
+	return []prometheus.Collector{
+		m.RelistDuration, m.RelistInterval, m.PodRelistDuration, m.DiscardEvents,
+		m.LastSeen, m.RunningPods, m.RunningContainers, m.NodeName,
+		m.RuntimeOperations, m.RuntimeOperationErrors, m.RuntimeOperationDuration,
+		m.EventedConnectionErrors, m.EventedConnectionSuccess, m.EventedConnectionLatency,
+		m.RelistInProgress, m.InspectionTimeouts, m.InspectionFailures, m.InspectionsInFlight,
+		m.SubscriberResyncs, m.EventsDelivered, m.EventDeliveryLatency, m.RuntimeEvents,
+		m.PodRelistQueueDropped, m.EventStreamUp,
+	}
+}
+
+// ObserveRuntimeOperation counts and times one runtime call.
+func (m *Metrics) ObserveRuntimeOperation(op string, d time.Duration, err error) {
+	if m == nil {
+		return
+	}
+	m.RuntimeOperations.WithLabelValues(op).Inc()
+	m.RuntimeOperationDuration.WithLabelValues(op).Observe(d.Seconds())
+	if err != nil {
+		m.RuntimeOperationErrors.WithLabelValues(op).Inc()
+	}
+}

@@ -1,0 +1,191 @@
+// Package runtime defines what the pod lifecycle event generator needs from a
+// container runtime, and the runtime-neutral types it speaks: pods as listed
+// (sandboxes and containers grouped by pod UID), full pod statuses, and
+// runtime container events.
+//
+// The production implementation over CRI v1 gRPC lives in runtime/cri; a
+// simulated CRI runtime for demos, tests and benchmarks lives in runtime/sim.
+// Nothing here knows about the generator itself.
+package runtime
+
+import (
+	"context"
+	"errors"
+	"time"
+
+	"k8s.io/apimachinery/pkg/types"
+)
+
+// Well-known labels a kubelet-managed runtime puts on sandboxes and containers.
+const (
+	LabelPodUID        = "io.kubernetes.pod.uid"
+	LabelPodName       = "io.kubernetes.pod.name"
+	LabelPodNamespace  = "io.kubernetes.pod.namespace"
+	LabelContainerName = "io.kubernetes.container.name"
+)
+
+// State is the runtime state of a container or sandbox, reduced to what the
+// generator distinguishes. Sandboxes use StateRunning (ready) and StateExited
+// (not ready).
+type State int
+
+const (
+	StateUnknown State = iota // CONTAINER_UNKNOWN, or any value we do not know
+	StateCreated              // CONTAINER_CREATED
+	StateRunning              // CONTAINER_RUNNING, SANDBOX_READY
+	StateExited               // CONTAINER_EXITED, SANDBOX_NOTREADY
+)
+
+func (s State) String() string {
+	switch s {
+	case StateCreated:
+		return "created"
+	case StateRunning:
+		return "running"
+	case StateExited:
+		return "exited"
+	default:
+		return "unknown"
+	}
+}
+
+// Container is one container or sandbox as a list call reports it.
+type Container struct {
+	ID        string
+	Name      string // container name; for a sandbox, the pod name
+	Attempt   uint32
+	State     State
+	Image     string
+	CreatedAt int64 // nanoseconds since the epoch, as CRI reports it
+}
+
+// Pod groups the sandboxes and containers that share one pod UID.
+type Pod struct {
+	UID        types.UID
+	Name       string
+	Namespace  string
+	Sandboxes  []*Container
+	Containers []*Container
+}
+
+// SandboxStatus is the full status of one pod sandbox.
+type SandboxStatus struct {
+	ID        string
+	State     State
+	CreatedAt time.Time
+	Attempt   uint32
+	IPs       []string // primary first
+	// HostNetwork is true when the sandbox shares the node's network namespace.
+	HostNetwork bool
+}
+
+// ContainerStatus is the full status of one container.
+type ContainerStatus struct {
+	ID         string
+	Name       string
+	Attempt    uint32
+	State      State
+	Image      string
+	ImageRef   string
+	CreatedAt  time.Time
+	StartedAt  time.Time
+	FinishedAt time.Time
+	ExitCode   int32
+	Reason     string
+	Message    string
+}
+
+// PodStatus is the full status of a pod: every sandbox and container of it
+// that the runtime still knows.
+type PodStatus struct {
+	UID               types.UID
+	Name              string
+	Namespace         string
+	IPs               []string
+	SandboxStatuses   []*SandboxStatus
+	ContainerStatuses []*ContainerStatus
+}
+
+// Runtime is what the generator needs from a container runtime.
+//
+// Implementations must be safe for concurrent use.
+type Runtime interface {
+	// ListPods lists every sandbox and container, in every state, grouped
+	// by pod UID. Items without metadata or ID are skipped.
+	ListPods(ctx context.Context) ([]*Pod, error)
+	// ListPod lists the sandboxes and containers of one pod. It returns
+	// (nil, nil) when the runtime has nothing for that UID.
+	ListPod(ctx context.Context, uid types.UID) (*Pod, error)
+	// PodStatus fetches the full status of every sandbox and container of
+	// pod, using the IDs in pod (no further list calls). Items that vanished
+	// since the listing (NotFound) are left out, not reported as errors.
+	PodStatus(ctx context.Context, pod *Pod) (*PodStatus, error)
+}
+
+// EventType is the type of a runtime container event.
+type EventType int
+
+const (
+	ContainerCreated EventType = iota
+	ContainerStarted
+	ContainerStopped
+	ContainerDeleted
+)
+
+func (t EventType) String() string {
+	switch t {
+	case ContainerCreated:
+		return "CONTAINER_CREATED_EVENT"
+	case ContainerStarted:
+		return "CONTAINER_STARTED_EVENT"
+	case ContainerStopped:
+		return "CONTAINER_STOPPED_EVENT"
+	case ContainerDeleted:
+		return "CONTAINER_DELETED_EVENT"
+	default:
+		return "UNKNOWN_EVENT"
+	}
+}
+
+// Event is one runtime container event (CRI GetContainerEvents). The
+// generator treats events only as hints about which pod to relist.
+type Event struct {
+	ContainerID string
+	Type        EventType
+	CreatedAt   time.Time
+	// Pod identifies the pod the event belongs to, when the runtime says.
+	PodUID       types.UID
+	PodName      string
+	PodNamespace string
+}
+
+// EventSource is implemented by runtimes that stream container events.
+type EventSource interface {
+	// WatchEvents streams events to fn until ctx is done or the stream
+	// fails. It returns ErrEventsUnsupported when the runtime has no event
+	// stream. fn must not block for long.
+	WatchEvents(ctx context.Context, fn func(Event)) error
+}
+
+// ErrEventsUnsupported says that a runtime does not stream container events.
+var ErrEventsUnsupported = errors.New("runtime does not support container events")
+
+// Condition is one runtime condition (CRI RuntimeCondition).
+type Condition struct {
+	Type    string
+	Status  bool
+	Reason  string
+	Message string
+}
+
+// Well-known runtime condition types.
+const (
+	RuntimeReady = "RuntimeReady"
+	NetworkReady = "NetworkReady"
+)
+
+// StatusChecker is implemented by runtimes that report their own conditions
+// (CRI Status).
+type StatusChecker interface {
+	Status(ctx context.Context) ([]Condition, error)
+}

@@ -1,0 +1,30 @@
+package runtime
+
+import (
+	"context"
+	"time"
+)
+
+// CallTracer observes the runtime calls made on behalf of one context. The
+// generator uses it to name the call a slow pod is stuck in; `pleg diagnose`
+// uses it to time every call.
+type CallTracer interface {
+	// StartCall is called before a runtime call; op is the metrics
+	// operation type (e.g. "container_status") and id the container or
+	// sandbox ID, if any. The returned function is called once with the
+	// call's duration and error when the call returns.
+	StartCall(op, id string) (done func(d time.Duration, err error))
+}
+
+type tracerKey struct{}
+
+// WithCallTracer returns a context whose runtime calls are reported to t.
+func WithCallTracer(ctx context.Context, t CallTracer) context.Context {
+	return context.WithValue(ctx, tracerKey{}, t)
+}
+
+// CallTracerFrom returns the tracer of ctx, or nil.
+func CallTracerFrom(ctx context.Context) CallTracer {
+	t, _ := ctx.Value(tracerKey{}).(CallTracer)
+	return t
+}
