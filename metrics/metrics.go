@@ -5,6 +5,7 @@
 package metrics
 
 import (
+	"sync/atomic"
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
@@ -42,7 +43,7 @@ type Metrics struct {
 	EventedConnectionLatency prometheus.Histogram
 
 	// pleg_ extras.
-	RelistInProgress      prometheus.Gauge
+	RelistInProgress      prometheus.GaugeFunc
 	InspectionTimeouts    *prometheus.CounterVec
 	InspectionFailures    prometheus.Counter
 	InspectionsInFlight   prometheus.Gauge
@@ -52,6 +53,14 @@ type Metrics struct {
 	RuntimeEvents         *prometheus.CounterVec
 	PodRelistQueueDropped prometheus.Counter
 	EventStreamUp         prometheus.Gauge
+
+	progress atomic.Pointer[func() time.Duration]
+}
+
+// TrackRelistProgress makes pleg_relist_in_progress_seconds report f(): how
+// long the running relist has been running (0 when none runs).
+func (m *Metrics) TrackRelistProgress(f func() time.Duration) {
+	m.progress.Store(&f)
 }
 
 // New creates the collectors and registers them on reg. A nil reg leaves
@@ -119,10 +128,6 @@ func New(reg prometheus.Registerer) *Metrics {
 			Help:    "The latency of streaming connection with the CRI runtime, measured in seconds.",
 			Buckets: prometheus.DefBuckets,
 		}),
-		RelistInProgress: prometheus.NewGauge(prometheus.GaugeOpts{
-			Name: "pleg_relist_in_progress_seconds",
-			Help: "How long the relist now running has been running, in seconds; 0 when no relist runs. Unlike the relist duration histogram it moves while a relist is stuck.",
-		}),
 		InspectionTimeouts: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "pleg_pod_inspection_timeouts_total",
 			Help: "Pod inspections abandoned because they exceeded the pod inspection timeout, by the runtime call that was outstanding.",
@@ -161,6 +166,15 @@ func New(reg prometheus.Registerer) *Metrics {
 			Help: "1 while the runtime's container event stream is connected, 0 otherwise.",
 		}),
 	}
+	m.RelistInProgress = prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "pleg_relist_in_progress_seconds",
+		Help: "How long the relist now running has been running, in seconds; 0 when no relist runs. Unlike the relist duration histogram it moves while a relist is stuck.",
+	}, func() float64 {
+		if f := m.progress.Load(); f != nil {
+			return (*f)().Seconds()
+		}
+		return 0
+	})
 	if reg != nil {
 		reg.MustRegister(m.collectors()...)
 	}

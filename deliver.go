@@ -1,0 +1,262 @@
+package pleg
+
+import (
+	"context"
+	"errors"
+	"sort"
+	"sync"
+
+	"github.com/go-logr/logr"
+	"github.com/podlifecycle/pleg/metrics"
+	"github.com/podlifecycle/pleg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+)
+
+// ErrClosed is returned by Subscription.Next once the subscription or its
+// generator is closed.
+var ErrClosed = errors.New("pleg: subscription closed")
+
+// Update is what a subscription delivers: a lifecycle event, or a resync.
+type Update struct {
+	// Event is the lifecycle event, unless Resync is true.
+	Event Event
+	// Resync is true when Pods replaces everything the subscriber knew:
+	// the first update of every subscription, and the update that follows
+	// when a subscriber fell too far behind (instead of the events it
+	// missed). Events after it apply on top of it.
+	Resync bool
+	Pods   []PodState
+}
+
+// PodState is the state of one pod as of the events delivered so far.
+type PodState struct {
+	UID        types.UID        `json:"podUID"`
+	Name       string           `json:"podName"`
+	Namespace  string           `json:"podNamespace"`
+	Containers []ContainerState `json:"containers"`
+}
+
+// ContainerState is the state of one container or sandbox of a PodState.
+type ContainerState struct {
+	ID      string `json:"containerID"`
+	Name    string `json:"containerName,omitempty"`
+	Sandbox bool   `json:"sandbox,omitempty"`
+	// State is "running", "exited" or "unknown".
+	State string `json:"state"`
+}
+
+// hub delivers events: to the kubelet-compatible channel, which drops on a
+// full buffer, and to subscriptions, which never lose an event silently.
+type hub struct {
+	log      logr.Logger
+	m        *metrics.Metrics
+	capacity int
+	buffer   int
+
+	mu     sync.Mutex
+	ch     chan *Event
+	subs   map[*Subscription]struct{}
+	pods   map[types.UID]*runtime.Pod // the listing events were delivered for
+	closed bool
+}
+
+func newHub(capacity, buffer int, log logr.Logger, m *metrics.Metrics) *hub {
+	return &hub{log: log, m: m, capacity: capacity, buffer: buffer,
+		subs: make(map[*Subscription]struct{}), pods: make(map[types.UID]*runtime.Pod)}
+}
+
+func (h *hub) watch() <-chan *Event {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.ch == nil {
+		h.ch = make(chan *Event, h.capacity)
+		if h.closed {
+			close(h.ch)
+		}
+	}
+	return h.ch
+}
+
+// publish delivers the events of one pod and records pod (nil: gone) as
+// the state they lead to.
+func (h *hub) publish(uid types.UID, pod *runtime.Pod, events []Event) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.closed {
+		return
+	}
+	if pod == nil {
+		delete(h.pods, uid)
+	} else {
+		h.pods[uid] = pod
+	}
+	for i := range events {
+		e := &events[i]
+		h.m.EventsDelivered.WithLabelValues(string(e.Type)).Inc()
+		if h.log.V(2).Enabled() {
+			h.log.V(2).Info("SyncLoop (PLEG): event for pod", "pod", e.Pod(), "event", logEvent{e})
+		}
+		if h.ch != nil {
+			ev := *e
+			select {
+			case h.ch <- &ev:
+			default:
+				h.m.DiscardEvents.Inc()
+				h.log.Error(nil, "Event channel is full, discard this relist() cycle event")
+			}
+		}
+		for s := range h.subs {
+			s.push(*e)
+		}
+	}
+}
+
+// logEvent renders an event the way the kubelet logs it.
+type logEvent struct{ e *Event }
+
+func (l logEvent) MarshalLog() any {
+	data := any(l.e.ContainerID)
+	if l.e.Type == PodSync {
+		data = nil
+	}
+	return struct {
+		ID   types.UID
+		Type EventType
+		Data any
+	}{l.e.PodUID, l.e.Type, data}
+}
+
+// snapshotLocked returns the state of every pod, sorted by namespace/name.
+func (h *hub) snapshotLocked() []PodState {
+	out := make([]PodState, 0, len(h.pods))
+	for _, p := range h.pods {
+		ps := PodState{UID: p.UID, Name: p.Name, Namespace: p.Namespace,
+			Containers: make([]ContainerState, 0, len(p.Containers)+len(p.Sandboxes))}
+		for _, s := range p.Sandboxes {
+			ps.Containers = append(ps.Containers, ContainerState{ID: s.ID, Name: s.Name, Sandbox: true, State: stateOf(s.State).String()})
+		}
+		for _, c := range p.Containers {
+			ps.Containers = append(ps.Containers, ContainerState{ID: c.ID, Name: c.Name, State: stateOf(c.State).String()})
+		}
+		out = append(out, ps)
+	}
+	sort.Slice(out, func(i, j int) bool {
+		if out[i].Namespace != out[j].Namespace {
+			return out[i].Namespace < out[j].Namespace
+		}
+		if out[i].Name != out[j].Name {
+			return out[i].Name < out[j].Name
+		}
+		return out[i].UID < out[j].UID
+	})
+	return out
+}
+
+func (h *hub) subscribe() *Subscription {
+	s := &Subscription{h: h, wake: make(chan struct{}, 1), resync: true, limit: h.buffer}
+	h.mu.Lock()
+	if h.closed {
+		s.closed = true
+	} else {
+		h.subs[s] = struct{}{}
+	}
+	h.mu.Unlock()
+	return s
+}
+
+func (h *hub) close() {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	if h.closed {
+		return
+	}
+	h.closed = true
+	if h.ch != nil {
+		close(h.ch)
+	}
+	for s := range h.subs {
+		s.closed = true
+		s.signal()
+	}
+	clear(h.subs)
+}
+
+// Subscription receives every event of a generator, in order per pod. Its
+// fields are guarded by the hub's lock.
+type Subscription struct {
+	h      *hub
+	wake   chan struct{}
+	limit  int
+	queue  []Event
+	resync bool // the next update is a resync
+	closed bool
+}
+
+// push queues e; called with the hub locked. A full queue turns into a
+// pending resync: the queued events are dropped, and the subscriber will
+// get the state they led to instead.
+func (s *Subscription) push(e Event) {
+	if s.resync {
+		return // the snapshot taken at the next read includes e
+	}
+	if len(s.queue) >= s.limit {
+		s.queue = nil
+		s.resync = true
+		s.h.m.SubscriberResyncs.Inc()
+		s.h.log.Info("Subscriber fell behind; it will be resynced", "buffer", s.limit)
+		s.signal()
+		return
+	}
+	s.queue = append(s.queue, e)
+	s.signal()
+}
+
+func (s *Subscription) signal() {
+	select {
+	case s.wake <- struct{}{}:
+	default:
+	}
+}
+
+// Next returns the next update, blocking until there is one, the context
+// ends, or the subscription is closed (ErrClosed).
+func (s *Subscription) Next(ctx context.Context) (Update, error) {
+	for {
+		s.h.mu.Lock()
+		if s.closed {
+			s.h.mu.Unlock()
+			return Update{}, ErrClosed
+		}
+		if s.resync {
+			s.resync = false
+			u := Update{Resync: true, Pods: s.h.snapshotLocked()}
+			s.h.mu.Unlock()
+			return u, nil
+		}
+		if len(s.queue) > 0 {
+			e := s.queue[0]
+			s.queue[0] = Event{}
+			s.queue = s.queue[1:]
+			if len(s.queue) == 0 {
+				s.queue = nil // let the backing array go
+			}
+			s.h.mu.Unlock()
+			return Update{Event: e}, nil
+		}
+		s.h.mu.Unlock()
+		select {
+		case <-s.wake:
+		case <-ctx.Done():
+			return Update{}, ctx.Err()
+		}
+	}
+}
+
+// Close ends the subscription; Next then returns ErrClosed.
+func (s *Subscription) Close() {
+	s.h.mu.Lock()
+	delete(s.h.subs, s)
+	s.closed = true
+	s.h.mu.Unlock()
+	s.signal()
+}

@@ -1,0 +1,226 @@
+package pleg
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/podlifecycle/pleg/runtime"
+	"k8s.io/utils/clock"
+)
+
+// Node Ready condition values, the kubelet's.
+const (
+	ReasonReady       = "KubeletReady"
+	ReasonNotReady    = "KubeletNotReady"
+	MessageReady      = "kubelet is posting ready status"
+	runtimeStaleAfter = 30 * time.Second
+)
+
+// HealthChecker is anything with a health check, such as a Generator.
+type HealthChecker interface {
+	Healthy() (bool, error)
+}
+
+// Condition is the node Ready condition the kubelet would post.
+type Condition struct {
+	Type    string `json:"type"`
+	Status  string `json:"status"` // "True" or "False"
+	Reason  string `json:"reason"`
+	Message string `json:"message"`
+	// Errors are the individual failing checks joined in Message.
+	Errors []string `json:"errors,omitempty"`
+	// LastRuntimeStatus is when the runtime last reported itself ready.
+	LastRuntimeStatus time.Time `json:"lastRuntimeStatus,omitempty"`
+}
+
+// Ready reports whether the condition's status is True.
+func (c Condition) Ready() bool { return c.Status == "True" }
+
+// Readiness aggregates the generator's health and the runtime's own status
+// into the node Ready condition, as the kubelet does: a periodic CRI Status
+// call must have found the runtime ready within the last 30 s, and every
+// health check must pass.
+type Readiness struct {
+	checks   map[string]HealthChecker
+	order    []string
+	rt       runtime.StatusChecker
+	clock    clock.WithTicker
+	interval time.Duration
+	timeout  time.Duration
+	log      logr.Logger
+
+	mu          sync.Mutex
+	lastSync    time.Time // the runtime last answered ready
+	runtimeErr  error     // the runtime answered, but not ready
+	networkErr  error
+	lastStatErr error // the last Status call failed
+}
+
+// ReadinessOptions configure a Readiness.
+type ReadinessOptions struct {
+	// Runtime is asked for its status every Interval (default 5s), with
+	// Timeout (default 2m) per call.
+	Runtime  runtime.StatusChecker
+	Interval time.Duration
+	Timeout  time.Duration
+	Clock    clock.WithTicker
+	Logger   logr.Logger
+}
+
+// NewReadiness returns a Readiness with the health check "PLEG".
+func NewReadiness(pleg HealthChecker, opts ReadinessOptions) *Readiness {
+	if opts.Clock == nil {
+		opts.Clock = clock.RealClock{}
+	}
+	if opts.Interval <= 0 {
+		opts.Interval = 5 * time.Second
+	}
+	if opts.Timeout <= 0 {
+		opts.Timeout = 2 * time.Minute
+	}
+	if opts.Logger.GetSink() == nil {
+		opts.Logger = logr.Discard()
+	}
+	r := &Readiness{checks: map[string]HealthChecker{}, rt: opts.Runtime, clock: opts.Clock,
+		interval: opts.Interval, timeout: opts.Timeout, log: opts.Logger}
+	if pleg != nil {
+		r.AddCheck("PLEG", pleg)
+	}
+	return r
+}
+
+// AddCheck adds a named health check; a failing one reads
+// "<name> is not healthy: <err>".
+func (r *Readiness) AddCheck(name string, c HealthChecker) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if _, ok := r.checks[name]; !ok {
+		r.order = append(r.order, name)
+	}
+	r.checks[name] = c
+}
+
+// Run checks the runtime's status at once and then every interval until
+// ctx ends.
+func (r *Readiness) Run(ctx context.Context) {
+	t := r.clock.NewTicker(r.interval)
+	defer t.Stop()
+	for {
+		r.CheckRuntime(ctx)
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C():
+		}
+	}
+}
+
+// CheckRuntime asks the runtime for its status once.
+func (r *Readiness) CheckRuntime(ctx context.Context) {
+	if r.rt == nil {
+		return
+	}
+	cctx, cancel := context.WithTimeout(ctx, r.timeout)
+	conds, err := r.rt.Status(cctx)
+	cancel()
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.lastStatErr = err
+	if err != nil {
+		if ctx.Err() == nil {
+			r.log.Error(err, "Container runtime sanity check failed")
+		}
+		return
+	}
+	var rtReady, netReady *runtime.Condition
+	for i := range conds {
+		switch conds[i].Type {
+		case runtime.RuntimeReady:
+			rtReady = &conds[i]
+		case runtime.NetworkReady:
+			netReady = &conds[i]
+		}
+	}
+	r.networkErr = nil
+	if netReady == nil || !netReady.Status {
+		r.networkErr = fmt.Errorf("container runtime network not ready: %s", formatCondition(runtime.NetworkReady, netReady))
+	}
+	if rtReady == nil || !rtReady.Status {
+		r.runtimeErr = fmt.Errorf("container runtime not ready: %s", formatCondition(runtime.RuntimeReady, rtReady))
+		return
+	}
+	r.runtimeErr = nil
+	r.lastSync = r.clock.Now()
+}
+
+func formatCondition(typ string, c *runtime.Condition) string {
+	if c == nil {
+		return typ + " condition is missing"
+	}
+	return fmt.Sprintf("%s=%t reason:%s message:%s", c.Type, c.Status, c.Reason, c.Message)
+}
+
+// Errors returns the failing checks in the kubelet's order: the runtime's
+// liveness, the health checks, then the runtime's own readiness.
+func (r *Readiness) Errors() []error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	var errs []error
+	switch {
+	case r.rt == nil:
+	case r.lastSync.IsZero():
+		errs = append(errs, errors.New("container runtime status check may not have completed yet"))
+	case !r.lastSync.Add(runtimeStaleAfter).After(r.clock.Now()):
+		errs = append(errs, errors.New("container runtime is down"))
+	}
+	for _, name := range r.order {
+		if ok, err := r.checks[name].Healthy(); !ok {
+			errs = append(errs, fmt.Errorf("%s is not healthy: %v", name, err))
+		}
+	}
+	if r.runtimeErr != nil {
+		errs = append(errs, r.runtimeErr)
+	}
+	if r.networkErr != nil {
+		errs = append(errs, r.networkErr)
+	}
+	return errs
+}
+
+// Condition returns the node Ready condition.
+func (r *Readiness) Condition() Condition {
+	errs := r.Errors()
+	r.mu.Lock()
+	c := Condition{Type: "Ready", LastRuntimeStatus: r.lastSync}
+	r.mu.Unlock()
+	if len(errs) == 0 {
+		c.Status, c.Reason, c.Message = "True", ReasonReady, MessageReady
+		return c
+	}
+	c.Status, c.Reason, c.Message = "False", ReasonNotReady, JoinErrors(errs)
+	for _, e := range errs {
+		c.Errors = append(c.Errors, e.Error())
+	}
+	return c
+}
+
+// JoinErrors joins errors the way the kubelet does: one error reads as
+// itself, several as "[a, b]".
+func JoinErrors(errs []error) string {
+	switch len(errs) {
+	case 0:
+		return ""
+	case 1:
+		return errs[0].Error()
+	}
+	msgs := make([]string, len(errs))
+	for i, e := range errs {
+		msgs[i] = e.Error()
+	}
+	return "[" + strings.Join(msgs, ", ") + "]"
+}

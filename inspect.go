@@ -1,0 +1,256 @@
+package pleg
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/podlifecycle/pleg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+)
+
+// inspection is one fetch of a pod's status, running on its own goroutine.
+// A relist waits for it at most the pod inspection timeout; an inspection
+// that outlives that wait is abandoned but tracked until its runtime call
+// returns, so a pod that keeps hanging never has more than one call out.
+type inspection struct {
+	pod     *runtime.Pod
+	started time.Time
+	done    chan struct{}
+	status  *runtime.PodStatus
+	err     error
+	calls   callTracker
+}
+
+// inflightSet tracks abandoned inspections that have not returned yet.
+type inflightSet struct {
+	mu   sync.Mutex
+	pods map[types.UID]*inspection
+}
+
+func (s *inflightSet) get(uid types.UID) *inspection {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return s.pods[uid]
+}
+
+func (s *inflightSet) put(uid types.UID, in *inspection) {
+	s.mu.Lock()
+	s.pods[uid] = in
+	s.mu.Unlock()
+}
+
+func (s *inflightSet) remove(uid types.UID, in *inspection) {
+	s.mu.Lock()
+	if s.pods[uid] == in {
+		delete(s.pods, uid)
+	}
+	s.mu.Unlock()
+}
+
+// Len returns the number of abandoned inspections still outstanding.
+func (s *inflightSet) Len() int {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	return len(s.pods)
+}
+
+// callTracker remembers the runtime call an inspection is waiting on.
+type callTracker struct {
+	mu    sync.Mutex
+	op    string
+	id    string
+	since time.Time
+	now   func() time.Time
+}
+
+func (c *callTracker) StartCall(op, id string) func(time.Duration, error) {
+	c.mu.Lock()
+	c.op, c.id, c.since = op, id, c.now()
+	c.mu.Unlock()
+	return func(time.Duration, error) {
+		c.mu.Lock()
+		c.op, c.id = "", ""
+		c.mu.Unlock()
+	}
+}
+
+func (c *callTracker) outstanding() (op, id string, since time.Time) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.op, c.id, c.since
+}
+
+// InspectionTimeoutError is the error cached for a pod whose inspection
+// exceeded the pod inspection timeout.
+type InspectionTimeoutError struct {
+	Pod       string // namespace/name
+	UID       types.UID
+	Operation string // the runtime call outstanding, e.g. "container_status"
+	ID        string // the container or sandbox it was about
+	Waited    time.Duration
+	// StillRunning is true when an earlier inspection of the pod has not
+	// returned yet, so no new call was made.
+	StillRunning bool
+}
+
+func (e *InspectionTimeoutError) Error() string {
+	call := callName(e.Operation)
+	if e.ID != "" {
+		call += fmt.Sprintf(" %q", e.ID)
+	}
+	if e.StillRunning {
+		return fmt.Sprintf("inspection of pod %q still outstanding after %v (%s)", e.Pod, e.Waited, call)
+	}
+	return fmt.Sprintf("inspection of pod %q exceeded the pod inspection timeout of %v (%s outstanding)", e.Pod, e.Waited, call)
+}
+
+// callName turns an operation type into the CRI method name.
+func callName(op string) string {
+	switch op {
+	case "podsandbox_status":
+		return "PodSandboxStatus"
+	case "container_status":
+		return "ContainerStatus"
+	case "list_podsandbox":
+		return "ListPodSandbox"
+	case "list_containers":
+		return "ListContainers"
+	case "":
+		return "no runtime call"
+	}
+	return op
+}
+
+// inspectAll inspects the pods of todo, at most MaxParallelInspections at
+// once, and calls apply on the calling goroutine for each, in the order the
+// inspections finish (the order of todo when the bound is 1). Pods gone from
+// the listing need no runtime call.
+func (g *Generator) inspectAll(ctx context.Context, todo []work, apply func(work, *runtime.PodStatus, error)) {
+	type result struct {
+		w      work
+		status *runtime.PodStatus
+		err    error
+	}
+	var calls []work
+	for _, w := range todo {
+		if w.rec.current == nil {
+			apply(w, nil, nil)
+			continue
+		}
+		calls = append(calls, w)
+	}
+	if len(calls) == 0 {
+		return
+	}
+	if g.opts.MaxParallelInspections <= 1 || len(calls) == 1 {
+		for _, w := range calls {
+			status, err := g.inspect(ctx, w)
+			apply(w, status, err)
+		}
+		return
+	}
+	results := make(chan result, len(calls))
+	slots := make(chan struct{}, g.opts.MaxParallelInspections)
+	var wg sync.WaitGroup
+	g.wg.Add(1)
+	go func() { // the dispatcher: one goroutine per pod, bounded by slots
+		defer g.wg.Done()
+		for _, w := range calls {
+			select {
+			case slots <- struct{}{}:
+			case <-ctx.Done():
+				results <- result{w: w, err: ctx.Err()}
+				continue
+			}
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				status, err := g.inspect(ctx, w)
+				<-slots
+				results <- result{w: w, status: status, err: err}
+			}()
+		}
+		wg.Wait()
+	}()
+	for range calls {
+		r := <-results
+		apply(r.w, r.status, r.err)
+	}
+}
+
+// inspect fetches the status of one listed pod, waiting at most the pod
+// inspection timeout.
+func (g *Generator) inspect(ctx context.Context, w work) (*runtime.PodStatus, error) {
+	pod := w.rec.current
+	if prev := g.inflight.get(w.uid); prev != nil {
+		// An abandoned call for this pod is still out: make no other.
+		op, id, _ := prev.calls.outstanding()
+		return nil, &InspectionTimeoutError{Pod: podRef(pod), UID: w.uid, Operation: op, ID: id,
+			Waited: g.clock.Since(prev.started), StillRunning: true}
+	}
+	in := &inspection{pod: pod, started: g.clock.Now(), done: make(chan struct{})}
+	in.calls.now = g.clock.Now
+	g.m.InspectionsInFlight.Inc()
+	g.wg.Add(1)
+	go func() {
+		defer g.wg.Done()
+		defer g.m.InspectionsInFlight.Dec()
+		// The call runs under the generator's context, not the relist's, so
+		// that abandoning it does not cancel it: it ends by its own runtime
+		// request timeout, and a pod never has more than one call out.
+		in.status, in.err = g.rt.PodStatus(runtime.WithCallTracer(g.rootCtx, &in.calls), pod)
+		close(in.done)
+	}()
+
+	timeout := g.opts.PodInspectionTimeout
+	var expired <-chan time.Time
+	if timeout > 0 {
+		t := g.clock.NewTimer(timeout)
+		defer t.Stop()
+		expired = t.C()
+	}
+	var err error
+	select {
+	case <-in.done:
+		return in.status, in.err
+	case <-ctx.Done():
+		err = ctx.Err()
+	case <-expired:
+		op, id, _ := in.calls.outstanding()
+		g.m.InspectionTimeouts.WithLabelValues(op).Inc()
+		err = &InspectionTimeoutError{Pod: podRef(pod), UID: w.uid, Operation: op, ID: id, Waited: timeout}
+		g.log.Error(err, "Pod inspection exceeded the timeout; the relist goes on without it",
+			"pod", podRef(pod), "podUID", w.uid, "call", callName(op), "containerID", id, "after", timeout)
+	}
+	g.abandon(w.uid, in)
+	return nil, err
+}
+
+// abandon stops waiting for an inspection but tracks it until its call
+// returns; then the pod is relisted on its own.
+func (g *Generator) abandon(uid types.UID, in *inspection) {
+	pod := in.pod
+	w := work{uid: uid}
+	g.inflight.put(uid, in)
+	g.wg.Add(1)
+	go func() {
+		defer g.wg.Done()
+		<-in.done
+		g.inflight.remove(w.uid, in)
+		if g.rootCtx.Err() != nil {
+			return
+		}
+		g.log.V(2).Info("Abandoned pod inspection returned; relisting the pod",
+			"pod", podRef(pod), "podUID", w.uid, "after", g.clock.Since(in.started), "err", errString(in.err))
+		g.RequestRelist(w.uid)
+	}()
+}
+
+func errString(err error) string {
+	if err == nil {
+		return ""
+	}
+	return err.Error()
+}

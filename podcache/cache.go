@@ -1,0 +1,231 @@
+// Package podcache is the pod status cache the generator keeps fresh: the
+// last status fetched for every pod, when it was fetched, and a global
+// timestamp saying "everything here is at least this fresh".
+//
+// Readers that need a status newer than some instant (a pod worker that
+// just acted on a pod) call GetNewerThan, which blocks until the generator
+// has observed the pod after that instant, or until the context ends.
+//
+//	c := podcache.New()
+//	c.Set(uid, status, nil, t0)
+//	c.UpdateTime(t0)
+//	st, err := c.GetNewerThan(ctx, uid, t0.Add(-time.Second)) // returns at once
+package podcache
+
+import (
+	"context"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/podlifecycle/pleg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+)
+
+// Entry is one cached pod: its status, the error of the inspection that
+// produced it, and when it was observed.
+type Entry struct {
+	Status   *runtime.PodStatus
+	Err      error
+	Modified time.Time
+}
+
+// Cache stores pod statuses. It is safe for concurrent use.
+type Cache struct {
+	mu        sync.Mutex
+	pods      map[types.UID]*Entry
+	timestamp time.Time // global: every entry is at least this fresh
+	waiters   map[types.UID][]*waiter
+}
+
+type waiter struct {
+	min time.Time
+	ch  chan Entry // capacity 1
+}
+
+// New returns an empty cache.
+func New() *Cache {
+	return &Cache{
+		pods:    make(map[types.UID]*Entry),
+		waiters: make(map[types.UID][]*waiter),
+	}
+}
+
+// Get returns the cached status of uid and the error stored with it. A
+// missing entry yields an empty status carrying only the UID, and no error.
+func (c *Cache) Get(uid types.UID) (*runtime.PodStatus, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	e := c.entryLocked(uid)
+	return e.Status, e.Err
+}
+
+// Entry returns the cached entry of uid and whether it exists.
+func (c *Cache) Entry(uid types.UID) (Entry, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	e, ok := c.pods[uid]
+	if !ok {
+		return Entry{Status: &runtime.PodStatus{UID: uid}}, false
+	}
+	return *e, true
+}
+
+// List returns every cached entry, sorted by namespace, name and UID.
+func (c *Cache) List() []Entry {
+	c.mu.Lock()
+	out := make([]Entry, 0, len(c.pods))
+	for _, e := range c.pods {
+		out = append(out, *e)
+	}
+	c.mu.Unlock()
+	sort.Slice(out, func(i, j int) bool {
+		a, b := out[i].Status, out[j].Status
+		if a.Namespace != b.Namespace {
+			return a.Namespace < b.Namespace
+		}
+		if a.Name != b.Name {
+			return a.Name < b.Name
+		}
+		return a.UID < b.UID
+	})
+	return out
+}
+
+// Len returns the number of cached pods.
+func (c *Cache) Len() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.pods)
+}
+
+// Timestamp returns the global timestamp set by UpdateTime.
+func (c *Cache) Timestamp() time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.timestamp
+}
+
+// Set stores the status of uid (and the error of the inspection, which may
+// be nil) as observed at t, and wakes the waiters of uid whose minimum time
+// is not after t.
+func (c *Cache) Set(uid types.UID, status *runtime.PodStatus, err error, t time.Time) {
+	if status == nil {
+		status = &runtime.PodStatus{UID: uid}
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.pods[uid] = &Entry{Status: status, Err: err, Modified: t}
+	c.notifyLocked(uid, t)
+}
+
+// MarkObserved records that uid was observed at t without any change: the
+// entry's time moves to t (if it exists) and waiters up to t are woken.
+func (c *Cache) MarkObserved(uid types.UID, t time.Time) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if e, ok := c.pods[uid]; ok && t.After(e.Modified) {
+		e2 := *e
+		e2.Modified = t
+		c.pods[uid] = &e2
+	}
+	c.notifyLocked(uid, t)
+}
+
+// Delete removes the entry of uid.
+func (c *Cache) Delete(uid types.UID) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	delete(c.pods, uid)
+}
+
+// UpdateTime sets the global timestamp to t and wakes every waiter whose
+// minimum time is not after t, with the current entry of its pod (or the
+// empty status).
+func (c *Cache) UpdateTime(t time.Time) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.timestamp = t
+	for uid := range c.waiters {
+		c.notifyLocked(uid, t)
+	}
+}
+
+// GetNewerThan returns the status of uid once the cache holds information
+// about it that is strictly newer than min: the entry was modified after
+// min, or the global timestamp is after min. It blocks until then, or until
+// ctx ends (returning ctx.Err()).
+func (c *Cache) GetNewerThan(ctx context.Context, uid types.UID, min time.Time) (*runtime.PodStatus, error) {
+	c.mu.Lock()
+	e := c.entryLocked(uid)
+	if e.Modified.After(min) || c.timestamp.After(min) {
+		c.mu.Unlock()
+		return e.Status, e.Err
+	}
+	w := &waiter{min: min, ch: make(chan Entry, 1)}
+	c.waiters[uid] = append(c.waiters[uid], w)
+	c.mu.Unlock()
+
+	select {
+	case e := <-w.ch:
+		return e.Status, e.Err
+	case <-ctx.Done():
+		c.mu.Lock()
+		c.removeWaiterLocked(uid, w)
+		c.mu.Unlock()
+		// A wake-up may have raced with the cancellation: prefer the data.
+		select {
+		case e := <-w.ch:
+			return e.Status, e.Err
+		default:
+		}
+		return nil, ctx.Err()
+	}
+}
+
+func (c *Cache) entryLocked(uid types.UID) Entry {
+	if e, ok := c.pods[uid]; ok {
+		return *e
+	}
+	return Entry{Status: &runtime.PodStatus{UID: uid}}
+}
+
+// notifyLocked wakes the waiters of uid whose minimum time is not after t.
+func (c *Cache) notifyLocked(uid types.UID, t time.Time) {
+	ws := c.waiters[uid]
+	if len(ws) == 0 {
+		return
+	}
+	e := c.entryLocked(uid)
+	keep := ws[:0]
+	for _, w := range ws {
+		if w.min.After(t) {
+			keep = append(keep, w)
+			continue
+		}
+		w.ch <- e
+	}
+	for i := len(keep); i < len(ws); i++ {
+		ws[i] = nil
+	}
+	if len(keep) == 0 {
+		delete(c.waiters, uid)
+	} else {
+		c.waiters[uid] = keep
+	}
+}
+
+func (c *Cache) removeWaiterLocked(uid types.UID, w *waiter) {
+	ws := c.waiters[uid]
+	for i, x := range ws {
+		if x == w {
+			ws = append(ws[:i], ws[i+1:]...)
+			break
+		}
+	}
+	if len(ws) == 0 {
+		delete(c.waiters, uid)
+	} else {
+		c.waiters[uid] = ws
+	}
+}
