@@ -1,0 +1,209 @@
+package pleg
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sort"
+	"sync"
+	"time"
+
+	"github.com/podlifecycle/pleg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+)
+
+// fakeRuntime is an in-memory runtime.Runtime for the generator's tests.
+// Statuses are derived from the listing unless overridden.
+type fakeRuntime struct {
+	mu       sync.Mutex
+	pods     []*runtime.Pod
+	listErr  error
+	fail     map[types.UID]error              // PodStatus fails for these pods
+	statuses map[types.UID]*runtime.PodStatus // overrides
+	hang     map[types.UID]chan struct{}      // PodStatus blocks until closed or ctx done
+	ips      map[types.UID][]string
+	calls    map[string]int
+	statusOf []types.UID // PodStatus calls in order
+}
+
+func newFakeRuntime() *fakeRuntime {
+	return &fakeRuntime{fail: map[types.UID]error{}, statuses: map[types.UID]*runtime.PodStatus{},
+		hang: map[types.UID]chan struct{}{}, ips: map[types.UID][]string{}, calls: map[string]int{}}
+}
+
+func (f *fakeRuntime) setPods(pods ...*runtime.Pod) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.pods = pods
+}
+
+func (f *fakeRuntime) count(name string) int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.calls[name]
+}
+
+func (f *fakeRuntime) ListPods(ctx context.Context) ([]*runtime.Pod, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.calls["ListPods"]++
+	if f.listErr != nil {
+		return nil, f.listErr
+	}
+	return clonePods(f.pods), nil
+}
+
+func (f *fakeRuntime) ListPod(ctx context.Context, uid types.UID) (*runtime.Pod, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.calls["ListPod"]++
+	if f.listErr != nil {
+		return nil, f.listErr
+	}
+	for _, p := range f.pods {
+		if p.UID == uid {
+			return clonePods([]*runtime.Pod{p})[0], nil
+		}
+	}
+	return nil, nil
+}
+
+func (f *fakeRuntime) PodStatus(ctx context.Context, pod *runtime.Pod) (*runtime.PodStatus, error) {
+	f.mu.Lock()
+	f.calls["PodStatus"]++
+	f.statusOf = append(f.statusOf, pod.UID)
+	hang := f.hang[pod.UID]
+	f.mu.Unlock()
+	if hang != nil {
+		if t := runtime.CallTracerFrom(ctx); t != nil {
+			done := t.StartCall("container_status", "hung-container")
+			defer done(0, nil)
+		}
+		select {
+		case <-hang:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	if err := f.fail[pod.UID]; err != nil {
+		return nil, err
+	}
+	if s := f.statuses[pod.UID]; s != nil {
+		return s, nil
+	}
+	s := &runtime.PodStatus{UID: pod.UID, Name: pod.Name, Namespace: pod.Namespace, IPs: f.ips[pod.UID]}
+	for _, c := range pod.Containers {
+		s.ContainerStatuses = append(s.ContainerStatuses, &runtime.ContainerStatus{ID: c.ID, Name: c.Name, State: c.State})
+	}
+	for _, sb := range pod.Sandboxes {
+		s.SandboxStatuses = append(s.SandboxStatuses, &runtime.SandboxStatus{ID: sb.ID, State: sb.State})
+	}
+	return s, nil
+}
+
+func clonePods(pods []*runtime.Pod) []*runtime.Pod {
+	out := make([]*runtime.Pod, len(pods))
+	for i, p := range pods {
+		q := *p
+		q.Containers = cloneContainers(p.Containers)
+		q.Sandboxes = cloneContainers(p.Sandboxes)
+		out[i] = &q
+	}
+	return out
+}
+
+func cloneContainers(cs []*runtime.Container) []*runtime.Container {
+	out := make([]*runtime.Container, len(cs))
+	for i, c := range cs {
+		d := *c
+		out[i] = &d
+	}
+	return out
+}
+
+// pod builds a listed pod; containers and sandboxes are given as
+// "id=state" with an "s:" prefix for sandboxes.
+func pod(uid string, items ...string) *runtime.Pod {
+	p := &runtime.Pod{UID: types.UID(uid), Name: "name-" + uid, Namespace: "ns"}
+	for _, it := range items {
+		sandbox := false
+		if len(it) > 2 && it[:2] == "s:" {
+			sandbox, it = true, it[2:]
+		}
+		id, st, ok := cut(it, "=")
+		if !ok {
+			panic("bad item " + it)
+		}
+		c := &runtime.Container{ID: id, Name: "ctr-" + id, State: parseState(st)}
+		if sandbox {
+			p.Sandboxes = append(p.Sandboxes, c)
+		} else {
+			p.Containers = append(p.Containers, c)
+		}
+	}
+	return p
+}
+
+func cut(s, sep string) (string, string, bool) {
+	for i := 0; i+len(sep) <= len(s); i++ {
+		if s[i:i+len(sep)] == sep {
+			return s[:i], s[i+len(sep):], true
+		}
+	}
+	return s, "", false
+}
+
+func parseState(s string) runtime.State {
+	switch s {
+	case "running":
+		return runtime.StateRunning
+	case "exited":
+		return runtime.StateExited
+	case "created":
+		return runtime.StateCreated
+	case "unknown":
+		return runtime.StateUnknown
+	}
+	panic("unknown state " + s)
+}
+
+// formatEvents renders events one a line as "POD TYPE CONTAINER", grouped
+// by pod (stable: the order within a pod is kept).
+func formatEvents(events []Event) []string {
+	sorted := append([]Event(nil), events...)
+	sort.SliceStable(sorted, func(i, j int) bool { return sorted[i].PodUID < sorted[j].PodUID })
+	out := make([]string, 0, len(sorted))
+	for _, e := range sorted {
+		line := fmt.Sprintf("%s %s", e.PodUID, e.Type)
+		if e.ContainerID != "" {
+			line += " " + e.ContainerID
+		}
+		if e.ExitCode != nil {
+			line += fmt.Sprintf(" exit=%d", *e.ExitCode)
+		}
+		out = append(out, line)
+	}
+	return out
+}
+
+// drain returns every event waiting on ch.
+func drain(ch <-chan *Event) []Event {
+	var out []Event
+	for {
+		select {
+		case e, ok := <-ch:
+			if !ok {
+				return out
+			}
+			out = append(out, *e)
+		default:
+			return out
+		}
+	}
+}
+
+var errStatus = errors.New("status failed")
+
+var _ = time.Second
