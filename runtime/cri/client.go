@@ -1,0 +1,258 @@
+package cri
+
+import (
+	"context"
+	"fmt"
+	"net"
+	"path/filepath"
+	"strings"
+	"time"
+
+	"github.com/go-logr/logr"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/backoff"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+	"k8s.io/klog/v2"
+
+	"github.com/podlifecycle/pleg/metrics"
+	"github.com/podlifecycle/pleg/runtime"
+)
+
+const (
+	// DefaultTimeout is the per-call timeout of unary calls, the kubelet's
+	// default --runtime-request-timeout.
+	DefaultTimeout = 2 * time.Minute
+
+	// maxMsgSize bounds the messages sent to and received from the runtime.
+	maxMsgSize = 16 << 20
+
+	// criAPIVersion is what Version sends as the client's API version.
+	criAPIVersion = "v1"
+)
+
+var (
+	_ runtime.Runtime       = (*Client)(nil)
+	_ runtime.EventSource   = (*Client)(nil)
+	_ runtime.StatusChecker = (*Client)(nil)
+)
+
+// Client talks CRI v1 to one container runtime. It is safe for concurrent
+// use. Create it with Dial and release it with Close.
+type Client struct {
+	endpoint string
+	path     string // unix socket path
+	conn     *grpc.ClientConn
+	rs       runtimeapi.RuntimeServiceClient
+
+	timeout time.Duration
+	metrics *metrics.Metrics
+	log     logr.Logger
+}
+
+type options struct {
+	timeout time.Duration
+	metrics *metrics.Metrics
+	log     *logr.Logger
+}
+
+// Option configures a Client.
+type Option func(*options)
+
+// WithTimeout sets the timeout of every unary call (default DefaultTimeout).
+// d <= 0 disables it: calls are then bounded by their context only. The
+// container event stream never has a timeout.
+func WithTimeout(d time.Duration) Option {
+	return func(o *options) { o.timeout = d }
+}
+
+// WithMetrics counts and times every runtime call in m
+// (kubelet_runtime_operations_*). Without it nothing is recorded.
+func WithMetrics(m *metrics.Metrics) Option {
+	return func(o *options) { o.metrics = m }
+}
+
+// WithLogger sets the logger (default: klog's, named "cri"). Skipped
+// malformed items are logged at V(4).
+func WithLogger(l logr.Logger) Option {
+	return func(o *options) { o.log = &l }
+}
+
+// Dial returns a client of the CRI runtime at endpoint. It does no I/O: the
+// connection is made by the first call and remade as needed.
+//
+// Accepted endpoints name a unix socket by absolute path:
+// "unix:///run/containerd/containerd.sock", "unix:/run/x.sock", a bare
+// "/run/x.sock", and "passthrough:///" followed by any of these. Anything
+// else (tcp://, npipe://, a relative path, an empty string) is an error.
+func Dial(endpoint string, opts ...Option) (*Client, error) {
+	path, err := socketPath(endpoint)
+	if err != nil {
+		return nil, err
+	}
+	o := options{timeout: DefaultTimeout}
+	for _, opt := range opts {
+		opt(&o)
+	}
+	log := klog.Background().WithName("cri")
+	if o.log != nil {
+		log = *o.log
+	}
+
+	dialer := func(ctx context.Context, _ string) (net.Conn, error) {
+		var d net.Dialer
+		return d.DialContext(ctx, "unix", path)
+	}
+	conn, err := grpc.NewClient("passthrough:///"+path,
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithContextDialer(dialer),
+		// The socket path is no valid :authority; runtimes ignore it.
+		grpc.WithAuthority("localhost"),
+		grpc.WithDefaultCallOptions(
+			grpc.MaxCallRecvMsgSize(maxMsgSize),
+			grpc.MaxCallSendMsgSize(maxMsgSize),
+		),
+		// Reconnect soon after a runtime restart.
+		grpc.WithConnectParams(grpc.ConnectParams{
+			Backoff: backoff.Config{
+				BaseDelay:  time.Second,
+				Multiplier: 1.6,
+				Jitter:     0.2,
+				MaxDelay:   3 * time.Second,
+			},
+			MinConnectTimeout: 5 * time.Second,
+		}),
+	)
+	if err != nil {
+		return nil, fmt.Errorf("runtime endpoint %q: %w", endpoint, err)
+	}
+	return &Client{
+		endpoint: endpoint,
+		path:     path,
+		conn:     conn,
+		rs:       runtimeapi.NewRuntimeServiceClient(conn),
+		timeout:  o.timeout,
+		metrics:  o.metrics,
+		log:      log,
+	}, nil
+}
+
+// socketPath returns the unix socket path an endpoint names.
+func socketPath(endpoint string) (string, error) {
+	const hint = "want unix:///absolute/path/to/socket"
+	if endpoint == "" {
+		return "", fmt.Errorf("runtime endpoint is empty; %s", hint)
+	}
+	rest := endpoint
+	if r, ok := strings.CutPrefix(rest, "passthrough:///"); ok {
+		rest = r
+	}
+	if r, ok := strings.CutPrefix(rest, "unix:"); ok {
+		// unix:///abs and unix:/abs; not unix://host/path.
+		rest = r
+		if r, ok := strings.CutPrefix(rest, "//"); ok {
+			rest = r
+		}
+	} else if i := strings.Index(rest, "://"); i >= 0 {
+		return "", fmt.Errorf("runtime endpoint %q: unsupported scheme %q, only unix sockets are supported; %s",
+			endpoint, rest[:i], hint)
+	}
+	if rest == "" {
+		return "", fmt.Errorf("runtime endpoint %q: no socket path; %s", endpoint, hint)
+	}
+	if !strings.HasPrefix(rest, "/") {
+		return "", fmt.Errorf("runtime endpoint %q: socket path %q is not absolute; %s", endpoint, rest, hint)
+	}
+	return filepath.Clean(rest), nil
+}
+
+// Endpoint returns the endpoint as given to Dial.
+func (c *Client) Endpoint() string { return c.endpoint }
+
+// Close closes the connection. Calls in flight fail.
+func (c *Client) Close() error { return c.conn.Close() }
+
+// Version asks the runtime for its name and version (CRI Version). Use it to
+// check that the runtime is reachable: its error names the endpoint.
+func (c *Client) Version(ctx context.Context) (runtimeName, runtimeVersion string, err error) {
+	var resp *runtimeapi.VersionResponse
+	err = c.call(ctx, metrics.OpVersion, "Version", "", func(ctx context.Context) (err error) {
+		resp, err = c.rs.Version(ctx, &runtimeapi.VersionRequest{Version: criAPIVersion})
+		return err
+	})
+	if err != nil {
+		if status.Code(err) == codes.Unimplemented {
+			return "", "", fmt.Errorf("runtime at %s does not serve the CRI v1 runtime service: %w", c.endpoint, err)
+		}
+		return "", "", fmt.Errorf("connect to runtime at %s: %w", c.endpoint, err)
+	}
+	if resp == nil {
+		return "", "", fmt.Errorf("connect to runtime at %s: Version: empty response", c.endpoint)
+	}
+	return resp.RuntimeName, resp.RuntimeVersion, nil
+}
+
+// call runs one unary CRI call under the client's timeout, counts and times
+// it as op, and reports it to the context's call tracer. method and id name
+// the call in the returned error (a *callError wrapping the gRPC error).
+//
+// Every error counts as an error in the metrics, NotFound included, as in
+// the kubelet.
+func (c *Client) call(ctx context.Context, op, method, id string, f func(context.Context) error) error {
+	var done func(time.Duration, error)
+	if t := runtime.CallTracerFrom(ctx); t != nil {
+		done = t.StartCall(op, id)
+	}
+	cctx, cancel := ctx, context.CancelFunc(func() {})
+	if c.timeout > 0 {
+		cctx, cancel = context.WithTimeout(ctx, c.timeout)
+	}
+	start := time.Now()
+	err := f(cctx)
+	d := time.Since(start)
+	cancel()
+	if err != nil {
+		err = &callError{method: method, id: id, err: err}
+	}
+	c.metrics.ObserveRuntimeOperation(op, d, err)
+	if done != nil {
+		done(d, err)
+	}
+	return err
+}
+
+// callError is the error of one CRI call: it names the call and the ID it
+// was about, and wraps the gRPC error, so status.Code and status.FromError
+// still see the gRPC status. A DeadlineExceeded or Canceled status also
+// matches context.DeadlineExceeded or context.Canceled under errors.Is.
+type callError struct {
+	method string
+	id     string
+	err    error
+}
+
+func (e *callError) Error() string {
+	if e.id == "" {
+		return e.method + ": " + e.err.Error()
+	}
+	return fmt.Sprintf("%s %q: %v", e.method, e.id, e.err)
+}
+
+func (e *callError) Unwrap() error { return e.err }
+
+func (e *callError) Is(target error) bool {
+	switch status.Code(e.err) {
+	case codes.DeadlineExceeded:
+		return target == context.DeadlineExceeded
+	case codes.Canceled:
+		return target == context.Canceled
+	}
+	return false
+}
+
+// isNotFound reports whether err is a gRPC NotFound.
+func isNotFound(err error) bool {
+	return err != nil && status.Code(err) == codes.NotFound
+}

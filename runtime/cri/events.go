@@ -1,0 +1,119 @@
+package cri
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"time"
+
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	"k8s.io/apimachinery/pkg/types"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/podlifecycle/pleg/metrics"
+	"github.com/podlifecycle/pleg/runtime"
+)
+
+// WatchEvents opens the runtime's container event stream
+// (GetContainerEvents) and calls fn with each event, in the order received,
+// until ctx is done (it returns ctx.Err()) or the stream fails (it returns
+// the wrapped error; a stream the runtime closes yields an error matching
+// io.EOF). A runtime without the stream (Unimplemented) yields an error
+// matching runtime.ErrEventsUnsupported.
+//
+// The stream has no timeout; only ctx bounds it. Each stream counts once as
+// a get_container_events operation, timed to its establishment; it counts
+// as an operation error when it could not be opened or later ends for any
+// reason but ctx.
+//
+// Event types CRI may add later pass through as runtime.EventType values
+// beyond ContainerDeleted.
+func (c *Client) WatchEvents(ctx context.Context, fn func(runtime.Event)) error {
+	var done func(time.Duration, error)
+	if t := runtime.CallTracerFrom(ctx); t != nil {
+		done = t.StartCall(metrics.OpGetContainerEvents, "")
+	}
+	sctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	start := time.Now()
+	stream, err := c.rs.GetContainerEvents(sctx, &runtimeapi.GetEventsRequest{})
+	d := time.Since(start)
+	if err != nil {
+		err = c.streamError(ctx, err)
+	}
+	c.metrics.ObserveRuntimeOperation(metrics.OpGetContainerEvents, d, err)
+	if done != nil {
+		done(d, err)
+	}
+	if err != nil {
+		return err
+	}
+
+	for {
+		resp, err := stream.Recv()
+		if err != nil {
+			err = c.streamError(ctx, err)
+			if ctx.Err() == nil && c.metrics != nil {
+				c.metrics.RuntimeOperationErrors.WithLabelValues(metrics.OpGetContainerEvents).Inc()
+			}
+			return err
+		}
+		if resp == nil {
+			continue
+		}
+		fn(eventFrom(resp))
+	}
+}
+
+// streamError turns an error of the event stream into WatchEvents' error.
+func (c *Client) streamError(ctx context.Context, err error) error {
+	if cerr := ctx.Err(); cerr != nil {
+		return cerr
+	}
+	switch {
+	case errors.Is(err, io.EOF):
+		return fmt.Errorf("GetContainerEvents: stream closed by the runtime at %s: %w", c.endpoint, err)
+	case status.Code(err) == codes.Unimplemented:
+		return fmt.Errorf("%w: GetContainerEvents: %w", runtime.ErrEventsUnsupported, err)
+	default:
+		return &callError{method: "GetContainerEvents", err: err}
+	}
+}
+
+// eventFrom maps one CRI container event.
+func eventFrom(r *runtimeapi.ContainerEventResponse) runtime.Event {
+	ev := runtime.Event{
+		ContainerID: r.ContainerId,
+		Type:        eventType(r.ContainerEventType),
+		CreatedAt:   nsTime(r.CreatedAt),
+	}
+	if md := r.GetPodSandboxStatus().GetMetadata(); md != nil && md.Uid != "" {
+		ev.PodUID, ev.PodName, ev.PodNamespace = types.UID(md.Uid), md.Name, md.Namespace
+		return ev
+	}
+	if len(r.ContainersStatuses) > 0 {
+		l := r.ContainersStatuses[0].GetLabels()
+		if uid := l[runtime.LabelPodUID]; uid != "" {
+			ev.PodUID, ev.PodName, ev.PodNamespace = types.UID(uid), l[runtime.LabelPodName], l[runtime.LabelPodNamespace]
+		}
+	}
+	return ev
+}
+
+// eventType maps a CRI container event type.
+func eventType(t runtimeapi.ContainerEventType) runtime.EventType {
+	switch t {
+	case runtimeapi.ContainerEventType_CONTAINER_CREATED_EVENT:
+		return runtime.ContainerCreated
+	case runtimeapi.ContainerEventType_CONTAINER_STARTED_EVENT:
+		return runtime.ContainerStarted
+	case runtimeapi.ContainerEventType_CONTAINER_STOPPED_EVENT:
+		return runtime.ContainerStopped
+	case runtimeapi.ContainerEventType_CONTAINER_DELETED_EVENT:
+		return runtime.ContainerDeleted
+	default:
+		return runtime.EventType(t)
+	}
+}
