@@ -229,3 +229,14 @@ func (c *Cache) removeWaiterLocked(uid types.UID, w *waiter) {
 		c.waiters[uid] = ws
 	}
 }
+
+// Waiters returns how many GetNewerThan calls are blocked.
+func (c *Cache) Waiters() int {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	n := 0
+	for _, ws := range c.waiters {
+		n += len(ws)
+	}
+	return n
+}
