@@ -3,6 +3,7 @@ package pleg
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -64,6 +65,12 @@ type Options struct {
 	// PodRelistQueue bounds the queue of single-pod relist requests.
 	// Default 4096.
 	PodRelistQueue int
+	// Events says whether to use the runtime's container event stream as
+	// hints that trigger single-pod relists. Default EventsAuto.
+	Events EventsMode
+	// EventSource is the event stream; the Runtime when it implements
+	// runtime.EventSource and this is nil.
+	EventSource runtime.EventSource
 }
 
 func (o *Options) setDefaults() {
@@ -100,6 +107,12 @@ func (o *Options) setDefaults() {
 	if o.PodRelistQueue == 0 {
 		o.PodRelistQueue = DefaultPodRelistQueue
 	}
+	if o.Events == "" {
+		o.Events = EventsAuto
+	}
+	if o.EventSource == nil {
+		o.EventSource, _ = o.Runtime.(runtime.EventSource)
+	}
 }
 
 func (o *Options) validate() error {
@@ -116,6 +129,8 @@ func (o *Options) validate() error {
 		return errors.New("pleg: MaxParallelInspections must not be negative")
 	case o.SubscriberBuffer < 0 || o.PodRelistQueue < 0:
 		return errors.New("pleg: SubscriberBuffer and PodRelistQueue must not be negative")
+	case o.Events != EventsAuto && o.Events != EventsOn && o.Events != EventsOff:
+		return fmt.Errorf("pleg: unknown Events mode %q (want auto, on or off)", o.Events)
 	}
 	return nil
 }
@@ -147,6 +162,7 @@ type Generator struct {
 	inflight inflightSet
 	requests requestQueue
 	deliver  *hub
+	stream   eventStream
 
 	extReinspectMu sync.Mutex
 	extReinspect   map[types.UID]struct{}
@@ -182,6 +198,8 @@ func New(opts Options) (*Generator, error) {
 	}
 	g.inflight.pods = make(map[types.UID]*inspection)
 	g.requests.init(opts.PodRelistQueue)
+	g.stream.hints = make(map[types.UID]time.Time)
+	g.stream.status = EventStreamStatus{Mode: opts.Events, State: StreamOff}
 	g.deliver = newHub(opts.ChannelCapacity, opts.SubscriberBuffer, g.log, g.m)
 	g.m.TrackRelistProgress(func() time.Duration {
 		since := g.relistRunningSince.Load()
@@ -205,6 +223,13 @@ func (g *Generator) Start() {
 		return
 	}
 	g.started = true
+	if g.opts.Events != EventsOff && g.opts.EventSource != nil {
+		g.wg.Add(1)
+		go func() {
+			defer g.wg.Done()
+			g.watchEvents(g.rootCtx, g.opts.EventSource)
+		}()
+	}
 	g.wg.Add(1)
 	go func() {
 		defer g.wg.Done()
@@ -298,6 +323,7 @@ func (g *Generator) step(ctx context.Context, due time.Time) time.Time {
 		}
 		if last := g.lastRelist.Load(); last != 0 && req.at.Before(time.Unix(0, last)) {
 			g.log.V(6).Info("Skipping single-pod relist: a global relist already covered it", "podUID", req.uid)
+			g.takeHint(req.uid)
 			continue
 		}
 		g.relistPod(ctx, req.uid)

@@ -94,6 +94,7 @@ func (g *Generator) relistPod(ctx context.Context, uid types.UID) {
 	r := g.records[uid]
 	if r == nil {
 		if pod == nil {
+			g.takeHint(uid)
 			g.cache.MarkObserved(uid, t)
 			return
 		}
@@ -110,6 +111,7 @@ func (g *Generator) relistPod(ctx context.Context, uid types.UID) {
 		if r.old == nil && r.current == nil {
 			delete(g.records, uid)
 		}
+		g.takeHint(uid)
 		g.cache.MarkObserved(uid, t)
 		return
 	}
@@ -173,6 +175,9 @@ func (g *Generator) apply(w work, status *runtime.PodStatus, err error, t time.T
 		out = append(out, e)
 	}
 	g.deliver.publish(w.uid, r.current, out)
+	if hint, ok := g.takeHint(w.uid); ok && len(out) > 0 {
+		g.m.EventDeliveryLatency.Observe(now.Sub(hint).Seconds())
+	}
 	return true
 }
 

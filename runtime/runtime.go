@@ -162,9 +162,10 @@ type Event struct {
 // EventSource is implemented by runtimes that stream container events.
 type EventSource interface {
 	// WatchEvents streams events to fn until ctx is done or the stream
-	// fails. It returns ErrEventsUnsupported when the runtime has no event
-	// stream. fn must not block for long.
-	WatchEvents(ctx context.Context, fn func(Event)) error
+	// fails. It calls connected (if not nil) once the stream is open. It
+	// returns ErrEventsUnsupported when the runtime has no event stream.
+	// fn must not block for long.
+	WatchEvents(ctx context.Context, connected func(), fn func(Event)) error
 }
 
 // ErrEventsUnsupported says that a runtime does not stream container events.

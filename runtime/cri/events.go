@@ -30,7 +30,7 @@ import (
 //
 // Event types CRI may add later pass through as runtime.EventType values
 // beyond ContainerDeleted.
-func (c *Client) WatchEvents(ctx context.Context, fn func(runtime.Event)) error {
+func (c *Client) WatchEvents(ctx context.Context, connected func(), fn func(runtime.Event)) error {
 	var done func(time.Duration, error)
 	if t := runtime.CallTracerFrom(ctx); t != nil {
 		done = t.StartCall(metrics.OpGetContainerEvents, "")
@@ -49,6 +49,9 @@ func (c *Client) WatchEvents(ctx context.Context, fn func(runtime.Event)) error 
 	}
 	if err != nil {
 		return err
+	}
+	if connected != nil {
+		connected()
 	}
 
 	for {

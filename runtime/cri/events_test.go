@@ -75,7 +75,7 @@ func TestWatchEvents(t *testing.T) {
 	tr := &recordingTracer{}
 	got := make(chan runtime.Event, len(sent))
 	errc := make(chan error, 1)
-	go func() { errc <- c.WatchEvents(runtime.WithCallTracer(ctx, tr), func(ev runtime.Event) { got <- ev }) }()
+	go func() { errc <- c.WatchEvents(runtime.WithCallTracer(ctx, tr), nil, func(ev runtime.Event) { got <- ev }) }()
 
 	var events []runtime.Event
 	for range want {
@@ -123,7 +123,7 @@ func TestWatchEvents(t *testing.T) {
 func TestWatchEventsUnsupported(t *testing.T) {
 	m := metrics.New(nil)
 	c := (&fakeCRI{}).start(t, WithMetrics(m))
-	err := c.WatchEvents(context.Background(), func(runtime.Event) { t.Error("event from an unsupported stream") })
+	err := c.WatchEvents(context.Background(), nil, func(runtime.Event) { t.Error("event from an unsupported stream") })
 	if !errors.Is(err, runtime.ErrEventsUnsupported) {
 		t.Errorf("WatchEvents = %v, want ErrEventsUnsupported", err)
 	}
@@ -159,7 +159,7 @@ func TestWatchEventsStreamEnds(t *testing.T) {
 			m := metrics.New(nil)
 			c := f.start(t, WithMetrics(m))
 			var n int
-			err := c.WatchEvents(context.Background(), func(runtime.Event) { n++ })
+			err := c.WatchEvents(context.Background(), nil, func(runtime.Event) { n++ })
 			if n != 1 || err == nil || !tc.check(err) || errors.Is(err, runtime.ErrEventsUnsupported) {
 				t.Errorf("WatchEvents: %d events, err %v", n, err)
 			}
@@ -176,7 +176,7 @@ func TestWatchEventsNoRuntime(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	err = c.WatchEvents(context.Background(), func(runtime.Event) {})
+	err = c.WatchEvents(context.Background(), nil, func(runtime.Event) {})
 	if err == nil || status.Code(err) != codes.Unavailable || errors.Is(err, runtime.ErrEventsUnsupported) {
 		t.Errorf("WatchEvents without a runtime = %v; want Unavailable", err)
 	}
@@ -186,7 +186,7 @@ func TestWatchEventsCancelledBeforeStart(t *testing.T) {
 	c := (&fakeCRI{}).start(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	if err := c.WatchEvents(ctx, func(runtime.Event) {}); err != context.Canceled {
+	if err := c.WatchEvents(ctx, nil, func(runtime.Event) {}); err != context.Canceled {
 		t.Errorf("WatchEvents with a cancelled context = %v, want context.Canceled", err)
 	}
 }

@@ -46,7 +46,7 @@ func Example() {
 		fmt.Println(p.Namespace, p.Name, st.IPs, len(st.ContainerStatuses))
 	}
 
-	err = c.WatchEvents(ctx, func(ev runtime.Event) {
+	err = c.WatchEvents(ctx, nil, func(ev runtime.Event) {
 		fmt.Println(ev.Type, ev.ContainerID, ev.PodUID)
 	})
 	if errors.Is(err, runtime.ErrEventsUnsupported) {

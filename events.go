@@ -1,0 +1,200 @@
+package pleg
+
+import (
+	"context"
+	"errors"
+	"math/rand/v2"
+	"sync"
+	"time"
+
+	"github.com/podlifecycle/pleg/runtime"
+	"k8s.io/apimachinery/pkg/types"
+)
+
+// EventsMode says whether the generator uses the runtime's container event
+// stream (CRI GetContainerEvents) as hints.
+type EventsMode string
+
+const (
+	// EventsAuto uses the stream when the runtime has one; a runtime
+	// without one is reported once and probed again rarely.
+	EventsAuto EventsMode = "auto"
+	// EventsOn always tries to use the stream and reports every failure
+	// to connect as an error.
+	EventsOn EventsMode = "on"
+	// EventsOff never opens the stream: the periodic relist alone.
+	EventsOff EventsMode = "off"
+)
+
+// Event stream connection states, as reported by EventStream.
+const (
+	StreamOff         = "off"
+	StreamConnecting  = "connecting"
+	StreamConnected   = "connected"
+	StreamBackoff     = "backoff"
+	StreamUnsupported = "unsupported"
+)
+
+// Backoff of the event stream's reconnection.
+const (
+	streamBackoffBase     = 500 * time.Millisecond
+	streamBackoffCap      = 60 * time.Second
+	streamHealthyAfter    = 60 * time.Second // a stream up this long resets the backoff
+	streamUnsupportedWait = 10 * time.Minute // how rarely a runtime without events is probed
+	streamClosesAtOnce    = time.Second      // a stream closing this fast without events counts as unsupported
+)
+
+// EventStreamStatus describes the runtime event stream, for /readyz.
+type EventStreamStatus struct {
+	Mode        EventsMode `json:"mode"`
+	State       string     `json:"state"`
+	Connects    int64      `json:"connects"`
+	Events      int64      `json:"events"`
+	LastEvent   time.Time  `json:"lastEvent,omitempty"`
+	LastError   string     `json:"lastError,omitempty"`
+	RetryAt     time.Time  `json:"retryAt,omitempty"`
+	ConnectedAt time.Time  `json:"connectedAt,omitempty"`
+}
+
+// eventStream holds the state of the stream consumer.
+type eventStream struct {
+	mu     sync.Mutex
+	status EventStreamStatus
+	// hints: when the earliest runtime event not yet turned into a
+	// lifecycle event arrived for a pod (its created_at), to measure event
+	// latency. Bounded by the request queue's limit.
+	hints map[types.UID]time.Time
+}
+
+// EventStream returns the state of the runtime event stream.
+func (g *Generator) EventStream() EventStreamStatus {
+	g.stream.mu.Lock()
+	defer g.stream.mu.Unlock()
+	return g.stream.status
+}
+
+func (g *Generator) setStream(f func(*EventStreamStatus)) {
+	g.stream.mu.Lock()
+	f(&g.stream.status)
+	g.stream.mu.Unlock()
+}
+
+// takeHint returns and forgets the time of the earliest pending runtime
+// event for uid.
+func (g *Generator) takeHint(uid types.UID) (time.Time, bool) {
+	g.stream.mu.Lock()
+	defer g.stream.mu.Unlock()
+	t, ok := g.stream.hints[uid]
+	if ok {
+		delete(g.stream.hints, uid)
+	}
+	return t, ok
+}
+
+// onRuntimeEvent turns one runtime event into a single-pod relist request.
+// It never blocks: the stream is read continuously.
+func (g *Generator) onRuntimeEvent(e runtime.Event) {
+	g.m.RuntimeEvents.WithLabelValues(e.Type.String()).Inc()
+	if !e.CreatedAt.IsZero() {
+		g.m.EventedConnectionLatency.Observe(g.clock.Since(e.CreatedAt).Seconds())
+	}
+	g.stream.mu.Lock()
+	g.stream.status.Events++
+	g.stream.status.LastEvent = g.clock.Now()
+	if e.PodUID != "" && !e.CreatedAt.IsZero() {
+		if _, ok := g.stream.hints[e.PodUID]; !ok && len(g.stream.hints) < g.opts.PodRelistQueue {
+			g.stream.hints[e.PodUID] = e.CreatedAt
+		}
+	}
+	g.stream.mu.Unlock()
+	if e.PodUID == "" {
+		// Without a pod the hint cannot be targeted; the relist covers it.
+		g.log.V(4).Info("Runtime event without a pod; leaving it to the relist", "containerID", e.ContainerID, "type", e.Type.String())
+		return
+	}
+	g.log.V(4).Info("Runtime event", "podUID", e.PodUID, "pod", e.PodNamespace+"/"+e.PodName, "containerID", e.ContainerID, "type", e.Type.String())
+	g.RequestRelist(e.PodUID)
+}
+
+// watchEvents consumes the runtime's event stream until ctx ends,
+// reconnecting forever with jittered exponential backoff.
+func (g *Generator) watchEvents(ctx context.Context, src runtime.EventSource) {
+	mode := g.opts.Events
+	failures := 0
+	rng := rand.New(rand.NewPCG(uint64(g.clock.Now().UnixNano()), 0x5eed))
+	loggedUnsupported := false
+	for ctx.Err() == nil {
+		g.setStream(func(s *EventStreamStatus) { s.State = StreamConnecting })
+		start := g.clock.Now()
+		var connectedAt time.Time
+		var events int64
+		err := src.WatchEvents(ctx, func() {
+			connectedAt = g.clock.Now()
+			g.m.EventedConnectionSuccess.Inc()
+			g.m.EventStreamUp.Set(1)
+			g.setStream(func(s *EventStreamStatus) {
+				s.State, s.Connects, s.ConnectedAt, s.LastError = StreamConnected, s.Connects+1, connectedAt, ""
+			})
+			g.log.V(2).Info("Connected to the runtime's container event stream")
+		}, func(e runtime.Event) {
+			events++
+			g.onRuntimeEvent(e)
+		})
+		g.m.EventStreamUp.Set(0)
+		if ctx.Err() != nil {
+			return
+		}
+		unsupported := errors.Is(err, runtime.ErrEventsUnsupported) ||
+			(events == 0 && !connectedAt.IsZero() && g.clock.Since(start) < streamClosesAtOnce)
+		var wait time.Duration
+		if unsupported {
+			wait = streamUnsupportedWait
+			if mode == EventsOn {
+				g.log.Error(err, "The runtime has no container event stream; relying on the periodic relist", "retryIn", wait)
+			} else if !loggedUnsupported {
+				g.log.Info("The runtime has no container event stream; relying on the periodic relist", "reason", errString(err))
+			}
+			loggedUnsupported = true
+			g.setStream(func(s *EventStreamStatus) { s.State, s.LastError = StreamUnsupported, errString(err) })
+		} else {
+			if err == nil {
+				err = errors.New("event stream ended")
+			}
+			g.m.EventedConnectionErrors.Inc()
+			if !connectedAt.IsZero() && g.clock.Since(connectedAt) >= streamHealthyAfter {
+				failures = 0
+			}
+			wait = streamBackoff(failures, rng)
+			failures++
+			g.log.Error(err, "Runtime event stream failed; reconnecting", "retryIn", wait)
+			g.setStream(func(s *EventStreamStatus) { s.State, s.LastError = StreamBackoff, err.Error() })
+		}
+		if wait == 0 {
+			continue
+		}
+		g.setStream(func(s *EventStreamStatus) { s.RetryAt = g.clock.Now().Add(wait) })
+		t := g.clock.NewTimer(wait)
+		select {
+		case <-ctx.Done():
+			t.Stop()
+			return
+		case <-t.C():
+		}
+	}
+}
+
+// streamBackoff is the wait before reconnection attempt n+1 after n
+// consecutive failures: at once for the first, then exponential from
+// streamBackoffBase with ±20% jitter, capped at streamBackoffCap.
+func streamBackoff(failures int, rng *rand.Rand) time.Duration {
+	if failures == 0 {
+		return 0
+	}
+	d := streamBackoffBase
+	for i := 1; i < failures && d < streamBackoffCap; i++ {
+		d *= 2
+	}
+	d = min(d, streamBackoffCap)
+	jitter := 0.8 + 0.4*rng.Float64()
+	return min(time.Duration(float64(d)*jitter), streamBackoffCap)
+}
