@@ -1,0 +1,68 @@
+package pleg
+
+import (
+	"context"
+	"errors"
+	"testing"
+	"time"
+
+	"github.com/podlifecycle/pleg/runtime"
+	testclock "k8s.io/utils/clock/testing"
+)
+
+type fakeStatus struct {
+	conds []runtime.Condition
+	err   error
+}
+
+func (f *fakeStatus) Status(context.Context) ([]runtime.Condition, error) { return f.conds, f.err }
+
+type fakeHealth struct{ err error }
+
+func (f fakeHealth) Healthy() (bool, error) { return f.err == nil, f.err }
+
+func TestReadinessCondition(t *testing.T) {
+	clk := testclock.NewFakeClock(time.Unix(1_700_000_000, 0))
+	ready := []runtime.Condition{{Type: runtime.RuntimeReady, Status: true}, {Type: runtime.NetworkReady, Status: true}}
+	st := &fakeStatus{conds: ready}
+	h := &fakeHealth{}
+	r := NewReadiness(nil, ReadinessOptions{Runtime: st, Clock: clk})
+	r.AddCheck("PLEG", h)
+
+	c := r.Condition()
+	if c.Status != "False" || c.Reason != "KubeletNotReady" || c.Message != "container runtime status check may not have completed yet" {
+		t.Fatalf("before the first check: %+v", c)
+	}
+	r.CheckRuntime(context.Background())
+	if c := r.Condition(); c.Status != "True" || c.Reason != "KubeletReady" || c.Message != "kubelet is posting ready status" {
+		t.Fatalf("ready: %+v", c)
+	}
+
+	// The runtime stops answering: down after 30 s, and PLEG unhealthy too.
+	st.err = errors.New("unavailable")
+	h.err = errors.New("pleg was last seen active 3m0.5s ago; threshold is 3m0s")
+	clk.Step(30 * time.Second)
+	r.CheckRuntime(context.Background())
+	want := "[container runtime is down, PLEG is not healthy: pleg was last seen active 3m0.5s ago; threshold is 3m0s]"
+	if c := r.Condition(); c.Status != "False" || c.Message != want || len(c.Errors) != 2 {
+		t.Fatalf("down: %+v\nwant %q", c, want)
+	}
+
+	// The runtime answers but is not ready.
+	st.err, h.err = nil, nil
+	st.conds = []runtime.Condition{{Type: runtime.RuntimeReady, Status: false, Reason: "Starting", Message: "not yet"}, ready[1]}
+	r.CheckRuntime(context.Background())
+	want = "[container runtime is down, container runtime not ready: RuntimeReady=false reason:Starting message:not yet]"
+	if c := r.Condition(); c.Message != want {
+		t.Fatalf("not ready: %q\nwant %q", c.Message, want)
+	}
+}
+
+func TestJoinErrors(t *testing.T) {
+	if got := JoinErrors([]error{errors.New("a")}); got != "a" {
+		t.Fatal(got)
+	}
+	if got := JoinErrors([]error{errors.New("a"), errors.New("b")}); got != "[a, b]" {
+		t.Fatal(got)
+	}
+}
