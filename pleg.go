@@ -283,6 +283,22 @@ func (g *Generator) RequestReinspect(uid types.UID) {
 	g.extReinspectMu.Unlock()
 }
 
+// Relist runs one global relist on the calling goroutine and returns the
+// listing error, if any. It is for generators that are driven by hand
+// (benchmarks, tools, tests) and fails if Start was called.
+func (g *Generator) Relist(ctx context.Context) error {
+	g.lifecycle.Lock()
+	defer g.lifecycle.Unlock()
+	if g.started {
+		return errors.New("pleg: Relist called on a started generator")
+	}
+	return g.relist(ctx)
+}
+
+// InspectionsOutstanding returns how many abandoned pod inspections have
+// not returned yet.
+func (g *Generator) InspectionsOutstanding() int { return g.inflight.Len() }
+
 // run is the relist goroutine.
 func (g *Generator) run(ctx context.Context) {
 	var next time.Time // zero: the first relist is immediate

@@ -19,8 +19,8 @@ type work struct {
 }
 
 // relist does one global relist (semantics.md §3). It runs on the relist
-// goroutine only.
-func (g *Generator) relist(ctx context.Context) {
+// goroutine only. It returns the listing error, if any.
+func (g *Generator) relist(ctx context.Context) error {
 	t0 := g.clock.Now()
 	g.relistRunningSince.Store(t0.UnixNano())
 	defer func() {
@@ -37,7 +37,7 @@ func (g *Generator) relist(ctx context.Context) {
 		if ctx.Err() == nil {
 			g.log.Error(err, "GenericPLEG: Unable to retrieve pods")
 		}
-		return
+		return err
 	}
 	g.lastRelist.Store(t0.UnixNano())
 	g.m.LastSeen.Set(float64(t0.Unix()))
@@ -76,6 +76,7 @@ func (g *Generator) relist(ctx context.Context) {
 	})
 	g.reinspect = needReinspect
 	g.cache.UpdateTime(t0)
+	return nil
 }
 
 // relistPod does an on-demand relist of one pod: it lists only that pod,
