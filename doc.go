@@ -1,0 +1,59 @@
+// Package pleg is a Pod Lifecycle Event Generator: it relists the pods and
+// containers of a CRI container runtime, turns what changed into pod
+// lifecycle events (ContainerStarted, ContainerDied, ContainerRemoved,
+// PodSync), keeps a pod status cache fresh, and reports itself unhealthy
+// when no relist has succeeded for a while, exactly as the kubelet's PLEG
+// does (Kubernetes v1.36).
+//
+// Where the kubelet's users suffer, it does better, without changing any
+// event or cache rule:
+//   - changed pods are inspected in parallel (Options.MaxParallelInspections),
+//     so relist time no longer grows with churn;
+//   - a pod whose status call hangs is abandoned after
+//     Options.PodInspectionTimeout and reinspected later, so it cannot stall
+//     the relist and turn the node NotReady; it is named in the logs and
+//     counted in pleg_pod_inspection_timeouts_total;
+//   - subscriptions (Subscribe) never lose an event silently: a subscriber
+//     that falls behind gets a resync with the state of every pod;
+//   - the runtime's container event stream, when it has one, triggers
+//     single-pod relists within milliseconds, while the periodic relist
+//     stays the source of truth.
+//
+// # Usage
+//
+//	rt, err := cri.Dial("unix:///run/containerd/containerd.sock")
+//	if err != nil { ... }
+//	defer rt.Close()
+//	g, err := pleg.New(pleg.Options{Runtime: rt, Metrics: metrics.New(registry)})
+//	if err != nil { ... }
+//	sub := g.Subscribe()
+//	g.Start()
+//	defer g.Stop()
+//	for {
+//		u, err := sub.Next(ctx)
+//		if err != nil { break }
+//		if u.Resync { /* replace everything you knew with u.Pods */ continue }
+//		fmt.Println(u.Event.Type, u.Event.Pod(), u.Event.ContainerID)
+//	}
+//
+// # The caller's duties
+//
+//   - Call Start once and Stop when done: Stop ends every goroutine the
+//     generator started and closes the Watch channel and subscriptions.
+//   - Read the Watch channel promptly if you use it: like the kubelet's, it
+//     drops events when full (counted in kubelet_pleg_discard_events).
+//     Prefer Subscribe, which never drops silently.
+//   - Call Next on every subscription until it returns an error, or Close
+//     it; an idle subscription costs at most Options.SubscriberBuffer events.
+//   - Check Healthy (or a Readiness built on it) periodically.
+//   - Give it a clock.WithTicker in tests (k8s.io/utils/clock/testing) to
+//     drive every timing rule without sleeping.
+//
+// # Layout
+//
+// The diff of two listings is a pure function (Diff); the relist is the
+// thin shell that lists, diffs, inspects and delivers. The runtime
+// interface and its types are in package runtime, the CRI client in
+// runtime/cri, a simulated CRI runtime in runtime/sim, the pod status cache
+// in podcache and the Prometheus collectors in metrics.
+package pleg
