@@ -1,0 +1,182 @@
+package main
+
+import (
+	"fmt"
+	"net"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/spf13/pflag"
+
+	"github.com/podlifecycle/pleg"
+	"github.com/podlifecycle/pleg/runtime/cri"
+)
+
+// Flag defaults.
+const (
+	defaultRuntimeEndpoint = "unix:///run/containerd/containerd.sock"
+	defaultRequestTimeout  = 2 * time.Minute
+	// defaultListenAddress is loopback only. Port 10265 is not taken by any
+	// Kubernetes component: the kubelet has 10248 (healthz), 10250 and 10255,
+	// kube-proxy 10249 and 10256, kube-controller-manager 10257,
+	// cloud-controller-manager 10258, kube-scheduler 10259, and ingress-nginx
+	// commonly 10254.
+	defaultListenAddress = "127.0.0.1:10265"
+)
+
+// enumValue is a pflag.Value that accepts one of a fixed set of words, so
+// that a bad value is a flag parse error (exit 2) naming the choices.
+type enumValue struct {
+	value   *string
+	allowed []string
+}
+
+func newEnumValue(p *string, def string, allowed ...string) *enumValue {
+	*p = def
+	return &enumValue{value: p, allowed: allowed}
+}
+
+func (e *enumValue) String() string { return *e.value }
+func (e *enumValue) Type() string   { return "string" }
+func (e *enumValue) Set(s string) error {
+	for _, a := range e.allowed {
+		if s == a {
+			*e.value = s
+			return nil
+		}
+	}
+	return fmt.Errorf("must be one of %s", strings.Join(e.allowed, ", "))
+}
+
+// runtimeFlags are the flags of every command that runs a generator
+// against a CRI runtime.
+type runtimeFlags struct {
+	endpoint             string
+	requestTimeout       time.Duration
+	relistPeriod         time.Duration
+	relistThreshold      time.Duration
+	maxParallel          int
+	podInspectionTimeout time.Duration
+	events               string
+}
+
+func (f *runtimeFlags) addFlags(fs *pflag.FlagSet) {
+	fs.StringVar(&f.endpoint, "container-runtime-endpoint", defaultRuntimeEndpoint,
+		"CRI runtime endpoint (a unix socket: unix:///path/to/socket)")
+	// crictl's names for the same flag.
+	fs.StringVarP(&f.endpoint, "runtime-endpoint", "r", defaultRuntimeEndpoint,
+		"alias of --container-runtime-endpoint (crictl's name)")
+	fs.DurationVar(&f.requestTimeout, "runtime-request-timeout", defaultRequestTimeout,
+		"timeout of each unary CRI call")
+	fs.DurationVar(&f.relistPeriod, "relist-period", pleg.DefaultRelistPeriod,
+		"period between the end of a relist and the start of the next")
+	fs.DurationVar(&f.relistThreshold, "relist-threshold", pleg.DefaultRelistThreshold,
+		"PLEG is unhealthy when no relist has succeeded for longer than this")
+	fs.IntVar(&f.maxParallel, "max-parallel-inspections", pleg.DefaultMaxParallelInspections,
+		"how many changed pods a relist inspects at once (1: one after another, as the kubelet does)")
+	fs.DurationVar(&f.podInspectionTimeout, "pod-inspection-timeout", pleg.DefaultPodInspectionTimeout,
+		"how long a relist waits for one pod's status before retrying it on a later relist (0: no limit, as the kubelet)")
+	fs.Var(newEnumValue(&f.events, "auto", "auto", "on", "off"), "events",
+		"use the runtime's container events to relist changed pods early: auto (when the runtime streams them), on, off")
+}
+
+// validate checks the values pflag cannot; its errors are usage errors.
+func (f *runtimeFlags) validate() error {
+	// Dial does no I/O: an error here is a malformed endpoint.
+	c, err := cri.Dial(f.endpoint)
+	if err != nil {
+		return usageErrorf("invalid --container-runtime-endpoint %q: %v", f.endpoint, trimEndpointPrefix(err, f.endpoint))
+	}
+	_ = c.Close()
+	for _, d := range []struct {
+		name string
+		v    time.Duration
+	}{
+		{"runtime-request-timeout", f.requestTimeout},
+		{"relist-period", f.relistPeriod},
+		{"relist-threshold", f.relistThreshold},
+	} {
+		if d.v <= 0 {
+			return usageErrorf("invalid --%s %q: must be greater than zero", d.name, d.v)
+		}
+	}
+	if f.podInspectionTimeout < 0 {
+		return usageErrorf("invalid --pod-inspection-timeout %q: must not be negative (0 disables it)", f.podInspectionTimeout)
+	}
+	if f.maxParallel < 1 {
+		return usageErrorf("invalid --max-parallel-inspections %d: must be at least 1", f.maxParallel)
+	}
+	return nil
+}
+
+// trimEndpointPrefix drops the `runtime endpoint "x": ` prefix of cri's
+// errors, which the usage error already says.
+func trimEndpointPrefix(err error, endpoint string) string {
+	msg := err.Error()
+	return strings.TrimPrefix(msg, fmt.Sprintf("runtime endpoint %q: ", endpoint))
+}
+
+// generatorOptions returns the generator options the flags set.
+func (f *runtimeFlags) generatorOptions() pleg.Options {
+	o := pleg.Options{
+		RelistPeriod:           f.relistPeriod,
+		RelistThreshold:        f.relistThreshold,
+		MaxParallelInspections: f.maxParallel,
+		PodInspectionTimeout:   f.podInspectionTimeout,
+		Events:                 pleg.EventsMode(f.events),
+	}
+	if o.PodInspectionTimeout == 0 {
+		o.PodInspectionTimeout = -1 // the library reads 0 as "default"
+	}
+	return o
+}
+
+// dialTimeout bounds the reachability check of commands that need the
+// runtime at start.
+func (f *runtimeFlags) dialTimeout() time.Duration {
+	return min(f.requestTimeout, 10*time.Second)
+}
+
+// listenFlags are the flags of commands that serve HTTP.
+type listenFlags struct {
+	address  string
+	nodeName string
+}
+
+func (f *listenFlags) addFlags(fs *pflag.FlagSet) {
+	fs.StringVar(&f.address, "listen-address", defaultListenAddress,
+		"host:port to serve /healthz, /readyz, /metrics and /api/v1/ on (port 0 picks a free port)")
+	fs.StringVar(&f.nodeName, "node-name", "",
+		"node name for the kubelet_node_name metric (default: the hostname, lower-cased)")
+}
+
+func (f *listenFlags) validate() error {
+	host, port, err := net.SplitHostPort(f.address)
+	if err != nil {
+		return usageErrorf("invalid --listen-address %q: %v", f.address, err)
+	}
+	if n, err := strconv.ParseUint(port, 10, 16); err != nil || (n == 0 && port != "0") {
+		return usageErrorf("invalid --listen-address %q: port must be a number from 0 to 65535", f.address)
+	}
+	if host != "" && net.ParseIP(host) == nil && strings.ContainsAny(host, " /") {
+		return usageErrorf("invalid --listen-address %q: bad host %q", f.address, host)
+	}
+	if f.nodeName == "" {
+		h, err := os.Hostname()
+		if err != nil {
+			return fmt.Errorf("cannot determine the node name (set --node-name): %w", err)
+		}
+		f.nodeName = strings.ToLower(strings.TrimSpace(h))
+	}
+	return nil
+}
+
+// outputFlag is the --output flag of commands that print.
+type outputFlag struct{ format string }
+
+func (f *outputFlag) addFlags(fs *pflag.FlagSet) {
+	fs.VarP(newEnumValue(&f.format, "text", "text", "json"), "output", "o",
+		"output format: text (aligned lines for people) or json (one JSON object a line)")
+}

@@ -1,0 +1,87 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"net"
+
+	"github.com/spf13/cobra"
+
+	"github.com/podlifecycle/pleg/internal/httpapi"
+)
+
+func init() { register(newRunCmd) }
+
+func newRunCmd() *cobra.Command {
+	rf := &runtimeFlags{}
+	lf := &listenFlags{}
+	cmd := &cobra.Command{
+		Use:   "run",
+		Short: "Run the PLEG as a daemon with health, metrics and an HTTP API",
+		Long: `run relists the CRI runtime's pods and containers every --relist-period,
+keeps the pod status cache fresh and serves on --listen-address:
+
+  GET /healthz         200 "ok", or 500 "PLEG is not healthy: <reason>"
+  GET /readyz          the node Ready condition as JSON (200 True, 503 False)
+  GET /metrics         Prometheus metrics with the kubelet's names
+  GET /api/v1/pods     the pod status cache as JSON
+  GET /api/v1/events   lifecycle events as Server-Sent Events
+
+A runtime that is down at start or restarts later is retried on every relist
+forever; /healthz and /readyz say why meanwhile. With -v=2 every event is
+logged as the kubelet does ("SyncLoop (PLEG): event for pod").
+SIGINT or SIGTERM stops it gracefully with exit code 0.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error { return runDaemon(cmd, rf, lf) },
+	}
+	rf.addFlags(cmd.Flags())
+	lf.addFlags(cmd.Flags())
+	return cmd
+}
+
+func runDaemon(cmd *cobra.Command, rf *runtimeFlags, lf *listenFlags) error {
+	if err := rf.validate(); err != nil {
+		return err
+	}
+	if err := lf.validate(); err != nil {
+		return err
+	}
+	sigCtx, stop := signalContext(cmd)
+	defer stop()
+	// ctx also ends when serving fails, stopping everything else.
+	ctx, cancel := context.WithCancel(sigCtx)
+	defer cancel()
+
+	d, err := newDaemon(rf, daemonOptions{withMetrics: true, withReadiness: true, nodeName: lf.nodeName})
+	if err != nil {
+		return err
+	}
+	ln, err := net.Listen("tcp", lf.address)
+	if err != nil {
+		_ = d.client.Close()
+		return fmt.Errorf("cannot listen on --listen-address %s: %w", lf.address, err)
+	}
+	srv := httpapi.New(httpapi.Config{
+		Generator: d.gen,
+		Readiness: d.ready,
+		Gatherer:  d.reg,
+		Logger:    d.log.WithName("http"),
+	})
+	// The one startup line; tests and scripts read the URL from it (the
+	// port is only known here when --listen-address has port 0).
+	d.log.Info("listening on http://"+ln.Addr().String(), "endpoint", rf.endpoint,
+		"listenAddress", lf.address, "node", lf.nodeName, "relistPeriod", rf.relistPeriod,
+		"relistThreshold", rf.relistThreshold, "events", rf.events)
+
+	d.start(ctx)
+	d.spawn(func() { d.logRuntimeVersion(ctx, rf.dialTimeout()) })
+
+	serveErr := srv.Serve(ctx, ln)
+	cancel()
+	d.stop()
+	if serveErr != nil {
+		return fmt.Errorf("serving HTTP on %s: %w", ln.Addr(), serveErr)
+	}
+	d.log.Info("Stopped")
+	return nil
+}

@@ -1,0 +1,165 @@
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"strconv"
+
+	"github.com/spf13/cobra"
+
+	"github.com/podlifecycle/pleg"
+)
+
+func init() { register(newWatchCmd) }
+
+func newWatchCmd() *cobra.Command {
+	rf := &runtimeFlags{}
+	of := &outputFlag{}
+	cmd := &cobra.Command{
+		Use:   "watch",
+		Short: "Print pod lifecycle events as the runtime's pods change",
+		Long: `watch runs a Pod Lifecycle Event Generator against a CRI runtime and prints
+every event it delivers, one a line, on stdout: first the events that bring
+an empty view up to the runtime's current state, then each change.
+
+  --output text   time, type, namespace/name, container, container ID, exit code
+  --output json   one JSON object a line: time, type, podUID, podName,
+                  podNamespace, containerID (absent for PodSync), and
+                  containerName and exitCode when known
+
+Logs go to stderr. The runtime must be reachable at start (exit code 1 if
+not); after that, an unreachable runtime is retried on every relist.
+SIGINT or SIGTERM stops it with exit code 0.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error { return runWatch(cmd, rf, of) },
+	}
+	rf.addFlags(cmd.Flags())
+	of.addFlags(cmd.Flags())
+	return cmd
+}
+
+func runWatch(cmd *cobra.Command, rf *runtimeFlags, of *outputFlag) error {
+	if err := rf.validate(); err != nil {
+		return err
+	}
+	ctx, stop := signalContext(cmd)
+	defer stop()
+
+	d, err := newDaemon(rf, daemonOptions{})
+	if err != nil {
+		return err
+	}
+	vctx, cancel := context.WithTimeout(ctx, rf.dialTimeout())
+	name, version, err := d.client.Version(vctx)
+	cancel()
+	if err != nil {
+		_ = d.client.Close()
+		if ctx.Err() != nil {
+			return nil // interrupted while connecting
+		}
+		return reachError(rf.endpoint, rf.dialTimeout(), err)
+	}
+	d.log.V(1).Info("Connected to the container runtime", "endpoint", rf.endpoint,
+		"runtimeName", name, "runtimeVersion", version)
+
+	// Subscribe before the first relist: the first update is an empty
+	// resync, then every event of the runtime's current state follows.
+	sub := d.gen.Subscribe()
+	d.start(ctx)
+	defer d.stop()
+
+	out := bufio.NewWriter(cmd.OutOrStdout())
+	print := textEventPrinter
+	if of.format == "json" {
+		print = jsonEventPrinter
+	}
+	first := true
+	for {
+		u, err := sub.Next(ctx)
+		if err != nil {
+			if errors.Is(err, pleg.ErrClosed) || ctx.Err() != nil {
+				return nil
+			}
+			return err
+		}
+		if u.Resync {
+			// Not an event: stdout carries events only.
+			if first {
+				d.log.V(4).Info("Subscribed to lifecycle events", "pods", len(u.Pods))
+			} else {
+				d.log.Info("Fell behind the event stream; events were skipped and the view was resynced", "pods", len(u.Pods))
+			}
+			first = false
+			continue
+		}
+		first = false
+		if err := print(out, u.Event); err != nil {
+			return err
+		}
+		if err := out.Flush(); err != nil {
+			return fmt.Errorf("writing events: %w", err)
+		}
+	}
+}
+
+// jsonEventPrinter writes one event as one line of JSON (pleg.Event's form).
+func jsonEventPrinter(w io.Writer, e pleg.Event) error {
+	b, err := json.Marshal(e)
+	if err != nil {
+		return err
+	}
+	_, err = w.Write(append(b, '\n'))
+	return err
+}
+
+// Column widths of the text output. Longer values are printed whole and
+// push the rest of their line right.
+const (
+	textTimeLayout  = "2006-01-02T15:04:05.000Z07:00"
+	textTypeWidth   = len("ContainerStarted")
+	textPodWidth    = 40
+	textNameWidth   = 24
+	shortIDLen      = 13 // as crictl
+	sandboxNameText = "(sandbox)"
+)
+
+// textEventPrinter writes one event as an aligned line:
+//
+//	2026-01-02T15:04:05.000Z  ContainerDied     default/web-0    nginx   0f3c9a1b2d4e5  3
+func textEventPrinter(w io.Writer, e pleg.Event) error {
+	name := e.ContainerName
+	if e.Sandbox {
+		name = sandboxNameText
+	}
+	if e.Type == pleg.PodSync {
+		name = "-"
+	}
+	id := shortID(e.ContainerID)
+	if id == "" {
+		id = "-"
+	}
+	code := "-"
+	if e.ExitCode != nil {
+		code = strconv.Itoa(int(*e.ExitCode))
+	}
+	_, err := fmt.Fprintf(w, "%-24s  %-*s  %-*s  %-*s  %-*s  %s\n",
+		e.Time.UTC().Format(textTimeLayout),
+		textTypeWidth, e.Type,
+		textPodWidth, e.Pod(),
+		textNameWidth, name,
+		shortIDLen, id,
+		code)
+	return err
+}
+
+// shortID cuts a container ID to crictl's 13 characters.
+func shortID(id string) string {
+	if len(id) > shortIDLen {
+		return id[:shortIDLen]
+	}
+	return id
+}

@@ -1,0 +1,135 @@
+package httpapi
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/podlifecycle/pleg"
+	"github.com/podlifecycle/pleg/runtime"
+)
+
+// fakeRuntime is an in-memory runtime: pods as listed, statuses derived
+// from the listing (exit code and IPs from the maps).
+type fakeRuntime struct {
+	mu        sync.Mutex
+	pods      []*runtime.Pod
+	exitCodes map[string]int32
+	ips       map[types.UID][]string
+	fail      map[types.UID]error
+}
+
+func newFakeRuntime() *fakeRuntime {
+	return &fakeRuntime{exitCodes: map[string]int32{}, ips: map[types.UID][]string{}, fail: map[types.UID]error{}}
+}
+
+func (f *fakeRuntime) set(mut func(f *fakeRuntime)) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	mut(f)
+}
+
+func clonePod(p *runtime.Pod) *runtime.Pod {
+	q := *p
+	q.Sandboxes, q.Containers = nil, nil
+	for _, s := range p.Sandboxes {
+		c := *s
+		q.Sandboxes = append(q.Sandboxes, &c)
+	}
+	for _, s := range p.Containers {
+		c := *s
+		q.Containers = append(q.Containers, &c)
+	}
+	return &q
+}
+
+func (f *fakeRuntime) ListPods(context.Context) ([]*runtime.Pod, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	out := make([]*runtime.Pod, 0, len(f.pods))
+	for _, p := range f.pods {
+		out = append(out, clonePod(p))
+	}
+	return out, nil
+}
+
+func (f *fakeRuntime) ListPod(_ context.Context, uid types.UID) (*runtime.Pod, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	for _, p := range f.pods {
+		if p.UID == uid {
+			return clonePod(p), nil
+		}
+	}
+	return nil, nil
+}
+
+func (f *fakeRuntime) PodStatus(_ context.Context, p *runtime.Pod) (*runtime.PodStatus, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	st := &runtime.PodStatus{UID: p.UID, Name: p.Name, Namespace: p.Namespace, IPs: f.ips[p.UID]}
+	base := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
+	for _, s := range p.Sandboxes {
+		st.SandboxStatuses = append(st.SandboxStatuses, &runtime.SandboxStatus{ID: s.ID, State: s.State,
+			Attempt: s.Attempt, CreatedAt: time.Unix(0, s.CreatedAt).UTC(), IPs: f.ips[p.UID]})
+	}
+	for _, c := range p.Containers {
+		cs := &runtime.ContainerStatus{ID: c.ID, Name: c.Name, Attempt: c.Attempt, State: c.State,
+			Image: c.Image, StartedAt: base}
+		if c.State == runtime.StateExited {
+			cs.ExitCode = f.exitCodes[c.ID]
+			cs.FinishedAt = base.Add(time.Minute)
+			cs.Reason = "Error"
+		}
+		st.ContainerStatuses = append(st.ContainerStatuses, cs)
+	}
+	if err := f.fail[p.UID]; err != nil {
+		return st, err
+	}
+	return st, nil
+}
+
+// startGenerator runs a generator over rt with a short period until the
+// test ends, and waits for its first successful relist.
+func startGenerator(t *testing.T, rt runtime.Runtime) *pleg.Generator {
+	t.Helper()
+	g, err := pleg.New(pleg.Options{Runtime: rt, RelistPeriod: 10 * time.Millisecond, Events: pleg.EventsOff})
+	if err != nil {
+		t.Fatal(err)
+	}
+	g.Start()
+	t.Cleanup(g.Stop)
+	waitFor(t, "the first relist", func() bool { return !g.LastRelist().IsZero() })
+	return g
+}
+
+// waitFor polls cond until it holds or 5 s pass.
+func waitFor(t *testing.T, what string, cond func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out waiting for %s", what)
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// healthOverride is a generator whose health is set by the test.
+type healthOverride struct {
+	*pleg.Generator
+	err error
+}
+
+func (h healthOverride) Healthy() (bool, error) { return h.err == nil, h.err }
+
+// fixedCondition is a ReadyConditioner returning c.
+type fixedCondition pleg.Condition
+
+func (c fixedCondition) Condition() pleg.Condition { return pleg.Condition(c) }
+
+var errInspect = errors.New("rpc error: code = DeadlineExceeded desc = context deadline exceeded")

@@ -1,0 +1,326 @@
+package httpapi
+
+import (
+	"bytes"
+	"cmp"
+	"context"
+	"encoding/json"
+	"errors"
+	"net/http"
+	"slices"
+	"time"
+
+	"github.com/podlifecycle/pleg"
+	"github.com/podlifecycle/pleg/podcache"
+	"github.com/podlifecycle/pleg/runtime"
+)
+
+// healthz answers 200 "ok" while the generator is healthy, else 500 with
+// the body "PLEG is not healthy: <err>", the kubelet's wording for a failed
+// PLEG check (for example "PLEG is not healthy: pleg was last seen active
+// 3m0.1s ago; threshold is 3m0s").
+func (s *Server) healthz(w http.ResponseWriter, _ *http.Request) {
+	w.Header().Set("Content-Type", "text/plain; charset=utf-8")
+	w.Header().Set("X-Content-Type-Options", "nosniff")
+	w.Header().Set("Cache-Control", "no-store")
+	if ok, err := s.cfg.Generator.Healthy(); !ok {
+		msg := "PLEG is not healthy"
+		if err != nil {
+			msg += ": " + err.Error()
+		}
+		w.WriteHeader(http.StatusInternalServerError)
+		_, _ = w.Write([]byte(msg))
+		return
+	}
+	_, _ = w.Write([]byte("ok"))
+}
+
+// ReadyzBody is the JSON body of /readyz: the node Ready condition, and
+// details about the generator.
+type ReadyzBody struct {
+	pleg.Condition
+	// LastRuntimeStatus shadows the condition's field so that it is absent,
+	// rather than year 1, before the runtime first reported ready.
+	LastRuntimeStatus string       `json:"lastRuntimeStatus,omitempty"`
+	Details           ReadyDetails `json:"details"`
+}
+
+// ReadyDetails tells when the generator last relisted successfully and
+// whether a relist is running now.
+type ReadyDetails struct {
+	// LastRelist is the start of the last successful relist (absent before
+	// the first), RFC 3339 with nanoseconds.
+	LastRelist string `json:"lastRelist,omitempty"`
+	// RelistRunningSeconds is how long the relist now running has been
+	// running (0: none runs).
+	RelistRunningSeconds float64 `json:"relistRunningSeconds"`
+	// EventStream is the state of the runtime's container event stream.
+	EventStream EventStream `json:"eventStream"`
+}
+
+// EventStream is pleg.EventStreamStatus with absent, rather than zero,
+// times.
+type EventStream struct {
+	Mode        pleg.EventsMode `json:"mode"`
+	State       string          `json:"state"`
+	Connects    int64           `json:"connects"`
+	Events      int64           `json:"events"`
+	LastEvent   string          `json:"lastEvent,omitempty"`
+	LastError   string          `json:"lastError,omitempty"`
+	RetryAt     string          `json:"retryAt,omitempty"`
+	ConnectedAt string          `json:"connectedAt,omitempty"`
+}
+
+func eventStream(s pleg.EventStreamStatus) EventStream {
+	return EventStream{Mode: s.Mode, State: s.State, Connects: s.Connects, Events: s.Events,
+		LastEvent: formatTime(s.LastEvent), LastError: s.LastError, RetryAt: formatTime(s.RetryAt),
+		ConnectedAt: formatTime(s.ConnectedAt)}
+}
+
+// readyz answers the Ready condition as JSON: 200 when True, 503 when False.
+func (s *Server) readyz(w http.ResponseWriter, _ *http.Request) {
+	var c pleg.Condition
+	if s.cfg.Readiness != nil {
+		c = s.cfg.Readiness.Condition()
+	} else {
+		c = healthCondition(s.cfg.Generator)
+	}
+	body := ReadyzBody{Condition: c, LastRuntimeStatus: formatTime(c.LastRuntimeStatus), Details: ReadyDetails{
+		RelistRunningSeconds: s.cfg.Generator.RelistRunningFor().Seconds(),
+		EventStream:          eventStream(s.cfg.Generator.EventStream()),
+	}}
+	if t := s.cfg.Generator.LastRelist(); !t.IsZero() {
+		body.Details.LastRelist = formatTime(t)
+	}
+	code := http.StatusOK
+	if !c.Ready() {
+		code = http.StatusServiceUnavailable
+	}
+	w.Header().Set("Cache-Control", "no-store")
+	s.writeJSON(w, code, body)
+}
+
+// healthCondition is the Ready condition of the generator's health alone.
+func healthCondition(g pleg.HealthChecker) pleg.Condition {
+	if ok, err := g.Healthy(); !ok {
+		msg := "PLEG is not healthy"
+		if err != nil {
+			msg += ": " + err.Error()
+		}
+		return pleg.Condition{Type: "Ready", Status: "False", Reason: pleg.ReasonNotReady,
+			Message: msg, Errors: []string{msg}}
+	}
+	return pleg.Condition{Type: "Ready", Status: "True", Reason: pleg.ReasonReady, Message: pleg.MessageReady}
+}
+
+// PodsBody is the JSON body of /api/v1/pods.
+type PodsBody struct {
+	// Timestamp is the cache's global timestamp: every entry is at least
+	// this fresh (absent before the first relist).
+	Timestamp string `json:"timestamp,omitempty"`
+	Pods      []Pod  `json:"pods"`
+}
+
+// Pod is one entry of the pod status cache.
+type Pod struct {
+	UID        string      `json:"podUID"`
+	Name       string      `json:"podName"`
+	Namespace  string      `json:"podNamespace"`
+	IPs        []string    `json:"ips"`
+	Sandboxes  []Sandbox   `json:"sandboxes"`
+	Containers []Container `json:"containers"`
+	// Error is the error of the inspection that produced this entry.
+	Error      string `json:"error,omitempty"`
+	ObservedAt string `json:"observedAt,omitempty"`
+}
+
+// Sandbox is one pod sandbox of a Pod.
+type Sandbox struct {
+	ID        string   `json:"id"`
+	State     string   `json:"state"`
+	CreatedAt string   `json:"createdAt,omitempty"`
+	Attempt   uint32   `json:"attempt"`
+	IPs       []string `json:"ips"`
+}
+
+// Container is one container of a Pod. ExitCode is present for exited
+// containers only.
+type Container struct {
+	ID         string `json:"id"`
+	Name       string `json:"name"`
+	State      string `json:"state"`
+	Attempt    uint32 `json:"attempt"`
+	Image      string `json:"image"`
+	ExitCode   *int32 `json:"exitCode,omitempty"`
+	Reason     string `json:"reason,omitempty"`
+	StartedAt  string `json:"startedAt,omitempty"`
+	FinishedAt string `json:"finishedAt,omitempty"`
+}
+
+// pods answers the pod status cache as JSON, pods sorted by namespace,
+// name and UID, sandboxes by creation time and ID, containers by name,
+// attempt and ID.
+func (s *Server) pods(w http.ResponseWriter, _ *http.Request) {
+	c := s.cfg.Generator.Cache()
+	body := PodsBody{Pods: PodsFromCache(c.List())}
+	if t := c.Timestamp(); !t.IsZero() {
+		body.Timestamp = formatTime(t)
+	}
+	w.Header().Set("Cache-Control", "no-store")
+	s.writeJSON(w, http.StatusOK, body)
+}
+
+// PodsFromCache converts cache entries to their JSON form, keeping their
+// order.
+func PodsFromCache(entries []podcache.Entry) []Pod {
+	out := make([]Pod, 0, len(entries))
+	for _, e := range entries {
+		st := e.Status
+		if st == nil {
+			st = &runtime.PodStatus{}
+		}
+		p := Pod{UID: string(st.UID), Name: st.Name, Namespace: st.Namespace,
+			IPs: nonNil(st.IPs), Sandboxes: []Sandbox{}, Containers: []Container{}}
+		if e.Err != nil {
+			p.Error = e.Err.Error()
+		}
+		if !e.Modified.IsZero() {
+			p.ObservedAt = formatTime(e.Modified)
+		}
+		sandboxes := slices.DeleteFunc(slices.Clone(st.SandboxStatuses), func(sb *runtime.SandboxStatus) bool { return sb == nil })
+		slices.SortStableFunc(sandboxes, func(a, b *runtime.SandboxStatus) int {
+			return cmp.Or(a.CreatedAt.Compare(b.CreatedAt), cmp.Compare(a.ID, b.ID))
+		})
+		for _, sb := range sandboxes {
+			p.Sandboxes = append(p.Sandboxes, Sandbox{ID: sb.ID, State: sb.State.String(),
+				CreatedAt: formatTime(sb.CreatedAt), Attempt: sb.Attempt, IPs: nonNil(sb.IPs)})
+		}
+		containers := slices.DeleteFunc(slices.Clone(st.ContainerStatuses), func(cs *runtime.ContainerStatus) bool { return cs == nil })
+		slices.SortStableFunc(containers, func(a, b *runtime.ContainerStatus) int {
+			return cmp.Or(cmp.Compare(a.Name, b.Name), cmp.Compare(a.Attempt, b.Attempt), cmp.Compare(a.ID, b.ID))
+		})
+		for _, cs := range containers {
+			ct := Container{ID: cs.ID, Name: cs.Name, State: cs.State.String(), Attempt: cs.Attempt,
+				Image: cs.Image, Reason: cs.Reason, StartedAt: formatTime(cs.StartedAt),
+				FinishedAt: formatTime(cs.FinishedAt)}
+			if cs.State == runtime.StateExited {
+				code := cs.ExitCode
+				ct.ExitCode = &code
+			}
+			p.Containers = append(p.Containers, ct)
+		}
+		out = append(out, p)
+	}
+	return out
+}
+
+// events streams lifecycle events as Server-Sent Events:
+//
+//	event: resync
+//	data: {"pods":[...]}            (pleg.PodState objects)
+//
+//	event: lifecycle
+//	data: {"time":...,"type":"ContainerStarted",...}   (pleg.Event JSON)
+//
+// The first message is a resync; another resync replaces everything the
+// client knew when it fell too far behind. An idle stream carries a
+// ": heartbeat" comment every heartbeat interval. The stream ends when the
+// client goes away, the generator stops or the server shuts down.
+func (s *Server) events(w http.ResponseWriter, r *http.Request) {
+	rc := http.NewResponseController(w)
+	ctx, cancel := context.WithCancel(r.Context())
+	defer cancel()
+	stop := context.AfterFunc(s.streams, cancel)
+	defer stop()
+
+	sub := s.cfg.Generator.Subscribe()
+	defer sub.Close()
+
+	h := w.Header()
+	h.Set("Content-Type", "text/event-stream")
+	h.Set("Cache-Control", "no-cache")
+	h.Set("X-Accel-Buffering", "no")
+	w.WriteHeader(http.StatusOK)
+	if err := rc.Flush(); err != nil {
+		return
+	}
+
+	var buf bytes.Buffer
+	for {
+		nctx, ncancel := context.WithTimeout(ctx, s.cfg.Heartbeat)
+		u, err := sub.Next(nctx)
+		ncancel()
+		buf.Reset()
+		switch {
+		case err == nil && u.Resync:
+			pods := u.Pods
+			if pods == nil {
+				pods = []pleg.PodState{}
+			}
+			if !writeSSE(&buf, "resync", struct {
+				Pods []pleg.PodState `json:"pods"`
+			}{pods}) {
+				s.cfg.Logger.Error(nil, "Encoding a resync failed")
+				return
+			}
+		case err == nil:
+			if !writeSSE(&buf, "lifecycle", u.Event) {
+				s.cfg.Logger.Error(nil, "Encoding an event failed", "podUID", u.Event.PodUID)
+				return
+			}
+		case errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil:
+			buf.WriteString(": heartbeat\n\n")
+		default: // client gone, shutdown, or the generator stopped
+			return
+		}
+		if _, err := w.Write(buf.Bytes()); err != nil {
+			return
+		}
+		if err := rc.Flush(); err != nil {
+			return
+		}
+	}
+}
+
+// writeSSE appends one SSE message to buf. JSON has no raw newlines, so the
+// data fits on one line.
+func writeSSE(buf *bytes.Buffer, event string, v any) bool {
+	b, err := json.Marshal(v)
+	if err != nil {
+		return false
+	}
+	buf.WriteString("event: ")
+	buf.WriteString(event)
+	buf.WriteString("\ndata: ")
+	buf.Write(b)
+	buf.WriteString("\n\n")
+	return true
+}
+
+func (s *Server) writeJSON(w http.ResponseWriter, code int, v any) {
+	b, err := json.MarshalIndent(v, "", "  ")
+	if err != nil {
+		s.cfg.Logger.Error(err, "Encoding a response failed")
+		http.Error(w, "internal error: "+err.Error(), http.StatusInternalServerError)
+		return
+	}
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(code)
+	_, _ = w.Write(append(b, '\n'))
+}
+
+// formatTime formats t as RFC 3339 with nanoseconds in UTC; "" for the
+// zero time.
+func formatTime(t time.Time) string {
+	if t.IsZero() {
+		return ""
+	}
+	return t.UTC().Format(time.RFC3339Nano)
+}
+
+func nonNil(s []string) []string {
+	if s == nil {
+		return []string{}
+	}
+	return s
+}

@@ -1,0 +1,483 @@
+package httpapi
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"io"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"reflect"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/podlifecycle/pleg"
+	"github.com/podlifecycle/pleg/metrics"
+	"github.com/podlifecycle/pleg/runtime"
+)
+
+func get(t *testing.T, h http.Handler, path string) (int, string, http.Header) {
+	t.Helper()
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, path, nil))
+	return rec.Code, rec.Body.String(), rec.Header()
+}
+
+func TestHealthz(t *testing.T) {
+	g, err := pleg.New(pleg.Options{Runtime: newFakeRuntime()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(g.Stop)
+	tests := []struct {
+		name     string
+		gen      Generator
+		wantCode int
+		wantBody string
+	}{
+		{"before the first relist", g, 500, "PLEG is not healthy: pleg has yet to be successful"},
+		{"stale", healthOverride{g, &pleg.NotHealthyError{Elapsed: 3*time.Minute + 100*time.Millisecond, Threshold: 3 * time.Minute}},
+			500, "PLEG is not healthy: pleg was last seen active 3m0.1s ago; threshold is 3m0s"},
+		{"healthy", healthOverride{g, nil}, 200, "ok"},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			s := New(Config{Generator: tc.gen})
+			code, body, h := get(t, s.Handler(), "/healthz")
+			if code != tc.wantCode || body != tc.wantBody {
+				t.Errorf("GET /healthz = %d %q, want %d %q", code, body, tc.wantCode, tc.wantBody)
+			}
+			if ct := h.Get("Content-Type"); !strings.HasPrefix(ct, "text/plain") {
+				t.Errorf("Content-Type = %q", ct)
+			}
+		})
+	}
+	t.Run("real generator", func(t *testing.T) {
+		s := New(Config{Generator: startGenerator(t, newFakeRuntime())})
+		if code, body, _ := get(t, s.Handler(), "/healthz"); code != 200 || body != "ok" {
+			t.Errorf("GET /healthz = %d %q, want 200 ok", code, body)
+		}
+	})
+	t.Run("POST", func(t *testing.T) {
+		s := New(Config{Generator: g})
+		rec := httptest.NewRecorder()
+		s.Handler().ServeHTTP(rec, httptest.NewRequest(http.MethodPost, "/healthz", nil))
+		if rec.Code != http.StatusMethodNotAllowed {
+			t.Errorf("POST /healthz = %d, want 405", rec.Code)
+		}
+	})
+}
+
+func TestReadyz(t *testing.T) {
+	g := startGenerator(t, newFakeRuntime())
+	lrs := time.Date(2026, 1, 2, 3, 4, 5, 6, time.UTC)
+	notReady := pleg.Condition{Type: "Ready", Status: "False", Reason: pleg.ReasonNotReady,
+		Message: "[container runtime is down, PLEG is not healthy: pleg has yet to be successful]",
+		Errors:  []string{"container runtime is down", "PLEG is not healthy: pleg has yet to be successful"}}
+	tests := []struct {
+		name     string
+		cfg      Config
+		wantCode int
+		want     map[string]any
+	}{
+		{"ready", Config{Generator: g, Readiness: fixedCondition{Type: "Ready", Status: "True", Reason: pleg.ReasonReady,
+			Message: pleg.MessageReady, LastRuntimeStatus: lrs}}, 200,
+			map[string]any{"type": "Ready", "status": "True", "reason": "KubeletReady",
+				"message": "kubelet is posting ready status", "lastRuntimeStatus": "2026-01-02T03:04:05.000000006Z"}},
+		{"not ready", Config{Generator: g, Readiness: fixedCondition(notReady)}, 503,
+			map[string]any{"type": "Ready", "status": "False", "reason": "KubeletNotReady", "message": notReady.Message,
+				"errors": []any{"container runtime is down", "PLEG is not healthy: pleg has yet to be successful"}}},
+		{"health only, healthy", Config{Generator: g}, 200,
+			map[string]any{"type": "Ready", "status": "True", "reason": "KubeletReady", "message": "kubelet is posting ready status"}},
+		{"health only, unhealthy", Config{Generator: healthOverride{g, &pleg.NotHealthyError{Elapsed: 5 * time.Second, Threshold: 2 * time.Second}}}, 503,
+			map[string]any{"type": "Ready", "status": "False", "reason": "KubeletNotReady",
+				"message": "PLEG is not healthy: pleg was last seen active 5s ago; threshold is 2s",
+				"errors":  []any{"PLEG is not healthy: pleg was last seen active 5s ago; threshold is 2s"}}},
+	}
+	for _, tc := range tests {
+		t.Run(tc.name, func(t *testing.T) {
+			code, body, h := get(t, New(tc.cfg).Handler(), "/readyz")
+			if code != tc.wantCode {
+				t.Errorf("code = %d, want %d", code, tc.wantCode)
+			}
+			if ct := h.Get("Content-Type"); ct != "application/json" {
+				t.Errorf("Content-Type = %q", ct)
+			}
+			var got map[string]any
+			if err := json.Unmarshal([]byte(body), &got); err != nil {
+				t.Fatalf("%v: %s", err, body)
+			}
+			details, ok := got["details"].(map[string]any)
+			if !ok {
+				t.Fatalf("no details object: %s", body)
+			}
+			delete(got, "details")
+			if !reflect.DeepEqual(got, tc.want) {
+				t.Errorf("body = %v\nwant  %v", got, tc.want)
+			}
+			if _, err := time.Parse(time.RFC3339Nano, details["lastRelist"].(string)); err != nil {
+				t.Errorf("details.lastRelist: %v", err)
+			}
+			es, _ := details["eventStream"].(map[string]any)
+			if es["mode"] != "off" || es["state"] != "off" {
+				t.Errorf("details.eventStream = %v, want mode and state off", es)
+			}
+			if _, ok := es["lastEvent"]; ok {
+				t.Errorf("details.eventStream has a lastEvent before any event: %v", es)
+			}
+		})
+	}
+}
+
+// samplePods is a node with two pods listed in an order the API must not
+// keep: pod b (two sandboxes, an exited container and a running one) and
+// pod a (its status call fails).
+func samplePods() *fakeRuntime {
+	rt := newFakeRuntime()
+	rt.pods = []*runtime.Pod{
+		{UID: "uid-b", Name: "web", Namespace: "prod",
+			Sandboxes: []*runtime.Container{
+				{ID: "sb-new", Name: "web", Attempt: 1, State: runtime.StateRunning, CreatedAt: 2e18},
+				{ID: "sb-old", Name: "web", Attempt: 0, State: runtime.StateExited, CreatedAt: 1e18},
+			},
+			Containers: []*runtime.Container{
+				{ID: "c-sidecar", Name: "sidecar", State: runtime.StateRunning, Image: "busybox:1.36"},
+				{ID: "c-app-1", Name: "app", Attempt: 1, State: runtime.StateRunning, Image: "nginx:1.27"},
+				{ID: "c-app-0", Name: "app", Attempt: 0, State: runtime.StateExited, Image: "nginx:1.27"},
+			}},
+		{UID: "uid-a", Name: "db", Namespace: "default",
+			Sandboxes: []*runtime.Container{{ID: "sb-a", Name: "db", State: runtime.StateRunning, CreatedAt: 1e18}}},
+	}
+	rt.exitCodes["c-app-0"] = 3
+	rt.ips["uid-b"] = []string{"10.88.0.7"}
+	rt.fail["uid-a"] = errInspect
+	return rt
+}
+
+func TestPods(t *testing.T) {
+	g := startGenerator(t, samplePods())
+	waitFor(t, "both pods in the cache", func() bool { return g.Cache().Len() == 2 })
+	code, body, _ := get(t, New(Config{Generator: g}).Handler(), "/api/v1/pods")
+	if code != 200 {
+		t.Fatalf("code = %d: %s", code, body)
+	}
+	var got PodsBody
+	if err := json.Unmarshal([]byte(body), &got); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := time.Parse(time.RFC3339Nano, got.Timestamp); err != nil {
+		t.Errorf("timestamp %q: %v", got.Timestamp, err)
+	}
+	for i := range got.Pods {
+		if _, err := time.Parse(time.RFC3339Nano, got.Pods[i].ObservedAt); err != nil {
+			t.Errorf("pod %d observedAt %q: %v", i, got.Pods[i].ObservedAt, err)
+		}
+		got.Pods[i].ObservedAt = ""
+	}
+	three := int32(3)
+	started, finished := "2026-01-02T03:04:05Z", "2026-01-02T03:05:05Z"
+	want := []Pod{
+		{UID: "uid-a", Name: "db", Namespace: "default", IPs: []string{}, Error: errInspect.Error(),
+			Sandboxes:  []Sandbox{{ID: "sb-a", State: "running", CreatedAt: "2001-09-09T01:46:40Z", IPs: []string{}}},
+			Containers: []Container{}},
+		{UID: "uid-b", Name: "web", Namespace: "prod", IPs: []string{"10.88.0.7"},
+			Sandboxes: []Sandbox{
+				{ID: "sb-old", State: "exited", CreatedAt: "2001-09-09T01:46:40Z", IPs: []string{"10.88.0.7"}},
+				{ID: "sb-new", State: "running", CreatedAt: "2033-05-18T03:33:20Z", Attempt: 1, IPs: []string{"10.88.0.7"}},
+			},
+			Containers: []Container{
+				{ID: "c-app-0", Name: "app", State: "exited", Image: "nginx:1.27", ExitCode: &three, Reason: "Error", StartedAt: started, FinishedAt: finished},
+				{ID: "c-app-1", Name: "app", State: "running", Attempt: 1, Image: "nginx:1.27", StartedAt: started},
+				{ID: "c-sidecar", Name: "sidecar", State: "running", Image: "busybox:1.36", StartedAt: started},
+			}},
+	}
+	if !reflect.DeepEqual(got.Pods, want) {
+		gb, _ := json.MarshalIndent(got.Pods, "", " ")
+		wb, _ := json.MarshalIndent(want, "", " ")
+		t.Errorf("pods =\n%s\nwant\n%s", gb, wb)
+	}
+
+	// The exact keys of the wire form.
+	var raw struct {
+		Pods []map[string]json.RawMessage `json:"pods"`
+	}
+	if err := json.Unmarshal([]byte(body), &raw); err != nil {
+		t.Fatal(err)
+	}
+	wantKeys := map[string][]string{
+		"uid-a": {"containers", "error", "ips", "observedAt", "podName", "podNamespace", "podUID", "sandboxes"},
+		"uid-b": {"containers", "ips", "observedAt", "podName", "podNamespace", "podUID", "sandboxes"},
+	}
+	for _, p := range raw.Pods {
+		var uid string
+		_ = json.Unmarshal(p["podUID"], &uid)
+		if keys := sortedKeys(p); !reflect.DeepEqual(keys, wantKeys[uid]) {
+			t.Errorf("pod %s keys = %v, want %v", uid, keys, wantKeys[uid])
+		}
+	}
+	var ctr []map[string]json.RawMessage
+	_ = json.Unmarshal(raw.Pods[1]["containers"], &ctr)
+	if keys, want := sortedKeys(ctr[0]), []string{"attempt", "exitCode", "finishedAt", "id", "image", "name", "reason", "startedAt", "state"}; !reflect.DeepEqual(keys, want) {
+		t.Errorf("exited container keys = %v, want %v", keys, want)
+	}
+	if keys, want := sortedKeys(ctr[1]), []string{"attempt", "id", "image", "name", "startedAt", "state"}; !reflect.DeepEqual(keys, want) {
+		t.Errorf("running container keys = %v, want %v", keys, want)
+	}
+}
+
+func TestPodsEmpty(t *testing.T) {
+	g, err := pleg.New(pleg.Options{Runtime: newFakeRuntime()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	_, body, _ := get(t, New(Config{Generator: g}).Handler(), "/api/v1/pods")
+	if strings.TrimSpace(body) != "{\n  \"pods\": []\n}" {
+		t.Errorf("body = %q, want an empty pods list and no timestamp", body)
+	}
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
+}
+
+func TestMetrics(t *testing.T) {
+	reg := prometheus.NewRegistry()
+	m := metrics.New(reg)
+	m.NodeName.WithLabelValues("node-1").Set(1)
+	g := startGenerator(t, samplePods())
+	s := New(Config{Generator: g, Gatherer: reg})
+	code, body, _ := get(t, s.Handler(), "/metrics")
+	if code != 200 || !strings.Contains(body, `kubelet_node_name{node="node-1"} 1`) {
+		t.Errorf("GET /metrics = %d:\n%s", code, body)
+	}
+	if code, _, _ := get(t, New(Config{Generator: g}).Handler(), "/metrics"); code != 404 {
+		t.Errorf("GET /metrics without a gatherer = %d, want 404", code)
+	}
+}
+
+func TestHandleMountsExtraHandlers(t *testing.T) {
+	g := startGenerator(t, newFakeRuntime())
+	s := New(Config{Generator: g})
+	s.Handle("GET /{$}", http.HandlerFunc(func(w http.ResponseWriter, _ *http.Request) { _, _ = io.WriteString(w, "dashboard") }))
+	if code, body, _ := get(t, s.Handler(), "/"); code != 200 || body != "dashboard" {
+		t.Errorf("GET / = %d %q", code, body)
+	}
+	if code, body, _ := get(t, s.Handler(), "/healthz"); code != 200 || body != "ok" {
+		t.Errorf("GET /healthz = %d %q", code, body)
+	}
+	if code, _, _ := get(t, s.Handler(), "/nope"); code != 404 {
+		t.Errorf("GET /nope = %d, want 404", code)
+	}
+}
+
+// sseReader reads Server-Sent Events from a response body.
+type sseReader struct {
+	t  *testing.T
+	br *bufio.Reader
+}
+
+type sseMessage struct {
+	event, data string
+	comment     bool
+}
+
+func (r sseReader) next() sseMessage {
+	r.t.Helper()
+	var m sseMessage
+	for {
+		line, err := r.br.ReadString('\n')
+		if err != nil {
+			r.t.Fatalf("reading the event stream: %v (partial %+v)", err, m)
+		}
+		line = strings.TrimSuffix(line, "\n")
+		switch {
+		case line == "":
+			if m.event != "" || m.data != "" || m.comment {
+				return m
+			}
+		case strings.HasPrefix(line, ":"):
+			m.comment = true
+		case strings.HasPrefix(line, "event: "):
+			m.event = strings.TrimPrefix(line, "event: ")
+		case strings.HasPrefix(line, "data: "):
+			m.data = strings.TrimPrefix(line, "data: ")
+		default:
+			r.t.Fatalf("unexpected line %q", line)
+		}
+	}
+}
+
+// nextEvent skips heartbeats.
+func (r sseReader) nextEvent() sseMessage {
+	r.t.Helper()
+	for {
+		if m := r.next(); !m.comment {
+			return m
+		}
+	}
+}
+
+func openStream(t *testing.T, ctx context.Context, url string) (*http.Response, sseReader) {
+	t.Helper()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url+"/api/v1/events", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { resp.Body.Close() })
+	if resp.StatusCode != 200 || resp.Header.Get("Content-Type") != "text/event-stream" {
+		t.Fatalf("GET /api/v1/events = %d %q", resp.StatusCode, resp.Header.Get("Content-Type"))
+	}
+	return resp, sseReader{t, bufio.NewReader(resp.Body)}
+}
+
+func TestEventsStream(t *testing.T) {
+	rt := samplePods()
+	rt.fail = nil
+	g := startGenerator(t, rt)
+	waitFor(t, "both pods in the cache", func() bool { return g.Cache().Len() == 2 })
+
+	s := New(Config{Generator: g, Heartbeat: 20 * time.Millisecond})
+	handlerDone := make(chan struct{}, 1)
+	ts := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		s.Handler().ServeHTTP(w, r)
+		if r.URL.Path == "/api/v1/events" {
+			handlerDone <- struct{}{}
+		}
+	}))
+	t.Cleanup(ts.Close)
+
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	_, sse := openStream(t, ctx, ts.URL)
+
+	m := sse.nextEvent()
+	if m.event != "resync" {
+		t.Fatalf("first message = %+v, want a resync", m)
+	}
+	var resync struct {
+		Pods []pleg.PodState `json:"pods"`
+	}
+	if err := json.Unmarshal([]byte(m.data), &resync); err != nil {
+		t.Fatal(err)
+	}
+	if len(resync.Pods) != 2 || resync.Pods[0].Name != "db" || resync.Pods[1].Name != "web" {
+		t.Fatalf("resync pods = %+v", resync.Pods)
+	}
+
+	// A heartbeat while idle.
+	if m := sse.next(); !m.comment {
+		t.Fatalf("idle stream sent %+v, want a heartbeat comment", m)
+	}
+
+	// The running app container exits with code 3.
+	rt.set(func(f *fakeRuntime) {
+		f.pods[0].Containers[1].State = runtime.StateExited
+		f.exitCodes["c-app-1"] = 3
+	})
+	m = sse.nextEvent()
+	if m.event != "lifecycle" {
+		t.Fatalf("message = %+v, want a lifecycle event", m)
+	}
+	var keys map[string]json.RawMessage
+	if err := json.Unmarshal([]byte(m.data), &keys); err != nil {
+		t.Fatal(err)
+	}
+	if got, want := sortedKeys(keys), []string{"containerID", "containerName", "exitCode", "podName", "podNamespace", "podUID", "time", "type"}; !reflect.DeepEqual(got, want) {
+		t.Errorf("event keys = %v, want %v", got, want)
+	}
+	var e pleg.Event
+	if err := json.Unmarshal([]byte(m.data), &e); err != nil {
+		t.Fatal(err)
+	}
+	if e.Type != pleg.ContainerDied || e.ContainerID != "c-app-1" || e.PodName != "web" || e.ExitCode == nil || *e.ExitCode != 3 {
+		t.Errorf("event = %+v, want web's c-app-1 died with exit code 3", e)
+	}
+
+	// The client goes away: the handler returns (and closes its subscription).
+	cancel()
+	select {
+	case <-handlerDone:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the events handler did not return after the client went away")
+	}
+}
+
+func TestEventsStreamEndsWhenGeneratorStops(t *testing.T) {
+	g, err := pleg.New(pleg.Options{Runtime: newFakeRuntime(), RelistPeriod: 10 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	g.Start()
+	ts := httptest.NewServer(New(Config{Generator: g}).Handler())
+	t.Cleanup(ts.Close)
+	resp, sse := openStream(t, context.Background(), ts.URL)
+	if m := sse.nextEvent(); m.event != "resync" {
+		t.Fatalf("first message = %+v", m)
+	}
+	g.Stop()
+	if b, err := io.ReadAll(resp.Body); err != nil || len(b) != 0 {
+		t.Errorf("after Stop: read %q, %v; want a clean end of stream", b, err)
+	}
+}
+
+func TestServeShutsDownWithOpenStreams(t *testing.T) {
+	g := startGenerator(t, newFakeRuntime())
+	s := New(Config{Generator: g, ShutdownTimeout: 3 * time.Second})
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	served := make(chan error, 1)
+	go func() { served <- s.Serve(ctx, ln) }()
+	url := "http://" + ln.Addr().String()
+
+	resp, err := http.Get(url + "/healthz")
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, _ := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if string(b) != "ok" {
+		t.Fatalf("GET /healthz = %q", b)
+	}
+	sresp, sse := openStream(t, context.Background(), url)
+	if m := sse.nextEvent(); m.event != "resync" {
+		t.Fatalf("first message = %+v", m)
+	}
+
+	start := time.Now()
+	cancel()
+	select {
+	case err := <-served:
+		if err != nil {
+			t.Errorf("Serve = %v, want nil", err)
+		}
+	case <-time.After(2 * time.Second):
+		t.Fatal("Serve did not return promptly with an event stream open")
+	}
+	if d := time.Since(start); d > time.Second {
+		t.Errorf("shutdown took %v", d)
+	}
+	if _, err := io.ReadAll(sresp.Body); err != nil {
+		t.Errorf("stream after shutdown: %v", err)
+	}
+	if _, err := http.Get(url + "/healthz"); err == nil {
+		t.Error("the server still answers after shutdown")
+	}
+}
