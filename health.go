@@ -35,7 +35,7 @@ type Condition struct {
 	// Errors are the individual failing checks joined in Message.
 	Errors []string `json:"errors,omitempty"`
 	// LastRuntimeStatus is when the runtime last reported itself ready.
-	LastRuntimeStatus time.Time `json:"lastRuntimeStatus,omitempty"`
+	LastRuntimeStatus time.Time `json:"lastRuntimeStatus,omitzero"`
 }
 
 // Ready reports whether the condition's status is True.
