@@ -50,10 +50,10 @@ type EventStreamStatus struct {
 	State       string     `json:"state"`
 	Connects    int64      `json:"connects"`
 	Events      int64      `json:"events"`
-	LastEvent   time.Time  `json:"lastEvent,omitempty"`
+	LastEvent   time.Time  `json:"lastEvent,omitzero"`
 	LastError   string     `json:"lastError,omitempty"`
-	RetryAt     time.Time  `json:"retryAt,omitempty"`
-	ConnectedAt time.Time  `json:"connectedAt,omitempty"`
+	RetryAt     time.Time  `json:"retryAt,omitzero"`
+	ConnectedAt time.Time  `json:"connectedAt,omitzero"`
 }
 
 // eventStream holds the state of the stream consumer.
