@@ -149,9 +149,8 @@ type Generator struct {
 	m     *metrics.Metrics
 
 	// Owned by the relist goroutine.
-	records        map[types.UID]*record
-	reinspect      map[types.UID]struct{}
-	lastListedPods int
+	records   map[types.UID]*record
+	reinspect map[types.UID]struct{}
 
 	// lastRelist is the start of the last successful global relist (the
 	// health timestamp), as Unix nanoseconds; 0 before the first.
@@ -163,6 +162,7 @@ type Generator struct {
 	requests requestQueue
 	deliver  *hub
 	stream   eventStream
+	stats    statsRing
 
 	extReinspectMu sync.Mutex
 	extReinspect   map[types.UID]struct{}

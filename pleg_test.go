@@ -316,3 +316,31 @@ func waitWaiters(t *testing.T, g *Generator, n int) {
 	}
 	t.Fatalf("waiters did not block")
 }
+
+func TestRecentRelists(t *testing.T) {
+	rt := newFakeRuntime()
+	g, clk := newTestGenerator(t, rt, nil)
+	rt.setPods(pod("a", "c1=running", "s:s1=running"), pod("b", "c2=running"))
+	rt.fail["b"] = errStatus
+	g.relist(context.Background())
+	clk.Step(time.Second)
+	rt.listErr = errors.New("down")
+	g.relist(context.Background())
+	stats := g.RecentRelists()
+	if len(stats) != 2 {
+		t.Fatalf("%d stats", len(stats))
+	}
+	s := stats[0]
+	if s.Pods != 2 || s.Containers != 3 || s.Inspected != 2 || s.Failed != 1 || s.Events != 2 || s.Err != "" {
+		t.Fatalf("first relist %+v", s)
+	}
+	if stats[1].Err != "down" {
+		t.Fatalf("second relist %+v", stats[1])
+	}
+	for range statsKept + 5 {
+		g.relist(context.Background())
+	}
+	if n := len(g.RecentRelists()); n != statsKept {
+		t.Fatalf("kept %d", n)
+	}
+}

@@ -2,6 +2,7 @@ package pleg
 
 import (
 	"context"
+	"errors"
 	"slices"
 	"strings"
 	"time"
@@ -23,9 +24,12 @@ type work struct {
 func (g *Generator) relist(ctx context.Context) error {
 	t0 := g.clock.Now()
 	g.relistRunningSince.Store(t0.UnixNano())
+	stat := RelistStat{Start: t0}
 	defer func() {
 		g.relistRunningSince.Store(0)
-		g.m.RelistDuration.Observe(g.clock.Since(t0).Seconds())
+		stat.Duration = g.clock.Since(t0)
+		g.m.RelistDuration.Observe(stat.Duration.Seconds())
+		g.stats.add(stat)
 	}()
 	if last := g.lastRelist.Load(); last != 0 {
 		g.m.RelistInterval.Observe(t0.Sub(time.Unix(0, last)).Seconds())
@@ -37,6 +41,7 @@ func (g *Generator) relist(ctx context.Context) error {
 		if ctx.Err() == nil {
 			g.log.Error(err, "GenericPLEG: Unable to retrieve pods")
 		}
+		stat.Err = err.Error()
 		return err
 	}
 	g.lastRelist.Store(t0.UnixNano())
@@ -54,7 +59,10 @@ func (g *Generator) relist(ctx context.Context) error {
 		}
 		r.current = p
 	}
-	g.lastListedPods = len(pods)
+	stat.Pods = len(pods)
+	for _, p := range pods {
+		stat.Containers += len(p.Containers) + len(p.Sandboxes)
+	}
 
 	flagged := g.takeReinspect()
 	var todo []work
@@ -69,9 +77,17 @@ func (g *Generator) relist(ctx context.Context) error {
 	slices.SortFunc(todo, func(a, b work) int { return strings.Compare(string(a.uid), string(b.uid)) })
 
 	needReinspect := make(map[types.UID]struct{})
+	stat.Inspected = len(todo)
 	g.inspectAll(ctx, todo, func(w work, status *runtime.PodStatus, err error) {
-		if !g.apply(w, status, err, t0) {
+		n, ok := g.apply(w, status, err, t0)
+		stat.Events += n
+		if !ok {
 			needReinspect[w.uid] = struct{}{}
+			stat.Failed++
+			var te *InspectionTimeoutError
+			if errors.As(err, &te) {
+				stat.TimedOut++
+			}
 		}
 	})
 	g.reinspect = needReinspect
@@ -117,7 +133,7 @@ func (g *Generator) relistPod(ctx context.Context, uid types.UID) {
 		return
 	}
 	g.inspectAll(ctx, []work{{uid: uid, rec: r, events: events}}, func(w work, status *runtime.PodStatus, err error) {
-		if g.apply(w, status, err, t) {
+		if _, ok := g.apply(w, status, err, t); ok {
 			delete(g.reinspect, uid)
 		} else {
 			g.reinspect[uid] = struct{}{}
@@ -127,8 +143,9 @@ func (g *Generator) relistPod(ctx context.Context, uid types.UID) {
 
 // apply records the outcome of inspecting one pod at time t: the cache
 // entry, and on success the record's advance and the events' delivery. It
-// reports whether the inspection succeeded.
-func (g *Generator) apply(w work, status *runtime.PodStatus, err error, t time.Time) bool {
+// returns how many events it delivered and whether the inspection
+// succeeded.
+func (g *Generator) apply(w work, status *runtime.PodStatus, err error, t time.Time) (int, bool) {
 	r := w.rec
 	if r.current == nil {
 		// Gone from the listing: no runtime call, the cache entry goes.
@@ -144,7 +161,7 @@ func (g *Generator) apply(w work, status *runtime.PodStatus, err error, t time.T
 	if err != nil {
 		g.m.InspectionFailures.Inc()
 		g.log.V(4).Info("PLEG: Ignoring events for pod", "pod", podRef(r.pod()), "podUID", w.uid, "err", err.Error())
-		return false
+		return 0, false
 	}
 	events := w.events
 	if len(events) == 0 {
@@ -179,7 +196,7 @@ func (g *Generator) apply(w work, status *runtime.PodStatus, err error, t time.T
 	if hint, ok := g.takeHint(w.uid); ok && len(out) > 0 {
 		g.m.EventDeliveryLatency.Observe(now.Sub(hint).Seconds())
 	}
-	return true
+	return len(out), true
 }
 
 // carryIPs keeps a dead pod's last IPs: when the fresh status has none and
