@@ -295,6 +295,9 @@ func (g *Generator) Relist(ctx context.Context) error {
 	return g.relist(ctx)
 }
 
+// RelistThreshold returns the health threshold in force.
+func (g *Generator) RelistThreshold() time.Duration { return g.opts.RelistThreshold }
+
 // InspectionsOutstanding returns how many abandoned pod inspections have
 // not returned yet.
 func (g *Generator) InspectionsOutstanding() int { return g.inflight.Len() }

@@ -324,3 +324,46 @@ func nonNil(s []string) []string {
 	}
 	return s
 }
+
+// relistJSON is one relist in /api/v1/relists.
+type relistJSON struct {
+	Start           string  `json:"start"`
+	DurationSeconds float64 `json:"durationSeconds"`
+	Pods            int     `json:"pods"`
+	Containers      int     `json:"containers"`
+	Inspected       int     `json:"inspected"`
+	Failed          int     `json:"failed"`
+	TimedOut        int     `json:"timedOut"`
+	Events          int     `json:"events"`
+	Error           string  `json:"error,omitempty"`
+}
+
+// relists serves the recent global relists (oldest first), the relist
+// running now and the health threshold, for the dashboard's chart.
+func (s *Server) relists(w http.ResponseWriter, _ *http.Request) {
+	g := s.cfg.Generator
+	stats := g.RecentRelists()
+	out := struct {
+		ThresholdSeconds       float64      `json:"thresholdSeconds"`
+		RelistRunningSeconds   float64      `json:"relistRunningSeconds"`
+		LastRelist             string       `json:"lastRelist,omitempty"`
+		SecondsSinceLastRelist float64      `json:"secondsSinceLastRelist,omitempty"`
+		Relists                []relistJSON `json:"relists"`
+	}{
+		ThresholdSeconds:     g.RelistThreshold().Seconds(),
+		RelistRunningSeconds: g.RelistRunningFor().Seconds(),
+		LastRelist:           formatTime(g.LastRelist()),
+		Relists:              make([]relistJSON, 0, len(stats)),
+	}
+	if last := g.LastRelist(); !last.IsZero() {
+		out.SecondsSinceLastRelist = time.Since(last).Seconds()
+	}
+	for _, st := range stats {
+		out.Relists = append(out.Relists, relistJSON{
+			Start: formatTime(st.Start), DurationSeconds: st.Duration.Seconds(), Pods: st.Pods,
+			Containers: st.Containers, Inspected: st.Inspected, Failed: st.Failed, TimedOut: st.TimedOut,
+			Events: st.Events, Error: st.Err,
+		})
+	}
+	s.writeJSON(w, http.StatusOK, out)
+}

@@ -1,7 +1,8 @@
 // Package httpapi serves the daemon's HTTP endpoints: health (/healthz),
 // readiness as the node Ready condition (/readyz), Prometheus metrics
 // (/metrics), the pod status cache (/api/v1/pods) and the lifecycle event
-// stream as Server-Sent Events (/api/v1/events).
+// stream as Server-Sent Events (/api/v1/events) and the recent relists
+// (/api/v1/relists).
 //
 // Extra handlers (a dashboard on "/", for example) can be mounted with
 // Handle before or while serving.
@@ -39,6 +40,8 @@ type Generator interface {
 	LastRelist() time.Time
 	RelistRunningFor() time.Duration
 	EventStream() pleg.EventStreamStatus
+	RecentRelists() []pleg.RelistStat
+	RelistThreshold() time.Duration
 }
 
 // ReadyConditioner reports the node Ready condition, like *pleg.Readiness.
@@ -97,6 +100,7 @@ func New(cfg Config) *Server {
 	}
 	s.mux.HandleFunc("GET /api/v1/pods", s.pods)
 	s.mux.HandleFunc("GET /api/v1/events", s.events)
+	s.mux.HandleFunc("GET /api/v1/relists", s.relists)
 	return s
 }
 

@@ -481,3 +481,35 @@ func TestServeShutsDownWithOpenStreams(t *testing.T) {
 		t.Error("the server still answers after shutdown")
 	}
 }
+
+func TestRelists(t *testing.T) {
+	g := startGenerator(t, samplePods())
+	waitFor(t, "a relist", func() bool { return len(g.RecentRelists()) > 0 })
+	code, body, _ := get(t, New(Config{Generator: g}).Handler(), "/api/v1/relists")
+	if code != 200 {
+		t.Fatalf("code = %d: %s", code, body)
+	}
+	var got struct {
+		ThresholdSeconds float64 `json:"thresholdSeconds"`
+		LastRelist       string  `json:"lastRelist"`
+		Relists          []struct {
+			Start           string  `json:"start"`
+			DurationSeconds float64 `json:"durationSeconds"`
+			Pods            int     `json:"pods"`
+			Inspected       int     `json:"inspected"`
+		} `json:"relists"`
+	}
+	if err := json.Unmarshal([]byte(body), &got); err != nil {
+		t.Fatal(err)
+	}
+	if got.ThresholdSeconds != 180 || got.LastRelist == "" || len(got.Relists) == 0 {
+		t.Fatalf("%s", body)
+	}
+	first := got.Relists[0]
+	if first.Pods != 2 || first.Inspected != 2 || first.DurationSeconds < 0 {
+		t.Fatalf("first relist %+v", first)
+	}
+	if _, err := time.Parse(time.RFC3339Nano, first.Start); err != nil {
+		t.Fatal(err)
+	}
+}
