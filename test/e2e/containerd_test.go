@@ -1,0 +1,235 @@
+package e2e
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+)
+
+// containerdConfig is the containerd 2.x (config version 3) configuration.
+// Every path is inside the private dir. The keys that matter, found with
+// `containerd config default` of v2.2.9:
+//
+//   - restrict_oom_score_adj lives directly in
+//     [plugins.'io.containerd.cri.v1.runtime'] (not under runtimes.runc).
+//     Without it runc cannot set the sandbox's oom_score_adj on machines
+//     lacking CAP_SYS_RESOURCE and fails with "can't get final child's PID
+//     from pipe: EOF".
+//   - the sandbox (pause) image is [plugins.'io.containerd.cri.v1.images'.
+//     pinned_images] sandbox (1.x had sandbox_image in the cri plugin).
+//   - the CRI snapshotter is [plugins.'io.containerd.cri.v1.images']
+//     snapshotter; `ctr images import` must unpack into the same one.
+//   - disabling io.containerd.image-verifier.v1.bindir breaks the transfer
+//     service and with it the whole CRI plugin ("no plugins registered for
+//     io.containerd.image-verifier.v1"); point its bin_dir into our dir.
+//   - imports = [] keeps /etc/containerd/conf.d out; NRI (a socket in
+//     /var/run/nri), opt (/opt/containerd) and the restart monitor are
+//     disabled as the suite needs none of them.
+//   - runc's state root (options.Root) is private, so `runc list` of other
+//     containerds never shows ours and vice versa.
+const containerdConfig = `version = 3
+root = {{dir}}/root
+state = {{dir}}/state
+temp = {{dir}}/tmp
+imports = []
+disabled_plugins = ['io.containerd.internal.v1.opt', 'io.containerd.nri.v1.nri', 'io.containerd.monitor.container.v1.restart']
+
+[grpc]
+  address = {{sock}}
+
+[plugins]
+  [plugins.'io.containerd.image-verifier.v1.bindir']
+    bin_dir = {{dir}}/image-verifiers
+
+  [plugins.'io.containerd.cri.v1.images']
+    snapshotter = {{snapshotter}}
+    [plugins.'io.containerd.cri.v1.images'.pinned_images]
+      sandbox = {{pause}}
+
+  [plugins.'io.containerd.cri.v1.runtime']
+    restrict_oom_score_adj = true
+    enable_cdi = false
+    [plugins.'io.containerd.cri.v1.runtime'.containerd]
+      default_runtime_name = 'runc'
+      [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc]
+        runtime_type = 'io.containerd.runc.v2'
+        sandboxer = 'podsandbox'
+        [plugins.'io.containerd.cri.v1.runtime'.containerd.runtimes.runc.options]
+          BinaryName = {{runc}}
+          Root = {{dir}}/runc
+          SystemdCgroup = false
+    [plugins.'io.containerd.cri.v1.runtime'.cni]
+      bin_dirs = [{{dir}}/cni/bin]
+      conf_dir = {{dir}}/cni/net.d
+
+  [plugins.'io.containerd.grpc.v1.cri']
+    stream_server_address = '127.0.0.1'
+    stream_server_port = '0'
+`
+
+func (e *env) writeConfig() error {
+	q := strconv.Quote // TOML basic strings accept Go's quoting of ASCII paths
+	r := strings.NewReplacer(
+		"{{dir}}/root", q(filepath.Join(e.dir, "root")),
+		"{{dir}}/state", q(filepath.Join(e.dir, "state")),
+		"{{dir}}/tmp", q(filepath.Join(e.dir, "tmp")),
+		"{{dir}}/image-verifiers", q(filepath.Join(e.dir, "image-verifiers")),
+		"{{dir}}/runc", q(filepath.Join(e.dir, "runc")),
+		"{{dir}}/cni/bin", q(filepath.Join(e.dir, "cni", "bin")),
+		"{{dir}}/cni/net.d", q(filepath.Join(e.dir, "cni", "net.d")),
+		"{{sock}}", q(e.sock),
+		"{{snapshotter}}", q(e.snapshotter),
+		"{{pause}}", q(pauseImage),
+		"{{runc}}", q(e.runcPath),
+	)
+	cfg := r.Replace(containerdConfig)
+	if strings.Contains(cfg, "{{") {
+		return fmt.Errorf("unexpanded placeholder in containerd config")
+	}
+	for _, d := range []string{"tmp", "logs", "image-verifiers"} {
+		if err := os.MkdirAll(filepath.Join(e.dir, d), 0o755); err != nil {
+			return err
+		}
+	}
+	return os.WriteFile(e.configPath, []byte(cfg), 0o644)
+}
+
+// startContainerd starts containerd (through the supervisor).
+func (e *env) startContainerd() error {
+	if _, err := e.sup.call("start", 10*time.Second); err != nil {
+		return err
+	}
+	return nil
+}
+
+// waitCRI waits until the CRI plugin answers Version and ListPodSandbox
+// (the latter fails until the plugin has finished its recovery), or
+// containerd exits, or timeout.
+func (e *env) waitCRI(timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	e.cri.conn.ResetConnectBackoff()
+	var lastErr error
+	for time.Now().Before(deadline) {
+		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+		_, err := e.cri.rt.Version(ctx, &runtimeapi.VersionRequest{})
+		if err == nil {
+			_, err = e.cri.rt.ListPodSandbox(ctx, &runtimeapi.ListPodSandboxRequest{})
+		}
+		cancel()
+		if err == nil {
+			return nil
+		}
+		lastErr = err
+		if st, serr := e.sup.call("status", 5*time.Second); serr == nil && strings.HasPrefix(st, "stopped") {
+			return fmt.Errorf("containerd exited (%s) before CRI answered; see %s", strings.TrimPrefix(st, "stopped "), e.logPath)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+	return fmt.Errorf("CRI on %s did not answer within %v: %v", e.sock, timeout, lastErr)
+}
+
+// importImages imports the OCI archive with ctr into the CRI namespace,
+// unpacked for the CRI snapshotter, and checks that CRI sees both images.
+func (e *env) importImages() error {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, filepath.Join(e.binDir, "ctr"), "-n", criNamespace, "-a", e.sock,
+		"images", "import", "--snapshotter", e.snapshotter, e.imageArchive)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("ctr images import: %v\n%s", err, out)
+	}
+	// The CRI image store learns about imported images asynchronously, from
+	// containerd's image events: poll.
+	deadline := time.Now().Add(15 * time.Second)
+	for _, img := range []string{pauseImage, workloadImage} {
+		for {
+			resp, err := e.cri.img.ImageStatus(ctx, &runtimeapi.ImageStatusRequest{Image: &runtimeapi.ImageSpec{Image: img}})
+			if err != nil {
+				return fmt.Errorf("CRI ImageStatus %s: %w", img, err)
+			}
+			if resp.Image != nil {
+				break
+			}
+			if time.Now().After(deadline) {
+				return fmt.Errorf("image %s not visible through CRI 15s after the import", img)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	return nil
+}
+
+// KillContainerd SIGKILLs containerd and waits until it is gone. Shims and
+// containers keep running, as on a real node. If the test does not start
+// containerd again, a cleanup does, so later tests find it running.
+func KillContainerd(t testing.TB) {
+	t.Helper()
+	stopContainerd(t, "kill")
+}
+
+// StopContainerd stops containerd gracefully (SIGTERM, SIGKILL after 10s).
+// Like KillContainerd, it leaves shims and containers running.
+func StopContainerd(t testing.TB) {
+	t.Helper()
+	stopContainerd(t, "stop 10000")
+}
+
+func stopContainerd(t testing.TB, how string) {
+	t.Helper()
+	r, err := suite.sup.call(how, 30*time.Second)
+	if err != nil {
+		t.Fatalf("stopping containerd: %v", err)
+	}
+	t.Logf("containerd stopped: %s", r)
+	t.Cleanup(func() {
+		if !suite.sup.running() {
+			t.Logf("cleanup: containerd was left stopped; starting it again")
+			if err := suite.restart(); err != nil {
+				t.Errorf("cleanup: starting containerd: %v", err)
+			}
+		}
+	})
+}
+
+// StartContainerd starts containerd again on the same root, state and
+// socket, and waits until CRI answers (and has recovered its pods).
+func StartContainerd(t testing.TB) {
+	t.Helper()
+	start := time.Now()
+	if err := suite.restart(); err != nil {
+		t.Fatalf("starting containerd: %v", err)
+	}
+	t.Logf("containerd started, CRI ready after %v", time.Since(start).Round(time.Millisecond))
+}
+
+// RestartContainerd kills containerd (SIGKILL) and starts it again.
+func RestartContainerd(t testing.TB) {
+	t.Helper()
+	KillContainerd(t)
+	StartContainerd(t)
+}
+
+func (e *env) restart() error {
+	if err := e.startContainerd(); err != nil {
+		return err
+	}
+	return e.waitCRI(30 * time.Second)
+}
+
+// ContainerdRunning reports whether the suite's containerd is running.
+func ContainerdRunning() bool { return suite.sup.running() }
+
+// CRIEndpoint is the CRI endpoint of the suite's containerd, for clients
+// under test (e.g. the PLEG's own CRI runtime): "unix:///tmp/pleg-e2e-*/containerd.sock".
+func CRIEndpoint() string { return "unix://" + suite.sock }
+
+// SuiteDir is the private temp dir everything of the suite lives in.
+func SuiteDir() string { return suite.dir }

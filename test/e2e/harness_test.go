@@ -1,0 +1,153 @@
+package e2e
+
+import (
+	"context"
+	"os"
+	"path/filepath"
+	"slices"
+	"strings"
+	"testing"
+	"time"
+
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+)
+
+// TestHarness proves the harness with raw CRI calls: pods and containers
+// run, exit codes are reported, the event stream works, and pods survive a
+// containerd restart.
+func TestHarness(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
+	defer cancel()
+	rt := RuntimeClient()
+
+	ver, err := rt.Version(ctx, &runtimeapi.VersionRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("runtime %s %s (CRI %s)", ver.RuntimeName, ver.RuntimeVersion, ver.RuntimeApiVersion)
+
+	sandboxID, podUID := RunPod(t, "harness")
+	if got := PodState(t, sandboxID); got != runtimeapi.PodSandboxState_SANDBOX_READY {
+		t.Fatalf("pod state %v, want SANDBOX_READY", got)
+	}
+	pst, err := rt.PodSandboxStatus(ctx, &runtimeapi.PodSandboxStatusRequest{PodSandboxId: sandboxID})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if pst.Status.Labels[labelPodUID] != podUID || pst.Status.Metadata.Uid != podUID {
+		t.Fatalf("pod labels/metadata %v / %v do not carry uid %s", pst.Status.Labels, pst.Status.Metadata, podUID)
+	}
+
+	t.Run("exit code", func(t *testing.T) {
+		id := CreateAndStart(t, sandboxID, "exiter", []string{"exit", "3"})
+		st := WaitContainerState(t, id, runtimeapi.ContainerState_CONTAINER_EXITED, 10*time.Second)
+		if st.ExitCode != 3 {
+			t.Fatalf("exit code %d, want 3 (reason %q)", st.ExitCode, st.Reason)
+		}
+		if st.Labels[labelContainerName] != "exiter" || st.Labels[labelPodUID] != podUID {
+			t.Fatalf("container labels %v", st.Labels)
+		}
+	})
+
+	runner := CreateAndStart(t, sandboxID, "runner", []string{"run"})
+	WaitContainerState(t, runner, runtimeapi.ContainerState_CONTAINER_RUNNING, 10*time.Second)
+	t.Run("logs", func(t *testing.T) {
+		logPath := ContainerStatus(t, runner).LogPath
+		deadline := time.Now().Add(5 * time.Second)
+		for {
+			b, _ := os.ReadFile(logPath)
+			if strings.Contains(string(b), "workload: run") {
+				break
+			}
+			if time.Now().After(deadline) {
+				t.Fatalf("log %s has %q, want the workload's start line", logPath, b)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+		if !strings.HasPrefix(logPath, filepath.Join(SuiteDir(), "logs")) {
+			t.Errorf("log path %s is not under the suite dir", logPath)
+		}
+	})
+
+	t.Run("events", func(t *testing.T) {
+		// Opened after the activity above: containerd replays its buffered
+		// events to the first subscriber, then streams new ones.
+		events := ContainerEvents(t)
+		sleeper := CreateAndStart(t, sandboxID, "sleeper", []string{"sleep", "300ms"})
+		want := map[runtimeapi.ContainerEventType]bool{
+			runtimeapi.ContainerEventType_CONTAINER_CREATED_EVENT: true,
+			runtimeapi.ContainerEventType_CONTAINER_STARTED_EVENT: true,
+			runtimeapi.ContainerEventType_CONTAINER_STOPPED_EVENT: true,
+		}
+		var replayed []string
+		timeout := time.After(15 * time.Second)
+		for len(want) > 0 {
+			select {
+			case ev, ok := <-events:
+				if !ok {
+					t.Fatal("event stream closed")
+				}
+				if ev.ContainerId == sleeper {
+					delete(want, ev.ContainerEventType)
+				} else {
+					replayed = append(replayed, ev.ContainerEventType.String())
+				}
+			case <-timeout:
+				t.Fatalf("missing events for the new container: %v", want)
+			}
+		}
+		t.Logf("events of earlier containers seen on the stream (replayed or late): %v", replayed)
+		if st := ContainerStatus(t, sleeper); st.State != runtimeapi.ContainerState_CONTAINER_EXITED || st.ExitCode != 0 {
+			t.Fatalf("sleeper: state %v exit code %d, want EXITED 0", st.State, st.ExitCode)
+		}
+	})
+
+	t.Run("containerd restart", func(t *testing.T) {
+		before := ContainerStatus(t, runner)
+		start := time.Now()
+		RestartContainerd(t)
+		t.Logf("restart took %v", time.Since(start).Round(time.Millisecond))
+		if _, err := rt.Version(ctx, &runtimeapi.VersionRequest{}); err != nil {
+			t.Fatalf("CRI after restart: %v", err)
+		}
+		pods, err := rt.ListPodSandbox(ctx, &runtimeapi.ListPodSandboxRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.ContainsFunc(pods.Items, func(p *runtimeapi.PodSandbox) bool { return p.Id == sandboxID }) {
+			t.Fatalf("pod %s not listed after restart: %v", sandboxID, pods.Items)
+		}
+		if got := PodState(t, sandboxID); got != runtimeapi.PodSandboxState_SANDBOX_READY {
+			t.Fatalf("pod state after restart %v, want SANDBOX_READY", got)
+		}
+		after := ContainerStatus(t, runner)
+		if after.State != runtimeapi.ContainerState_CONTAINER_RUNNING || after.StartedAt != before.StartedAt {
+			t.Fatalf("runner after restart: %v started %d, want RUNNING started %d", after.State, after.StartedAt, before.StartedAt)
+		}
+	})
+
+	t.Run("stop and remove", func(t *testing.T) {
+		StopContainer(t, runner, 10)
+		st := WaitContainerState(t, runner, runtimeapi.ContainerState_CONTAINER_EXITED, 5*time.Second)
+		if st.ExitCode != 0 {
+			t.Fatalf("runner exit code %d after SIGTERM, want 0", st.ExitCode)
+		}
+		RemoveContainer(t, runner)
+		StopPod(t, sandboxID)
+		if got := PodState(t, sandboxID); got != runtimeapi.PodSandboxState_SANDBOX_NOTREADY {
+			t.Fatalf("pod state after stop %v, want SANDBOX_NOTREADY", got)
+		}
+		RemovePod(t, sandboxID)
+		pods, err := rt.ListPodSandbox(ctx, &runtimeapi.ListPodSandboxRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		ctrs, err := rt.ListContainers(ctx, &runtimeapi.ListContainersRequest{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if len(pods.Items) != 0 || len(ctrs.Containers) != 0 {
+			t.Fatalf("left after removal: %d pods, %d containers", len(pods.Items), len(ctrs.Containers))
+		}
+	})
+}
