@@ -1,0 +1,275 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"mime"
+	"net/http"
+	"net/url"
+	"strings"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/spf13/cobra"
+
+	"github.com/podlifecycle/pleg/runtime"
+	"github.com/podlifecycle/pleg/runtime/cri"
+)
+
+func init() { register(newCheckCmd) }
+
+// Exit codes of the node-problem-detector custom plugin protocol.
+const (
+	checkOK      = 0
+	checkProblem = 1
+	checkUnknown = 2
+)
+
+type checkOptions struct {
+	url     string
+	runtime bool
+	timeout time.Duration
+}
+
+// defaultDaemonURL is where `pleg run` serves with its default
+// --listen-address.
+func defaultDaemonURL(path string) string { return "http://" + defaultListenAddress + path }
+
+func newCheckCmd() *cobra.Command {
+	rf := &runtimeFlags{}
+	o := &checkOptions{}
+	cmd := &cobra.Command{
+		Use:   "check",
+		Short: "Check PLEG health once, as a node-problem-detector custom plugin",
+		Long: `check prints one line on stdout, the condition message, and exits with the
+node-problem-detector custom plugin protocol's code: 0 healthy, 1 problem,
+2 unknown.
+
+By default it asks a running ` + "`pleg run`" + ` for its node Ready condition (GET
+--url, the daemon's /readyz) and prints the condition's message, e.g.
+
+  kubelet is posting ready status                                       (0)
+  PLEG is not healthy: pleg was last seen active 3m12.45s ago; threshold is 3m0s   (1)
+  cannot reach pleg at http://127.0.0.1:10265/readyz: connection refused  (2)
+
+A daemon that cannot be reached, or answers something else than a Ready
+condition, is "unknown" (2). --url may also name /healthz (200 "ok" is
+healthy, 500 is a problem).
+
+With --runtime it checks the container runtime directly instead: CRI
+Version, Status (RuntimeReady and NetworkReady) and one listing of every pod
+and container, all within --timeout; a runtime that cannot be reached, is not
+ready or does not list in time is a problem (1).
+
+See deploy/npd/pleg-plugin-monitor.json for a node-problem-detector
+configuration.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error { return runCheck(cmd, rf, o) },
+	}
+	f := cmd.Flags()
+	f.StringVar(&o.url, "url", defaultDaemonURL("/readyz"),
+		"the daemon's /readyz (or /healthz) URL; a URL without a path gets /readyz")
+	f.BoolVar(&o.runtime, "runtime", false, "check the container runtime at --container-runtime-endpoint instead of the daemon")
+	f.DurationVar(&o.timeout, "timeout", 10*time.Second, "give up after this long (unknown for the daemon, a problem for the runtime)")
+	rf.addFlags(f)
+	// Only the endpoint matters, and only with --runtime.
+	for _, name := range []string{"runtime-request-timeout", "relist-period", "relist-threshold",
+		"max-parallel-inspections", "pod-inspection-timeout", "events"} {
+		_ = f.MarkHidden(name)
+	}
+	return cmd
+}
+
+func runCheck(cmd *cobra.Command, rf *runtimeFlags, o *checkOptions) error {
+	if o.timeout <= 0 {
+		return usageErrorf("invalid --timeout %q: must be greater than zero", o.timeout)
+	}
+	ctx, stop := signalContext(cmd)
+	defer stop()
+	ctx, cancel := context.WithTimeout(ctx, o.timeout)
+	defer cancel()
+
+	var code int
+	var msg string
+	if o.runtime {
+		if err := rf.validate(); err != nil {
+			return err
+		}
+		code, msg = checkRuntime(ctx, rf.endpoint, o.timeout)
+	} else {
+		u, err := checkURL(o.url, "/readyz")
+		if err != nil {
+			return err
+		}
+		code, msg = checkDaemon(ctx, u, o.timeout)
+	}
+	if _, err := fmt.Fprintln(cmd.OutOrStdout(), oneLine(msg)); err != nil {
+		return exitCodeError{code: checkUnknown, err: err}
+	}
+	switch code {
+	case checkOK:
+		return nil
+	case checkProblem:
+		return exitCodeError{code: checkProblem, err: errors.New("check: problem (exit code 1)")}
+	default:
+		return exitCodeError{code: checkUnknown, err: errors.New("check: unknown (exit code 2)")}
+	}
+}
+
+// checkURL validates a daemon URL flag; one without a path gets path.
+func checkURL(raw, path string) (string, error) {
+	u, err := url.Parse(raw)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return "", usageErrorf("invalid --url %q: want http://host:port%s", raw, path)
+	}
+	if u.Path == "" || u.Path == "/" {
+		u.Path = path
+	}
+	return u.String(), nil
+}
+
+// checkDaemon asks the daemon at u for its condition.
+func checkDaemon(ctx context.Context, u string, timeout time.Duration) (int, string) {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
+	if err != nil {
+		return checkUnknown, fmt.Sprintf("cannot reach pleg at %s: %v", u, err)
+	}
+	req.Header.Set("Accept", "application/json, text/plain")
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		cause := err.Error()
+		var ue *url.Error
+		if errors.As(err, &ue) {
+			cause = ue.Err.Error()
+		}
+		if errors.Is(err, context.DeadlineExceeded) {
+			cause = fmt.Sprintf("no answer within %v", timeout)
+		} else if i := strings.LastIndex(cause, ": "); i >= 0 && strings.Contains(cause, "dial tcp") {
+			cause = cause[i+2:] // "connection refused"
+		}
+		return checkUnknown, fmt.Sprintf("cannot reach pleg at %s: %s", u, cause)
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))
+	if err != nil {
+		return checkUnknown, fmt.Sprintf("reading the answer of pleg at %s: %v", u, err)
+	}
+	bad := func(why string) (int, string) {
+		return checkUnknown, fmt.Sprintf("unexpected answer from pleg at %s: HTTP %d, %s", u, resp.StatusCode, why)
+	}
+	mt, _, _ := mime.ParseMediaType(resp.Header.Get("Content-Type"))
+	switch mt {
+	case "application/json":
+		// The node Ready condition (pleg.Condition) of /readyz.
+		var c struct {
+			Type    string `json:"type"`
+			Status  string `json:"status"`
+			Message string `json:"message"`
+		}
+		if err := json.Unmarshal(body, &c); err != nil {
+			return bad("not a Ready condition: " + err.Error())
+		}
+		switch {
+		case c.Message == "":
+			return bad("a condition without a message")
+		case c.Status == "True":
+			return checkOK, c.Message
+		case c.Status == "False":
+			return checkProblem, c.Message
+		}
+		return bad(fmt.Sprintf("condition status %q", c.Status))
+	case "text/plain":
+		// /healthz: 200 "ok", 500 "PLEG is not healthy: ...".
+		text := strings.TrimSpace(string(body))
+		switch {
+		case text == "":
+			return bad("an empty body")
+		case resp.StatusCode == http.StatusOK:
+			return checkOK, text
+		case resp.StatusCode == http.StatusInternalServerError || resp.StatusCode == http.StatusServiceUnavailable:
+			return checkProblem, text
+		}
+		return bad(fmt.Sprintf("%q", firstLine(text)))
+	}
+	return bad(fmt.Sprintf("content type %q", resp.Header.Get("Content-Type")))
+}
+
+// checkRuntime checks the runtime at endpoint directly.
+func checkRuntime(ctx context.Context, endpoint string, timeout time.Duration) (int, string) {
+	client, err := cri.Dial(endpoint, cri.WithTimeout(timeout), cri.WithLogger(logr.Discard()))
+	if err != nil {
+		return checkUnknown, err.Error() // validated already
+	}
+	defer client.Close()
+	name, version, err := client.Version(ctx)
+	if err != nil {
+		return checkProblem, "container runtime is down: " + reachError(endpoint, timeout, err).Error()
+	}
+	conds, err := client.Status(ctx)
+	if err != nil {
+		return checkProblem, "container runtime status check failed: " + callCause(err, timeout)
+	}
+	var problems []string
+	for _, want := range []struct{ typ, prefix string }{
+		{runtime.RuntimeReady, "container runtime not ready"},
+		{runtime.NetworkReady, "container runtime network not ready"},
+	} {
+		var c *runtime.Condition
+		for i := range conds {
+			if conds[i].Type == want.typ {
+				c = &conds[i]
+			}
+		}
+		switch {
+		case c == nil:
+			problems = append(problems, fmt.Sprintf("%s: %s condition is missing", want.prefix, want.typ))
+		case !c.Status:
+			problems = append(problems, fmt.Sprintf("%s: %s=%t reason:%s message:%s", want.prefix, c.Type, c.Status, c.Reason, c.Message))
+		}
+	}
+	if len(problems) > 0 {
+		return checkProblem, strings.Join(problems, ", ")
+	}
+	start := time.Now()
+	pods, err := client.ListPods(ctx)
+	if err != nil {
+		return checkProblem, "listing pods failed: " + callCause(err, timeout)
+	}
+	return checkOK, fmt.Sprintf("container runtime %s %s is ready; listed %d %s in %v",
+		name, version, len(pods), pluralWord(len(pods), "pod", "pods"), time.Since(start).Round(time.Millisecond))
+}
+
+// callCause describes a failed runtime call, a timeout as such.
+func callCause(err error, timeout time.Duration) string {
+	if errors.Is(err, context.DeadlineExceeded) {
+		msg := err.Error()
+		if i := strings.Index(msg, ": "); i > 0 {
+			return fmt.Sprintf("%s did not answer within %v", msg[:i], timeout)
+		}
+		return fmt.Sprintf("no answer within %v", timeout)
+	}
+	return err.Error()
+}
+
+// oneLine makes msg one line, as the plugin protocol wants.
+func oneLine(msg string) string {
+	return strings.Join(strings.Fields(msg), " ")
+}
+
+func firstLine(s string) string {
+	s, _, _ = strings.Cut(s, "\n")
+	if len(s) > 80 {
+		s = s[:80] + "…"
+	}
+	return s
+}
+
+func pluralWord(n int, one, many string) string {
+	if n == 1 {
+		return one
+	}
+	return many
+}

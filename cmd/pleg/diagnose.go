@@ -1,0 +1,123 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/spf13/cobra"
+
+	"github.com/podlifecycle/pleg/internal/diagnose"
+	"github.com/podlifecycle/pleg/runtime/cri"
+)
+
+func init() { register(newDiagnoseCmd) }
+
+type diagnoseOptions struct {
+	probeTimeout time.Duration
+	pods         int
+}
+
+func newDiagnoseCmd() *cobra.Command {
+	rf := &runtimeFlags{}
+	of := &outputFlag{}
+	o := &diagnoseOptions{}
+	cmd := &cobra.Command{
+		Use:   "diagnose",
+		Short: "Tell how long the kubelet's PLEG would take to relist this node, and which pod and call make it slow",
+		Long: `diagnose makes, once, every runtime call a kubelet relist makes and reports how
+long each took: the list calls (ListPodSandbox, ListContainers) and, for every
+pod, the calls of its inspection (the pod's filtered ListPodSandbox and
+ListContainers, PodSandboxStatus per sandbox, ContainerStatus per container),
+with the slowest call of each pod and the pods whose calls fail or hang.
+
+It then estimates the relist time of the kubelet's PLEG, which makes these
+calls one after another: the list calls plus every pod's inspection, plus a
+second inspection of every pod whose inspection fails (the kubelet inspects
+such a pod again for its pending change and for its reinspection). A call
+that does not answer within --probe-timeout is reported as hanging and costs
+the estimate the full --runtime-request-timeout, as it costs the kubelet. The
+estimate plus --relist-period is compared with --relist-threshold, and the
+last line is a plain verdict, for example:
+
+  relist would take ~35ms (threshold 3m0s): healthy
+  relist would take ~4m0s (threshold 3m0s) because ContainerStatus for pod
+  default/db-0 hangs (the kubelet waits the 2m0s runtime request timeout for
+  it, twice per relist)
+
+Pods are probed in parallel (--max-parallel-inspections at once), so the
+report takes seconds even when calls hang.
+
+  --output text   a report for people; the verdict is the last line
+  --output json   the whole report as one JSON object (pods, calls, estimate,
+                  cause, verdict)
+
+Exit codes: 0 when the estimated relist keeps PLEG healthy, 1 when it would
+not (too slow, or the listing fails, the runtime being unreachable
+included), 2 for bad flags.`,
+		Args: cobra.NoArgs,
+		RunE: func(cmd *cobra.Command, _ []string) error { return runDiagnose(cmd, rf, of, o) },
+	}
+	f := cmd.Flags()
+	rf.addFlags(f)
+	// The generator's own knobs mean nothing here.
+	for _, name := range []string{"pod-inspection-timeout", "events"} {
+		_ = f.MarkHidden(name)
+	}
+	f.Lookup("max-parallel-inspections").Usage = "how many pods are probed at once"
+	f.Lookup("runtime-request-timeout").Usage = "the kubelet's --runtime-request-timeout: what each hanging call costs its relist"
+	f.DurationVar(&o.probeTimeout, "probe-timeout", diagnose.DefaultProbeTimeout,
+		"a call that does not answer within this is reported as hanging")
+	f.IntVar(&o.pods, "pods", 10, "text output: how many pods that answered to list, the most expensive first (pods that fail or hang are always listed; -1: all)")
+	of.addFlags(f)
+	return cmd
+}
+
+func runDiagnose(cmd *cobra.Command, rf *runtimeFlags, of *outputFlag, o *diagnoseOptions) error {
+	if err := rf.validate(); err != nil {
+		return err
+	}
+	if o.probeTimeout <= 0 {
+		return usageErrorf("invalid --probe-timeout %q: must be greater than zero", o.probeTimeout)
+	}
+	if o.pods == 0 || o.pods < -1 {
+		return usageErrorf("invalid --pods %d: must be -1 (all) or at least 1", o.pods)
+	}
+	ctx, stop := signalContext(cmd)
+	defer stop()
+
+	client, err := cri.Dial(rf.endpoint, cri.WithTimeout(o.probeTimeout), cri.WithLogger(logr.Discard()))
+	if err != nil {
+		return usageErrorf("invalid --container-runtime-endpoint %q: %v", rf.endpoint, trimEndpointPrefix(err, rf.endpoint))
+	}
+	defer client.Close()
+
+	report, err := diagnose.Run(ctx, client, diagnose.Options{
+		Endpoint:       rf.endpoint,
+		RequestTimeout: rf.requestTimeout,
+		ProbeTimeout:   o.probeTimeout,
+		Threshold:      rf.relistThreshold,
+		RelistPeriod:   rf.relistPeriod,
+		MaxParallel:    rf.maxParallel,
+	})
+	if err != nil {
+		return err // interrupted: no verdict to give
+	}
+	out := cmd.OutOrStdout()
+	if of.format == "json" {
+		b, err := json.Marshal(report)
+		if err != nil {
+			return err
+		}
+		if _, err := out.Write(append(b, '\n')); err != nil {
+			return err
+		}
+	} else if err := diagnose.WriteText(out, report, diagnose.TextOptions{Pods: o.pods}); err != nil {
+		return err
+	}
+	if !report.Healthy {
+		return exitCodeError{code: 1, err: errors.New("diagnose: PLEG would not be healthy (see the verdict)")}
+	}
+	return nil
+}

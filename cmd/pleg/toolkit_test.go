@@ -1,0 +1,410 @@
+package main
+
+// Tests of the operator's toolkit: pleg check, pleg pods and pleg diagnose,
+// run as processes (the binary built by TestMain) against a simulated
+// runtime and a real `pleg run`, or against fake HTTP servers.
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"fmt"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/podlifecycle/pleg/internal/diagnose"
+	"github.com/podlifecycle/pleg/internal/httpapi"
+	"github.com/podlifecycle/pleg/runtime/sim"
+)
+
+// runTool runs pleg to completion and returns its stdout, stderr and exit
+// code.
+func runTool(t *testing.T, args ...string) (string, string, int) {
+	t.Helper()
+	cmd := exec.Command(plegBinary, args...)
+	var stdout, stderr bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &stdout, &stderr
+	done := make(chan error, 1)
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	go func() { done <- cmd.Wait() }()
+	select {
+	case <-done:
+	case <-time.After(30 * time.Second):
+		_ = cmd.Process.Kill()
+		<-done
+		t.Fatalf("pleg %s did not exit within 30s", strings.Join(args, " "))
+	}
+	return stdout.String(), stderr.String(), cmd.ProcessState.ExitCode()
+}
+
+// toolSim serves a simulated runtime on a short socket path.
+func toolSim(t *testing.T, cfg sim.Config) *sim.Runtime {
+	t.Helper()
+	r := sim.New(cfg)
+	dir, err := os.MkdirTemp("", "pleg-tk-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { os.RemoveAll(dir) })
+	if err := r.Serve(filepath.Join(dir, "cri.sock")); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(r.Stop)
+	return r
+}
+
+var toolListenRE = regexp.MustCompile(`listening on (http://[0-9.:]+)`)
+
+// startDaemon starts `pleg run` against endpoint and returns its base URL.
+func startDaemon(t *testing.T, endpoint string, extra ...string) string {
+	t.Helper()
+	args := append([]string{"run", "-r", endpoint, "--listen-address", "127.0.0.1:0",
+		"--relist-period", "100ms", "--node-name", "node-a"}, extra...)
+	cmd := exec.Command(plegBinary, args...)
+	stderr, err := cmd.StderrPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		t.Fatal(err)
+	}
+	exited := make(chan struct{})
+	urls := make(chan string, 1)
+	var logs bytes.Buffer
+	go func() {
+		sc := bufio.NewScanner(stderr)
+		for sc.Scan() {
+			if m := toolListenRE.FindStringSubmatch(sc.Text()); m != nil {
+				select {
+				case urls <- m[1]:
+				default:
+				}
+			}
+			logs.WriteString(sc.Text() + "\n")
+		}
+		_ = cmd.Wait()
+		close(exited)
+	}()
+	t.Cleanup(func() {
+		_ = cmd.Process.Kill()
+		<-exited
+		if t.Failed() {
+			t.Logf("pleg run stderr:\n%s", logs.String())
+		}
+	})
+	select {
+	case u := <-urls:
+		return u
+	case <-exited:
+		t.Fatalf("pleg run exited before listening")
+	case <-time.After(10 * time.Second):
+		t.Fatalf("pleg run did not listen within 10s")
+	}
+	return ""
+}
+
+func waitUntil(t *testing.T, timeout time.Duration, what string, f func() bool) {
+	t.Helper()
+	deadline := time.Now().Add(timeout)
+	for !f() {
+		if time.Now().After(deadline) {
+			t.Fatalf("timed out after %v waiting for %s", timeout, what)
+		}
+		time.Sleep(50 * time.Millisecond)
+	}
+}
+
+// checkLine asserts that `pleg check` printed exactly one stdout line.
+func checkLine(t *testing.T, stdout string) string {
+	t.Helper()
+	if !strings.HasSuffix(stdout, "\n") || strings.Count(stdout, "\n") != 1 {
+		t.Errorf("check printed %q, want exactly one line", stdout)
+	}
+	return strings.TrimSuffix(stdout, "\n")
+}
+
+func TestCheckAgainstFakeDaemons(t *testing.T) {
+	serve := func(code int, ctype, body string) string {
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			if ctype != "" {
+				w.Header().Set("Content-Type", ctype)
+			}
+			w.WriteHeader(code)
+			fmt.Fprint(w, body)
+		}))
+		t.Cleanup(srv.Close)
+		return srv.URL
+	}
+	// A port nothing listens on.
+	ln, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dead := "http://" + ln.Addr().String() + "/readyz"
+	ln.Close()
+
+	unhealthy := "PLEG is not healthy: pleg was last seen active 3m12.45s ago; threshold is 3m0s"
+	for _, c := range []struct {
+		name     string
+		url      string
+		wantCode int
+		wantLine string
+	}{
+		{"ready", serve(200, "application/json", `{"type":"Ready","status":"True","reason":"KubeletReady","message":"kubelet is posting ready status"}`) + "/readyz",
+			0, "kubelet is posting ready status"},
+		{"not ready", serve(503, "application/json", `{"type":"Ready","status":"False","reason":"KubeletNotReady","message":"`+unhealthy+`","errors":["`+unhealthy+`"]}`) + "/readyz",
+			1, unhealthy},
+		{"several errors", serve(503, "application/json", `{"type":"Ready","status":"False","message":"[container runtime is down, `+unhealthy+`]"}`),
+			1, "[container runtime is down, " + unhealthy + "]"},
+		{"healthz ok", serve(200, "text/plain; charset=utf-8", "ok") + "/healthz", 0, "ok"},
+		{"healthz failing", serve(500, "text/plain; charset=utf-8", "PLEG is not healthy: pleg has yet to be successful") + "/healthz",
+			1, "PLEG is not healthy: pleg has yet to be successful"},
+		{"unreachable", dead, 2, "cannot reach pleg at " + dead + ": connection refused"},
+		{"not found", serve(404, "text/plain; charset=utf-8", "404 page not found") + "/readyz", 2, ""},
+		{"not a condition", serve(200, "application/json", `[1,2]`) + "/readyz", 2, ""},
+		{"odd status", serve(200, "application/json", `{"status":"Maybe","message":"hm"}`) + "/readyz", 2, ""},
+		{"html", serve(200, "text/html", "<p>hi</p>") + "/readyz", 2, ""},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			stdout, stderr, code := runTool(t, "check", "--url", c.url, "--timeout", "5s")
+			line := checkLine(t, stdout)
+			if code != c.wantCode {
+				t.Errorf("exit code %d, want %d (stdout %q, stderr %q)", code, c.wantCode, stdout, stderr)
+			}
+			if c.wantLine != "" && line != c.wantLine {
+				t.Errorf("line = %q, want %q", line, c.wantLine)
+			}
+			if c.wantCode == 2 && c.wantLine == "" && !strings.HasPrefix(line, "unexpected answer from pleg at ") {
+				t.Errorf("line = %q", line)
+			}
+			if strings.Contains(stderr, line) && line != "" {
+				t.Errorf("stderr repeats the line: %q", stderr)
+			}
+		})
+	}
+}
+
+func TestCheckBadFlags(t *testing.T) {
+	for _, args := range [][]string{
+		{"check", "--url", "ftp://x/readyz"},
+		{"check", "--timeout", "0s"},
+		{"check", "--runtime", "-r", "tcp://1.2.3.4:5"},
+		{"pods", "--url", "nonsense"},
+		{"diagnose", "--probe-timeout", "0s"},
+		{"diagnose", "--pods", "0"},
+	} {
+		if _, stderr, code := runTool(t, args...); code != 2 {
+			t.Errorf("pleg %s: exit code %d, want 2 (stderr %q)", strings.Join(args, " "), code, stderr)
+		}
+	}
+}
+
+// TestToolkitAgainstDaemon runs check and pods against a real `pleg run`.
+func TestToolkitAgainstDaemon(t *testing.T) {
+	r := toolSim(t, sim.Config{Seed: 11, Pods: 3, ContainersPerPod: 2})
+	added, err := r.AddPod(sim.PodSpec{Name: "web-0", Namespace: "shop", Containers: []string{"app"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	base := startDaemon(t, r.Endpoint())
+
+	waitUntil(t, 10*time.Second, "pleg check to pass", func() bool {
+		_, _, code := runTool(t, "check", "--url", base)
+		return code == 0
+	})
+	stdout, _, code := runTool(t, "check", "--url", base+"/readyz")
+	if line := checkLine(t, stdout); code != 0 || line != "kubelet is posting ready status" {
+		t.Errorf("check: %q, exit code %d", line, code)
+	}
+
+	// The table.
+	stdout, stderr, code := runTool(t, "pods", "--url", base)
+	if code != 0 {
+		t.Fatalf("pods: exit code %d: %s", code, stderr)
+	}
+	lines := strings.Split(strings.TrimSuffix(stdout, "\n"), "\n")
+	if len(lines) != 5 {
+		t.Fatalf("pods printed %d lines, want a header and 4 pods:\n%s", len(lines), stdout)
+	}
+	header := regexp.MustCompile(`^POD ID +CREATED +STATE +NAME +NAMESPACE +ATTEMPT$`)
+	if !header.MatchString(lines[0]) {
+		t.Errorf("header = %q", lines[0])
+	}
+	sandboxID := added.SandboxID()
+	row := regexp.MustCompile(`^` + sandboxID[:13] + ` +(Less than a second ago|[0-9]+ seconds? ago) +Ready +web-0 +shop +0$`)
+	found := false
+	for _, l := range lines[1:] {
+		found = found || row.MatchString(l)
+		if f := strings.Fields(l); len(f[0]) != 13 {
+			t.Errorf("ID %q is not cut to 13 characters", f[0])
+		}
+	}
+	if !found {
+		t.Errorf("no line matches %v:\n%s", row, stdout)
+	}
+	// The columns line up.
+	col := strings.Index(lines[0], "STATE")
+	for _, l := range lines[1:] {
+		if !strings.HasPrefix(l[col:], "Ready") {
+			t.Errorf("STATE column misaligned in %q", l)
+		}
+	}
+
+	stdout, _, _ = runTool(t, "pods", "--url", base+"/api/v1/pods", "--no-trunc")
+	if !strings.Contains(stdout, sandboxID+" ") {
+		t.Errorf("--no-trunc does not show %s:\n%s", sandboxID, stdout)
+	}
+	stdout, _, _ = runTool(t, "pods", "--url", base, "-q")
+	if ids := strings.Fields(stdout); len(ids) != 4 || !strings.Contains(stdout, sandboxID+"\n") {
+		t.Errorf("-q printed %q", stdout)
+	}
+
+	// JSON passes through, indented.
+	stdout, _, code = runTool(t, "pods", "--url", base, "-o", "json")
+	var body httpapi.PodsBody
+	if err := json.Unmarshal([]byte(stdout), &body); err != nil || code != 0 {
+		t.Fatalf("pods -o json: %v (exit code %d)\n%s", err, code, stdout)
+	}
+	if len(body.Pods) != 4 || !strings.Contains(stdout, "\n  \"pods\": [") {
+		t.Errorf("pods -o json: %d pods, or not indented:\n%s", len(body.Pods), stdout)
+	}
+
+	// The runtime directly.
+	stdout, stderr, code = runTool(t, "check", "--runtime", "-r", r.Endpoint(), "--timeout", "5s")
+	want := regexp.MustCompile(`^container runtime pleg-sim 0\.1\.0 is ready; listed 4 pods in [0-9]+ms$`)
+	if line := checkLine(t, stdout); code != 0 || !want.MatchString(line) {
+		t.Errorf("check --runtime: %q (exit code %d, stderr %q)", line, code, stderr)
+	}
+	r.SetRuntimeReady(false, "ShimDown", "the shim is gone")
+	stdout, _, code = runTool(t, "check", "--runtime", "-r", r.Endpoint())
+	if line := checkLine(t, stdout); code != 1 ||
+		line != "container runtime not ready: RuntimeReady=false reason:ShimDown message:the shim is gone" {
+		t.Errorf("check --runtime on a runtime not ready: %q (exit code %d)", line, code)
+	}
+}
+
+func TestCheckRuntimeDown(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "none.sock")
+	stdout, _, code := runTool(t, "check", "--runtime", "-r", "unix://"+sock, "--timeout", "2s")
+	line := checkLine(t, stdout)
+	if code != 1 || !strings.HasPrefix(line, "container runtime is down: cannot reach the container runtime at unix://"+sock) {
+		t.Errorf("check --runtime without a runtime: %q (exit code %d)", line, code)
+	}
+}
+
+func TestPodsDaemonDown(t *testing.T) {
+	_, stderr, code := runTool(t, "pods", "--url", "http://127.0.0.1:1/api/v1/pods")
+	if code != 1 || !strings.Contains(stderr, "cannot reach pleg at http://127.0.0.1:1/api/v1/pods") {
+		t.Errorf("exit code %d, stderr %q", code, stderr)
+	}
+}
+
+func TestPodTable(t *testing.T) {
+	now := time.Date(2026, 11, 1, 12, 0, 0, 0, time.UTC)
+	pods := []httpapi.Pod{
+		{Name: "db-0", Namespace: "default", Error: "inspection of pod \"default/db-0\" exceeded the pod inspection timeout of 10s"},
+		{Name: "web-1", Namespace: "shop", Sandboxes: []httpapi.Sandbox{
+			{ID: "0123456789abcdef0123", State: "exited", Attempt: 0, CreatedAt: now.Add(-2 * time.Hour).Format(time.RFC3339Nano)},
+			{ID: "fedcba9876543210fedc", State: "running", Attempt: 1, CreatedAt: now.Add(-5 * time.Minute).Format(time.RFC3339Nano)},
+		}},
+	}
+	var b bytes.Buffer
+	if err := writePodTable(&b, podRows(pods), now, false); err != nil {
+		t.Fatal(err)
+	}
+	want := "" +
+		"POD ID          CREATED         STATE      NAME    NAMESPACE   ATTEMPT\n" +
+		"fedcba9876543   5 minutes ago   Ready      web-1   shop        1\n" +
+		"0123456789abc   2 hours ago     NotReady   web-1   shop        0\n" +
+		"-               -               Unknown    db-0    default     0\n"
+	if b.String() != want {
+		t.Errorf("table:\n%s\nwant:\n%s", b.String(), want)
+	}
+}
+
+func TestHumanAgo(t *testing.T) {
+	for _, c := range []struct {
+		d    time.Duration
+		want string
+	}{
+		{300 * time.Millisecond, "Less than a second ago"},
+		{time.Second, "1 second ago"},
+		{59 * time.Second, "59 seconds ago"},
+		{90 * time.Second, "About a minute ago"},
+		{5*time.Minute + 30*time.Second, "5 minutes ago"},
+		{65 * time.Minute, "About an hour ago"},
+		{3 * time.Hour, "3 hours ago"},
+		{50 * time.Hour, "2 days ago"},
+		{15 * 24 * time.Hour, "2 weeks ago"},
+		{90 * 24 * time.Hour, "3 months ago"},
+		{800 * 24 * time.Hour, "2 years ago"},
+	} {
+		if got := humanAgo(c.d); got != c.want {
+			t.Errorf("humanAgo(%v) = %q, want %q", c.d, got, c.want)
+		}
+	}
+}
+
+func TestDiagnoseCommand(t *testing.T) {
+	r := toolSim(t, sim.Config{Seed: 12, Pods: 4, ContainersPerPod: 2})
+	stdout, stderr, code := runTool(t, "diagnose", "-r", r.Endpoint(), "--probe-timeout", "1s")
+	lines := strings.Split(strings.TrimSuffix(stdout, "\n"), "\n")
+	last := lines[len(lines)-1]
+	if code != 0 || !regexp.MustCompile(`^relist would take ~[0-9.]+(µs|ms) \(threshold 3m0s\): healthy$`).MatchString(last) {
+		t.Errorf("healthy node: exit code %d, last line %q\n%s%s", code, last, stdout, stderr)
+	}
+	if stderr != "" {
+		t.Errorf("stderr: %q", stderr)
+	}
+
+	// One hung pod: named, with its call, in bounded time.
+	hungUID := r.Pods()[2].UID
+	r.SetHung(hungUID, true)
+	hung, _ := r.Pod(hungUID)
+	start := time.Now()
+	stdout, stderr, code = runTool(t, "diagnose", "-r", r.Endpoint(), "--probe-timeout", "500ms", "-o", "json")
+	if took := time.Since(start); took > 10*time.Second {
+		t.Errorf("diagnose took %v with a hung pod", took)
+	}
+	if code != 1 || !strings.Contains(stderr, "PLEG would not be healthy") {
+		t.Errorf("hung pod: exit code %d, stderr %q", code, stderr)
+	}
+	if strings.Count(stdout, "\n") != 1 {
+		t.Errorf("--output json printed %d lines, want 1", strings.Count(stdout, "\n"))
+	}
+	var rep diagnose.Report
+	if err := json.Unmarshal([]byte(stdout), &rep); err != nil {
+		t.Fatalf("%v: %s", err, stdout)
+	}
+	ref := hung.Namespace + "/" + hung.Name
+	if rep.Healthy || rep.Cause == nil || rep.Cause.Pod != ref || rep.Cause.Call != "PodSandboxStatus" || !rep.Cause.Hung {
+		t.Errorf("report: healthy %v, cause %+v; want PodSandboxStatus of %s", rep.Healthy, rep.Cause, ref)
+	}
+	if !strings.Contains(rep.Verdict, "because PodSandboxStatus for pod "+ref+" hangs") || rep.Endpoint != r.Endpoint() {
+		t.Errorf("verdict = %q", rep.Verdict)
+	}
+
+	// The kubelet's request timeout decides.
+	stdout, _, code = runTool(t, "diagnose", "-r", r.Endpoint(), "--probe-timeout", "300ms", "--runtime-request-timeout", "30s")
+	if code != 0 || !strings.Contains(stdout, "(threshold 3m0s): healthy, but PodSandboxStatus for pod "+ref+" hangs") {
+		t.Errorf("short request timeout: exit code %d:\n%s", code, stdout)
+	}
+}
+
+func TestDiagnoseUnreachable(t *testing.T) {
+	sock := filepath.Join(t.TempDir(), "none.sock")
+	stdout, _, code := runTool(t, "diagnose", "-r", "unix://"+sock, "--probe-timeout", "1s")
+	if code != 1 || !strings.Contains(stdout, "relist fails: ListPodSandbox") {
+		t.Errorf("exit code %d:\n%s", code, stdout)
+	}
+}

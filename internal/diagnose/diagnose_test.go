@@ -1,0 +1,396 @@
+package diagnose
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"regexp"
+	"slices"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"k8s.io/apimachinery/pkg/types"
+
+	"github.com/podlifecycle/pleg/runtime"
+	"github.com/podlifecycle/pleg/runtime/cri"
+	"github.com/podlifecycle/pleg/runtime/sim"
+)
+
+// serveSim serves a simulated runtime and returns it with a CRI client whose
+// calls are bounded by probe, as `pleg diagnose` dials it.
+func serveSim(t *testing.T, cfg sim.Config, probe time.Duration) (*sim.Runtime, *cri.Client) {
+	t.Helper()
+	s := sim.New(cfg)
+	if err := s.Serve(filepath.Join(t.TempDir(), "cri.sock")); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Stop)
+	c, err := cri.Dial(s.Endpoint(), cri.WithTimeout(probe))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	return s, c
+}
+
+func TestHealthyNode(t *testing.T) {
+	s, c := serveSim(t, sim.Config{Seed: 1, Pods: 5, ContainersPerPod: 2}, 2*time.Second)
+	r, err := Run(context.Background(), c, Options{Endpoint: s.Endpoint(), ProbeTimeout: 2 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !r.Healthy || r.Estimate.ExceedsThreshold || r.Cause != nil {
+		t.Errorf("healthy node judged unhealthy: %+v", r.Estimate)
+	}
+	if !regexp.MustCompile(`^relist would take ~[0-9.]+(µs|ms|s) \(threshold 3m0s\): healthy$`).MatchString(r.Verdict) {
+		t.Errorf("verdict = %q", r.Verdict)
+	}
+	if r.Runtime == nil || r.Runtime.Name != sim.RuntimeName || len(r.Runtime.Conditions) != 2 {
+		t.Errorf("runtime = %+v", r.Runtime)
+	}
+	if r.Counts.Pods != 5 || r.Counts.Sandboxes != 5 || r.Counts.Containers != 10 {
+		t.Errorf("counts = %+v", r.Counts)
+	}
+	if got := callNames(r.List.Calls); !slices.Equal(got, []string{"ListPodSandbox", "ListContainers"}) {
+		t.Errorf("list calls = %v", got)
+	}
+	if len(r.Pods) != 5 {
+		t.Fatalf("%d pods reported, want 5", len(r.Pods))
+	}
+	want := []string{"ListPodSandbox", "ListContainers", "PodSandboxStatus", "ContainerStatus", "ContainerStatus"}
+	var sum float64
+	for _, p := range r.Pods {
+		if p.Result != ResultOK || p.KubeletInspections != 1 || p.FailedCall != nil || p.Error != "" {
+			t.Errorf("pod %s: %+v", p.Ref(), p)
+		}
+		if got := callNames(p.Calls); !slices.Equal(got, want) {
+			t.Errorf("pod %s calls = %v, want %v", p.Ref(), got, want)
+		}
+		if p.SlowestCall == nil || p.Name == "" || p.Namespace == "" || p.UID == "" {
+			t.Errorf("pod %+v lacks its slowest call or identity", p)
+		}
+		sum += p.KubeletSeconds
+	}
+	e := r.Estimate
+	if e.ListSeconds <= 0 || !near(e.InspectionSeconds, sum) || e.ReinspectionSeconds != 0 || e.HungCalls != 0 ||
+		!near(e.RelistSeconds, e.ListSeconds+e.InspectionSeconds) {
+		t.Errorf("estimate = %+v (pods sum %v)", e, sum)
+	}
+}
+
+// TestHungPod is the situation `pleg diagnose` exists for: one pod whose
+// status calls never answer. The verdict names the pod and the call, the
+// estimate charges the runtime request timeout twice, and the report is
+// done in about the probe timeout.
+func TestHungPod(t *testing.T) {
+	s, c := serveSim(t, sim.Config{Seed: 2, Pods: 6, ContainersPerPod: 2, HangPods: 1}, 300*time.Millisecond)
+	hungUID := s.Hung()[0]
+	hung, _ := s.Pod(hungUID)
+	start := time.Now()
+	r, err := Run(context.Background(), c, Options{ProbeTimeout: 300 * time.Millisecond, MaxParallel: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if took := time.Since(start); took > 5*time.Second {
+		t.Errorf("diagnosis took %v with a hung pod", took)
+	}
+	ref := hung.Namespace + "/" + hung.Name
+	if r.Healthy || !r.Estimate.ExceedsThreshold {
+		t.Errorf("hung pod judged healthy: %s", r.Verdict)
+	}
+	wantVerdict := regexp.MustCompile(`^relist would take ~4m0s \(threshold 3m0s\) because PodSandboxStatus for pod ` +
+		regexp.QuoteMeta(ref) + ` hangs \(the kubelet waits the 2m0s runtime request timeout for it, twice per relist\)$`)
+	if !wantVerdict.MatchString(r.Verdict) {
+		t.Errorf("verdict = %q, want it to match %v", r.Verdict, wantVerdict)
+	}
+	if r.Cause == nil || r.Cause.Pod != ref || r.Cause.PodUID != hungUID || r.Cause.Call != "PodSandboxStatus" ||
+		!r.Cause.Hung || r.Cause.ID != hung.SandboxID() || r.Cause.KubeletSeconds != 120 {
+		t.Errorf("cause = %+v, want PodSandboxStatus of %s (%s)", r.Cause, ref, hung.SandboxID())
+	}
+	p := r.Pods[0]
+	if p.UID != hungUID || p.Result != ResultHung || p.KubeletInspections != 2 || p.FailedCall == nil ||
+		!p.FailedCall.Hung || p.Error == "" {
+		t.Errorf("first pod = %+v, want the hung one", p)
+	}
+	if p.InspectionSeconds > 2 {
+		t.Errorf("the hung pod's probe took %vs, want about the probe timeout", p.InspectionSeconds)
+	}
+	e := r.Estimate
+	if e.HungCalls != 2 || e.FailingPods != 1 || e.ReinspectionSeconds < 120 || e.RelistSeconds < 240 || e.RelistSeconds > 241 {
+		t.Errorf("estimate = %+v", e)
+	}
+	for _, q := range r.Pods[1:] {
+		if q.Result != ResultOK {
+			t.Errorf("pod %s: %s", q.Ref(), q.Result)
+		}
+	}
+
+	var text bytes.Buffer
+	if err := WriteText(&text, r, TextOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	out := text.String()
+	for _, want := range []string{"pod " + ref + ": PodSandboxStatus \"" + hung.SandboxID() + "\" hung (no answer within 300ms); try: crictl inspectp " + hung.SandboxID(), "reinspection of 1 failing pod", r.Verdict + "\n"} {
+		if !strings.Contains(out, want) {
+			t.Errorf("text report lacks %q:\n%s", want, out)
+		}
+	}
+	if !strings.HasSuffix(out, r.Verdict+"\n") {
+		t.Errorf("the verdict is not the last line:\n%s", out)
+	}
+	t.Logf("text report:\n%s", out)
+}
+
+// A hung call that the kubelet's request timeout keeps short is not fatal,
+// but the verdict still names it.
+func TestHungPodShortRequestTimeout(t *testing.T) {
+	s, c := serveSim(t, sim.Config{Seed: 3, Pods: 3, HangPods: 1}, 200*time.Millisecond)
+	hung, _ := s.Pod(s.Hung()[0])
+	r, err := Run(context.Background(), c, Options{ProbeTimeout: 200 * time.Millisecond, RequestTimeout: 20 * time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !r.Healthy {
+		t.Errorf("40s relist judged unhealthy: %s", r.Verdict)
+	}
+	want := "relist would take ~40s (threshold 3m0s): healthy, but PodSandboxStatus for pod " +
+		hung.Namespace + "/" + hung.Name + " hangs"
+	if !strings.HasPrefix(r.Verdict, want) {
+		t.Errorf("verdict = %q, want prefix %q", r.Verdict, want)
+	}
+}
+
+func TestUnreachableRuntime(t *testing.T) {
+	c, err := cri.Dial("unix://"+filepath.Join(t.TempDir(), "nothing.sock"), cri.WithTimeout(time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer c.Close()
+	r, err := Run(context.Background(), c, Options{ProbeTimeout: time.Second})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.Healthy || !r.Estimate.ListFails || r.List.Error == "" || r.Runtime == nil || r.Runtime.Error == "" {
+		t.Errorf("report = %+v", r)
+	}
+	if !strings.HasPrefix(r.Verdict, "relist fails: ListPodSandbox") ||
+		!strings.HasSuffix(r.Verdict, "so PLEG turns unhealthy 3m0s after its last successful relist") {
+		t.Errorf("verdict = %q", r.Verdict)
+	}
+}
+
+// fakeRuntime is an in-memory runtime that reports no calls to tracers.
+type fakeRuntime struct {
+	pods      []*runtime.Pod
+	listBlock chan struct{} // ListPods blocks on it, ignoring its context, when not nil
+	delay     time.Duration // of every PodStatus
+	fail      types.UID     // PodStatus of this pod fails
+
+	inflight, maxInflight atomic.Int32
+}
+
+func (f *fakeRuntime) ListPods(ctx context.Context) ([]*runtime.Pod, error) {
+	if f.listBlock != nil {
+		<-f.listBlock
+	}
+	return f.pods, nil
+}
+
+func (f *fakeRuntime) ListPod(ctx context.Context, uid types.UID) (*runtime.Pod, error) {
+	for _, p := range f.pods {
+		if p.UID == uid {
+			return p, nil
+		}
+	}
+	return nil, nil
+}
+
+func (f *fakeRuntime) PodStatus(ctx context.Context, pod *runtime.Pod) (*runtime.PodStatus, error) {
+	n := f.inflight.Add(1)
+	defer f.inflight.Add(-1)
+	for {
+		m := f.maxInflight.Load()
+		if n <= m || f.maxInflight.CompareAndSwap(m, n) {
+			break
+		}
+	}
+	time.Sleep(f.delay)
+	if pod.UID == f.fail {
+		return nil, errors.New("ContainerStatus \"c1\": rpc error: code = Internal desc = shim is gone")
+	}
+	return &runtime.PodStatus{UID: pod.UID, Name: pod.Name, Namespace: pod.Namespace}, nil
+}
+
+func fakePods(n int) []*runtime.Pod {
+	var pods []*runtime.Pod
+	for i := range n {
+		pods = append(pods, &runtime.Pod{UID: types.UID(fmt.Sprintf("uid-%d", i)), Name: fmt.Sprintf("pod-%d", i),
+			Namespace: "ns", Sandboxes: []*runtime.Container{{ID: fmt.Sprintf("sb-%d", i), State: runtime.StateRunning}}})
+	}
+	return pods
+}
+
+func TestSlowPodsExceedThreshold(t *testing.T) {
+	f := &fakeRuntime{pods: fakePods(8), delay: 40 * time.Millisecond}
+	start := time.Now()
+	r, err := Run(context.Background(), f, Options{Threshold: 200 * time.Millisecond, RelistPeriod: -1, MaxParallel: 4})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if took := time.Since(start); took > 300*time.Millisecond {
+		t.Errorf("8 pods of 40ms, 4 at once, took %v", took)
+	}
+	if got := f.maxInflight.Load(); got != 4 {
+		t.Errorf("at most %d pods probed at once, want 4", got)
+	}
+	if r.Healthy || r.Cause == nil || r.Cause.Pod == "" {
+		t.Errorf("report = %+v", r)
+	}
+	if !regexp.MustCompile(`^relist would take ~3[0-9]{2}ms \(threshold 200ms\) because inspecting 8 pods one after another takes ~3[0-9]{2}ms \(slowest: pod ns/pod-[0-9], [0-9]+ms; its slowest call: GetPodStatus [0-9]+ms\)$`).MatchString(r.Verdict) {
+		t.Errorf("verdict = %q", r.Verdict)
+	}
+}
+
+func TestFailingPod(t *testing.T) {
+	f := &fakeRuntime{pods: fakePods(3), fail: "uid-1"}
+	r, err := Run(context.Background(), f, Options{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !r.Healthy || r.Estimate.FailingPods != 1 || r.Cause == nil || r.Cause.Pod != "ns/pod-1" || r.Cause.Hung {
+		t.Errorf("report = %+v, cause %+v", r.Estimate, r.Cause)
+	}
+	want := `: healthy, but GetPodStatus for pod ns/pod-1 fails: ContainerStatus "c1": rpc error: code = Internal desc = shim is gone`
+	if !strings.HasSuffix(r.Verdict, want) {
+		t.Errorf("verdict = %q, want suffix %q", r.Verdict, want)
+	}
+}
+
+// A listing that hangs in a runtime that ignores its context still ends the
+// diagnosis in bounded time.
+func TestHungListingIgnoringContext(t *testing.T) {
+	f := &fakeRuntime{pods: fakePods(1), listBlock: make(chan struct{})}
+	defer close(f.listBlock)
+	start := time.Now()
+	r, err := Run(context.Background(), f, Options{ProbeTimeout: 100 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if took := time.Since(start); took > 3*time.Second {
+		t.Errorf("took %v", took)
+	}
+	want := "relist fails: ListPods hangs (no answer within 100ms; the kubelet gives up after the 2m0s runtime request timeout), so PLEG turns unhealthy 3m0s after its last successful relist"
+	if r.Verdict != want || r.Healthy || r.Estimate.HungCalls != 1 || r.Estimate.RelistSeconds != 120 {
+		t.Errorf("verdict = %q (estimate %+v), want %q", r.Verdict, r.Estimate, want)
+	}
+}
+
+func TestInterrupted(t *testing.T) {
+	f := &fakeRuntime{pods: fakePods(20), delay: 50 * time.Millisecond}
+	ctx, cancel := context.WithTimeout(context.Background(), 80*time.Millisecond)
+	defer cancel()
+	r, err := Run(ctx, f, Options{MaxParallel: 2})
+	if !errors.Is(err, context.DeadlineExceeded) || r == nil {
+		t.Fatalf("err = %v", err)
+	}
+	skipped := 0
+	for _, p := range r.Pods {
+		if p.Result == ResultSkipped {
+			skipped++
+		}
+	}
+	if skipped == 0 || len(r.Pods) != 20 {
+		t.Errorf("%d of %d pods skipped", skipped, len(r.Pods))
+	}
+}
+
+// TestJSONShape pins the keys scripts (and the real-containerd suite) read.
+func TestJSONShape(t *testing.T) {
+	_, c := serveSim(t, sim.Config{Seed: 4, Pods: 2, HangPods: 1}, 200*time.Millisecond)
+	r, err := Run(context.Background(), c, Options{ProbeTimeout: 200 * time.Millisecond})
+	if err != nil {
+		t.Fatal(err)
+	}
+	b, err := json.Marshal(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var m map[string]any
+	if err := json.Unmarshal(b, &m); err != nil {
+		t.Fatal(err)
+	}
+	for _, path := range []string{
+		"endpoint?", "runtime.name", "runtime.version", "runtime.conditions", "startedAt", "tookSeconds",
+		"settings.requestTimeoutSeconds", "settings.probeTimeoutSeconds", "settings.thresholdSeconds",
+		"settings.relistPeriodSeconds", "settings.maxParallel",
+		"list.calls", "counts.pods", "counts.sandboxes", "counts.containers", "counts.sandboxStates", "counts.containerStates",
+		"pods", "estimate.relistSeconds", "estimate.relist", "estimate.listSeconds", "estimate.inspectionSeconds",
+		"estimate.reinspectionSeconds", "estimate.hungCalls", "estimate.failingPods", "estimate.thresholdSeconds",
+		"estimate.exceedsThreshold", "estimate.listFails", "healthy", "cause.pod", "cause.podUID", "cause.call",
+		"cause.id", "cause.hung", "cause.error", "cause.kubeletSeconds", "verdict",
+	} {
+		optional := strings.HasSuffix(path, "?")
+		if _, ok := lookup(m, strings.TrimSuffix(path, "?")); !ok && !optional {
+			t.Errorf("JSON lacks %s: %s", path, b)
+		}
+	}
+	pod := m["pods"].([]any)[0].(map[string]any)
+	for _, k := range []string{"podUID", "podName", "podNamespace", "sandboxes", "containers", "result",
+		"inspectionSeconds", "kubeletSeconds", "kubeletInspections", "slowestCall", "failedCall", "error", "calls"} {
+		if _, ok := pod[k]; !ok {
+			t.Errorf("pod JSON lacks %s: %v", k, pod)
+		}
+	}
+	call := pod["failedCall"].(map[string]any)
+	for _, k := range []string{"call", "operation", "id", "seconds", "kubeletSeconds", "hung", "error"} {
+		if _, ok := call[k]; !ok {
+			t.Errorf("call JSON lacks %s: %v", k, call)
+		}
+	}
+}
+
+func lookup(m map[string]any, path string) (any, bool) {
+	var v any = m
+	for _, k := range strings.Split(path, ".") {
+		mm, ok := v.(map[string]any)
+		if !ok {
+			return nil, false
+		}
+		if v, ok = mm[k]; !ok {
+			return nil, false
+		}
+	}
+	return v, true
+}
+
+func TestRound(t *testing.T) {
+	for _, c := range []struct {
+		d    time.Duration
+		want string
+	}{
+		{35*time.Millisecond + 421*time.Microsecond, "35ms"},
+		{812 * time.Nanosecond, "1µs"},
+		{2345 * time.Millisecond, "2.35s"},
+		{4*time.Minute + 12*time.Millisecond, "4m0s"},
+		{4*time.Minute + 10*time.Second + 600*time.Millisecond, "4m11s"},
+	} {
+		if got := Round(c.d).String(); got != c.want {
+			t.Errorf("Round(%v) = %s, want %s", c.d, got, c.want)
+		}
+	}
+}
+
+func callNames(calls []Call) []string {
+	var out []string
+	for _, c := range calls {
+		out = append(out, c.Call)
+	}
+	return out
+}
+
+func near(a, b float64) bool { return a-b < 1e-9 && b-a < 1e-9 }

@@ -1,0 +1,175 @@
+package diagnose
+
+import (
+	"fmt"
+	"strings"
+	"time"
+)
+
+// estimate fills in the estimate, the health, the cause and the verdict.
+func (d *diagnoser) estimate(r *Report) {
+	e := &r.Estimate
+	e.ThresholdSeconds = d.opts.Threshold.Seconds()
+	for _, c := range r.List.Calls {
+		e.ListSeconds += c.KubeletSeconds
+		if c.Hung {
+			e.HungCalls++
+		}
+	}
+	e.ListFails = r.List.Error != ""
+	for _, p := range r.Pods {
+		if p.Result == ResultSkipped {
+			continue
+		}
+		e.InspectionSeconds += p.KubeletSeconds
+		if p.KubeletInspections > 1 {
+			e.ReinspectionSeconds += p.KubeletSeconds * float64(p.KubeletInspections-1)
+			e.FailingPods++
+		}
+		for _, c := range p.Calls {
+			if c.Hung {
+				e.HungCalls += p.KubeletInspections
+			}
+		}
+	}
+	e.RelistSeconds = e.ListSeconds + e.InspectionSeconds + e.ReinspectionSeconds
+	relist := seconds(e.RelistSeconds)
+	e.Relist = Round(relist).String()
+	e.ExceedsThreshold = e.ListFails || relist+d.opts.RelistPeriod > d.opts.Threshold
+	r.Healthy = !e.ExceedsThreshold
+	r.Cause, r.Verdict = d.verdict(r)
+}
+
+// verdict returns the cause to blame and one plain sentence.
+func (d *diagnoser) verdict(r *Report) (*Cause, string) {
+	e := r.Estimate
+	threshold := d.opts.Threshold
+	if e.ListFails {
+		c := lastFailed(r.List.Calls)
+		if c == nil {
+			c = &Call{Call: "ListPods", Error: r.List.Error}
+		}
+		cause := &Cause{Call: c.Call, Hung: c.Hung, Error: c.Error, KubeletSeconds: c.KubeletSeconds}
+		what := fmt.Sprintf("%s: %s", c.Call, c.Error)
+		if c.Hung {
+			what = fmt.Sprintf("%s hangs (no answer within %v; the kubelet gives up after the %v runtime request timeout)",
+				c.Call, d.opts.ProbeTimeout, d.opts.RequestTimeout)
+		}
+		return cause, fmt.Sprintf("relist fails: %s, so PLEG turns unhealthy %v after its last successful relist",
+			what, threshold)
+	}
+
+	head := fmt.Sprintf("relist would take ~%s (threshold %v)", e.Relist, threshold)
+	var hungPods, errPods []PodReport
+	for _, p := range r.Pods {
+		switch p.Result {
+		case ResultHung:
+			hungPods = append(hungPods, p)
+		case ResultError:
+			errPods = append(errPods, p)
+		}
+	}
+	link := " because "
+	if r.Healthy {
+		link = ": healthy, but "
+	}
+	switch {
+	case len(hungPods) > 0:
+		p := hungPods[0] // the most expensive first
+		c := p.FailedCall
+		msg := fmt.Sprintf("%s for pod %s hangs (the kubelet waits the %v runtime request timeout for it, twice per relist)",
+			c.Call, p.Ref(), d.opts.RequestTimeout)
+		if n := len(hungPods) - 1; n > 0 {
+			msg += fmt.Sprintf("; %d more %s: %s", n, plural(n, "pod hangs", "pods hang"), podList(hungPods[1:]))
+		}
+		if len(errPods) > 0 {
+			msg += fmt.Sprintf("; %d %s: %s", len(errPods), plural(len(errPods), "pod fails", "pods fail"), podList(errPods))
+		}
+		return podCause(p), head + link + msg
+	case len(errPods) > 0:
+		p := errPods[0]
+		c := p.FailedCall
+		msg := fmt.Sprintf("%s for pod %s fails: %s", c.Call, p.Ref(), c.Error)
+		if n := len(errPods) - 1; n > 0 {
+			msg += fmt.Sprintf("; %d more %s: %s", n, plural(n, "pod fails", "pods fail"), podList(errPods[1:]))
+		}
+		return podCause(p), head + link + msg
+	case r.Healthy:
+		return nil, head + ": healthy"
+	}
+
+	// Too slow, and nothing fails: blame the biggest part.
+	inspected := 0
+	for _, p := range r.Pods {
+		if p.Result != ResultSkipped {
+			inspected++
+		}
+	}
+	if e.ListSeconds >= e.InspectionSeconds {
+		c := slowest(r.List.Calls)
+		return &Cause{Call: c.Call, KubeletSeconds: c.KubeletSeconds},
+			fmt.Sprintf("%s because %s takes ~%v", head, c.Call, Round(seconds(c.KubeletSeconds)))
+	}
+	msg := fmt.Sprintf("%s because inspecting %d %s one after another takes ~%v", head, inspected,
+		plural(inspected, "pod", "pods"), Round(seconds(e.InspectionSeconds)))
+	var cause *Cause
+	if len(r.Pods) > 0 && r.Pods[0].SlowestCall != nil {
+		p := r.Pods[0]
+		cause = podCause(p)
+		msg += fmt.Sprintf(" (slowest: pod %s, %v; its slowest call: %s %v)", p.Ref(),
+			Round(seconds(p.KubeletSeconds)), p.SlowestCall.Call, Round(seconds(p.SlowestCall.KubeletSeconds)))
+	}
+	return cause, msg
+}
+
+// podCause blames the failed (or else the slowest) call of p.
+func podCause(p PodReport) *Cause {
+	c := p.FailedCall
+	if c == nil {
+		c = p.SlowestCall
+	}
+	if c == nil {
+		return &Cause{Pod: p.Ref(), PodUID: p.UID}
+	}
+	return &Cause{Pod: p.Ref(), PodUID: p.UID, Call: c.Call, ID: c.ID, Hung: c.Hung, Error: c.Error,
+		KubeletSeconds: c.KubeletSeconds}
+}
+
+// podList names up to three pods.
+func podList(pods []PodReport) string {
+	names := make([]string, 0, 3)
+	for i, p := range pods {
+		if i == 3 {
+			names = append(names, fmt.Sprintf("and %d more", len(pods)-3))
+			break
+		}
+		names = append(names, p.Ref())
+	}
+	return strings.Join(names, ", ")
+}
+
+func plural(n int, one, many string) string {
+	if n == 1 {
+		return one
+	}
+	return many
+}
+
+func seconds(s float64) time.Duration { return time.Duration(s * float64(time.Second)) }
+
+// Round rounds d for people: to the microsecond below a millisecond, to
+// the millisecond below a second, to 10ms below 10s, to 100ms below a
+// minute, else to the second ("35ms", "2.35s", "40.1s", "4m0s").
+func Round(d time.Duration) time.Duration {
+	switch {
+	case d < time.Millisecond:
+		return d.Round(time.Microsecond)
+	case d < time.Second:
+		return d.Round(time.Millisecond)
+	case d < 10*time.Second:
+		return d.Round(10 * time.Millisecond)
+	case d < time.Minute:
+		return d.Round(100 * time.Millisecond)
+	}
+	return d.Round(time.Second)
+}
