@@ -1,0 +1,352 @@
+package bench
+
+import (
+	"bufio"
+	"bytes"
+	"context"
+	"encoding/json"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/podlifecycle/pleg/runtime/sim"
+)
+
+func TestMain(m *testing.M) {
+	// The default runs re-execute this test binary to serve the simulated
+	// runtime.
+	MaybeServeChild()
+	os.Exit(m.Run())
+}
+
+// small is a scaled-down 66x7 scenario with 1 ms per call.
+func small() Scenario {
+	return Scenario{
+		Name: "small", Pods: 12, Containers: 3, Changed: 4, Latency: time.Millisecond,
+		Relists: 3, SerialRelists: 2, Quick: 3, QuickSerial: 2,
+		RequestTimeout: 5 * time.Second,
+	}
+}
+
+func TestRunQuickChildProcess(t *testing.T) {
+	sc := small()
+	rep, err := Run(context.Background(), Options{Scenarios: []Scenario{sc}, Serial: true, Quick: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Runtime != "child-process" || rep.GOMAXPROCS <= 0 || rep.CPUModel == "" || rep.Date.IsZero() {
+		t.Errorf("report header: %+v", rep)
+	}
+	if len(rep.Scenarios) != 1 {
+		t.Fatalf("%d scenarios, want 1", len(rep.Scenarios))
+	}
+	res := rep.Scenarios[0]
+	p, s := res.PLEG, res.Serial
+	if p == nil || s == nil {
+		t.Fatalf("runs: pleg %v, serial %v", p, s)
+	}
+	if p.Relists != 3 || s.Relists != 2 || len(p.RelistMs) != 3 || len(s.RelistMs) != 2 {
+		t.Errorf("relists: pleg %d (%d timed), serial %d (%d timed)", p.Relists, len(p.RelistMs), s.Relists, len(s.RelistMs))
+	}
+	if p.MaxParallelInspections <= 1 || s.MaxParallelInspections != 1 || s.PodInspectionTimeoutMs != -1 {
+		t.Errorf("algorithms: pleg bound %d, serial bound %d timeout %v", p.MaxParallelInspections, s.MaxParallelInspections, s.PodInspectionTimeoutMs)
+	}
+	// Each changed pod costs one sandbox and Containers container status
+	// calls; the listing two calls.
+	wantCalls := float64(2 + sc.Changed*(1+sc.Containers))
+	for _, r := range []*RunResult{p, s} {
+		if r.CallsPerRelist != wantCalls {
+			t.Errorf("%s: %v runtime calls per relist, want %v (%v)", r.Algorithm, r.CallsPerRelist, wantCalls, r.CallsByOp)
+		}
+		if !r.InspectedAsChanged || r.PodsInspectedPerRelist != float64(sc.Changed) {
+			t.Errorf("%s: inspected %v per relist (%d..%d), want %d", r.Algorithm, r.PodsInspectedPerRelist, r.InspectedMin, r.InspectedMax, sc.Changed)
+		}
+		if r.EventsPerRelist != float64(3*sc.Changed) {
+			t.Errorf("%s: %v events per relist, want %d", r.Algorithm, r.EventsPerRelist, 3*sc.Changed)
+		}
+		if r.RelistErrors != 0 || r.InspectionTimeouts != 0 {
+			t.Errorf("%s: %d relist errors, %v inspection timeouts", r.Algorithm, r.RelistErrors, r.InspectionTimeouts)
+		}
+		if r.RelistP50Ms <= 0 || r.RelistP99Ms < r.RelistP50Ms || r.ListP50Ms <= 0 {
+			t.Errorf("%s: relist p50 %v p99 %v, list %v", r.Algorithm, r.RelistP50Ms, r.RelistP99Ms, r.ListP50Ms)
+		}
+		if r.AllocsPerRelist <= 0 || r.AllocBytesPerRelist <= 0 || r.CPUPerRelistMs < 0 || r.SimCPUPerRelistMs < 0 {
+			t.Errorf("%s: allocs %v, bytes %v, cpu %v, sim cpu %v", r.Algorithm, r.AllocsPerRelist, r.AllocBytesPerRelist, r.CPUPerRelistMs, r.SimCPUPerRelistMs)
+		}
+	}
+	// Each of the serial relist's calls sleeps the latency, one after the
+	// other: a lower bound that holds however loaded the machine is.
+	if min := wantCalls * ms(sc.Latency); s.RelistP50Ms < min {
+		t.Errorf("serial relist p50 %vms, below the %vms its calls sleep", s.RelistP50Ms, min)
+	}
+	t.Logf("relist p50: pleg %.1fms, serial %.1fms", p.RelistP50Ms, s.RelistP50Ms)
+
+	var text bytes.Buffer
+	if err := rep.WriteText(&text); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"== small: 12 pods x 3 containers, 4 pods changed per relist, 1ms per runtime call",
+		"serial (kubelet algorithm)", "relist p50", "relist p99", "runtime calls / relist", "CPU / relist",
+		"allocations / relist", "every relist inspected exactly 4 pods", "child process"} {
+		if !strings.Contains(text.String(), want) {
+			t.Errorf("text report lacks %q:\n%s", want, text.String())
+		}
+	}
+	var js bytes.Buffer
+	if err := rep.WriteJSON(&js); err != nil {
+		t.Fatal(err)
+	}
+	var back Report
+	if err := json.Unmarshal(js.Bytes(), &back); err != nil {
+		t.Fatal(err)
+	}
+	if len(back.Scenarios) != 1 || back.Scenarios[0].Serial == nil || back.Scenarios[0].PLEG.CallsPerRelist != wantCalls {
+		t.Errorf("JSON report does not round-trip: %s", js.String())
+	}
+}
+
+func TestRunHungPodInProcess(t *testing.T) {
+	sc := Scenario{
+		Name: "hung", Pods: 6, Containers: 2, HungPods: 1,
+		Relists: 8, SerialRelists: 2,
+		Pause:             20 * time.Millisecond,
+		RequestTimeout:    600 * time.Millisecond,
+		InspectionTimeout: 100 * time.Millisecond,
+		RelistThreshold:   400 * time.Millisecond,
+	}
+	rep, err := Run(context.Background(), Options{Scenarios: []Scenario{sc}, Serial: true, InProcess: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rep.Runtime != "in-process" {
+		t.Errorf("runtime %q", rep.Runtime)
+	}
+	p, s := rep.Scenarios[0].PLEG, rep.Scenarios[0].Serial
+	if p.SimCPUPerRelistMs != -1 {
+		t.Errorf("simulator CPU reported in process: %v", p.SimCPUPerRelistMs)
+	}
+	// The serial algorithm waits for the full request timeout every
+	// relist, longer than the threshold: unhealthy, deterministically.
+	if s.RelistP50Ms < ms(sc.RequestTimeout) {
+		t.Errorf("serial relist p50 %vms, want at least the request timeout", s.RelistP50Ms)
+	}
+	if s.Health == nil || s.Health.HealthyThroughout || s.Health.UnhealthySamples == 0 {
+		t.Errorf("serial health: %+v", s.Health)
+	}
+	// pleg gives up on the pod after the inspection timeout.
+	if p.InspectionTimeouts < 1 {
+		t.Errorf("pleg: %v inspection timeouts", p.InspectionTimeouts)
+	}
+	if p.RelistMaxMs >= ms(sc.RequestTimeout) {
+		t.Errorf("pleg relist max %vms, want well under the request timeout", p.RelistMaxMs)
+	}
+	if p.Health == nil || p.Health.Samples == 0 {
+		t.Fatalf("pleg health not sampled: %+v", p.Health)
+	}
+	t.Logf("pleg: p50 %.1fms p99 %.1fms, health %+v; serial: p50 %.1fms, health %+v",
+		p.RelistP50Ms, p.RelistP99Ms, *p.Health, s.RelistP50Ms, *s.Health)
+}
+
+func TestWorkloadChangesExactlyN(t *testing.T) {
+	r := sim.New(simConfig{Seed: 3, Pods: 5, Containers: 3}.sim())
+	defer r.Stop()
+	w := newWorkload(r)
+	before := map[string][]string{}
+	for _, p := range r.Pods() {
+		before[p.UID] = p.ContainerIDs()
+	}
+	uid, err := w.hang()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := r.Hung(); len(got) != 1 || got[0] != uid {
+		t.Fatalf("hung %v, want [%s]", got, uid)
+	}
+	n, err := w.change(3)
+	if err != nil || n != 3 {
+		t.Fatalf("change(3) = %d, %v", n, err)
+	}
+	changed := 0
+	for _, p := range r.Pods() {
+		ids := p.ContainerIDs()
+		if len(ids) != 3 || len(p.Sandboxes) != 1 {
+			t.Errorf("pod %s changed shape: %d containers, %d sandboxes", p.UID, len(ids), len(p.Sandboxes))
+		}
+		diff := 0
+		for i := range ids {
+			if ids[i] != before[p.UID][i] && !contains(before[p.UID], ids[i]) {
+				diff++
+			}
+		}
+		if diff > 1 {
+			t.Errorf("pod %s: %d containers replaced, want at most 1", p.UID, diff)
+		}
+		if diff == 1 && p.UID != uid {
+			changed++
+		}
+	}
+	if changed != 3 {
+		t.Errorf("%d pods changed besides the hung one, want 3", changed)
+	}
+	// Asking for more pods than there are (the hung one excluded) changes
+	// each once.
+	if n, err := w.change(10); err != nil || n != 4 {
+		t.Errorf("change(10) on 5 pods with 1 hung = %d, %v; want 4", n, err)
+	}
+}
+
+func TestServeChildProtocol(t *testing.T) {
+	dir, err := os.MkdirTemp("", "pleg-bench-test-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.RemoveAll(dir)
+	inR, inW := io.Pipe()
+	outR, outW := io.Pipe()
+	done := make(chan error, 1)
+	go func() { done <- ServeChild(inR, outW); outW.Close() }()
+	out := bufio.NewReader(outR)
+	say := func(line string) string {
+		t.Helper()
+		if _, err := io.WriteString(inW, line+"\n"); err != nil {
+			t.Fatal(err)
+		}
+		got, err := out.ReadString('\n')
+		if err != nil {
+			t.Fatal(err)
+		}
+		return strings.TrimSpace(got)
+	}
+	cfg, _ := json.Marshal(simConfig{Seed: 1, Pods: 3, Containers: 2, Socket: filepath.Join(dir, "cri.sock")})
+	if got := say(string(cfg)); got != "ready unix://"+filepath.Join(dir, "cri.sock") {
+		t.Fatalf("ready line: %q", got)
+	}
+	for _, c := range []struct{ send, want string }{
+		{"latency 2ms", "ok"},
+		{"change 2", "ok 2"},
+		{"latency nonsense", "error"},
+		{"bogus", "error unknown command"},
+	} {
+		if got := say(c.send); !strings.HasPrefix(got, c.want) {
+			t.Errorf("%q: answer %q, want %q...", c.send, got, c.want)
+		}
+	}
+	if got := say("hang"); !strings.HasPrefix(got, "ok ") || len(got) < 4 {
+		t.Errorf("hang: %q", got)
+	}
+	if got := say("cpu"); !strings.HasPrefix(got, "ok ") {
+		t.Errorf("cpu: %q", got)
+	}
+	io.WriteString(inW, "quit\n")
+	if err := <-done; err != nil {
+		t.Fatal(err)
+	}
+}
+
+func TestChildFailureIsReported(t *testing.T) {
+	// A child that exits at once: the error must say so, not hang.
+	_, err := startChild(exec.Command("/bin/sh", "-c", "echo boom >&2; exit 3"), simConfig{Pods: 1})
+	if err == nil || !strings.Contains(err.Error(), "simulated runtime process") {
+		t.Fatalf("err = %v", err)
+	}
+}
+
+func TestLookup(t *testing.T) {
+	all, err := Lookup("all")
+	if err != nil || len(all) != 4 {
+		t.Fatalf("all: %d, %v", len(all), err)
+	}
+	two, err := Lookup("500x10, 110x5-hung")
+	if err != nil || len(two) != 2 || two[0].Name != "500x10" || two[1].HungPods != 1 {
+		t.Fatalf("two: %+v, %v", two, err)
+	}
+	if _, err := Lookup("nope"); err == nil || !strings.Contains(err.Error(), "66x7") {
+		t.Fatalf("unknown: %v", err)
+	}
+	// The scenarios.
+	want := map[string][4]int{"66x7": {66, 7, 10, 0}, "500x10": {500, 10, 50, 0}, "1000x10-idle": {1000, 10, 0, 0}, "110x5-hung": {110, 5, 0, 1}}
+	for _, s := range all {
+		w := want[s.Name]
+		if [4]int{s.Pods, s.Containers, s.Changed, s.HungPods} != w {
+			t.Errorf("%s: %d x %d, %d changed, %d hung; want %v", s.Name, s.Pods, s.Containers, s.Changed, s.HungPods, w)
+		}
+	}
+}
+
+func TestRelistCounts(t *testing.T) {
+	s := Scenarios()[3] // hung
+	for _, c := range []struct {
+		serial, quick bool
+		override      int
+		want          int
+	}{
+		{false, false, 0, s.Relists},
+		{true, false, 0, s.SerialRelists},
+		{false, true, 0, s.Quick},
+		{true, true, 0, s.QuickSerial},
+		{false, false, 100, 100},
+		{true, false, 100, maxHungSerialRelists},
+	} {
+		if got := s.relists(c.serial, c.quick, c.override); got != c.want {
+			t.Errorf("relists(serial %v, quick %v, override %d) = %d, want %d", c.serial, c.quick, c.override, got, c.want)
+		}
+	}
+}
+
+func TestPercentile(t *testing.T) {
+	var ds []time.Duration
+	for i := 1; i <= 100; i++ {
+		ds = append(ds, time.Duration(101-i)*time.Millisecond)
+	}
+	if p := percentile(ds, 0.5); p != 50*time.Millisecond {
+		t.Errorf("p50 = %v", p)
+	}
+	if p := percentile(ds, 0.99); p != 99*time.Millisecond {
+		t.Errorf("p99 = %v", p)
+	}
+	if p := percentile(ds[:3], 0.99); p != 100*time.Millisecond {
+		t.Errorf("p99 of 3 = %v", p)
+	}
+	if p := percentile(nil, 0.5); p != 0 {
+		t.Errorf("p50 of none = %v", p)
+	}
+}
+
+func TestFormats(t *testing.T) {
+	for _, c := range []struct{ got, want string }{
+		{fmtMs(0.25), "250µs"}, {fmtMs(3.456), "3.46ms"}, {fmtMs(184.81), "184.8ms"}, {fmtMs(2010), "2.01s"}, {fmtMs(-1), "n/a"},
+		{fmtCount(82), "82"}, {fmtCount(602370), "602,370"}, {fmtCount(2.25), "2.25"}, {fmtCount(150.4), "150"},
+		{fmtBytes(2.5 * (1 << 20)), "2.5 MiB"}, {fmtBytes(48), "48 B"},
+	} {
+		if c.got != c.want {
+			t.Errorf("got %q, want %q", c.got, c.want)
+		}
+	}
+}
+
+func TestEvaluate(t *testing.T) {
+	p := &RunResult{RelistP50Ms: 80, RelistP99Ms: 257, PodInspectionTimeoutMs: 250, ListP99Ms: 8, CPUPerRelistMs: 20,
+		Health: &HealthResult{Samples: 10, HealthyThroughout: true, ThresholdMs: 1000}}
+	s := &RunResult{RelistP50Ms: 870}
+	if ts := evaluate(Scenario{Name: "500x10"}, p, s, false); len(ts) != 1 || !ts[0].Met || !ts[0].Checked {
+		t.Errorf("500x10: %+v", ts)
+	}
+	if ts := evaluate(Scenario{Name: "500x10"}, p, nil, false); ts[0].Checked {
+		t.Errorf("500x10 without serial: %+v", ts)
+	}
+	if ts := evaluate(Scenario{Name: "1000x10-idle"}, p, s, false); !ts[0].Met {
+		t.Errorf("idle: %+v", ts)
+	}
+	ts := evaluate(Scenario{Name: "110x5-hung"}, p, s, false)
+	if len(ts) != 2 || !ts[0].Met || !ts[1].Met {
+		t.Errorf("hung: %+v", ts)
+	}
+	p.RelistP99Ms = 259
+	if ts := evaluate(Scenario{Name: "110x5-hung"}, p, s, false); ts[0].Met {
+		t.Errorf("hung over the bound: %+v", ts)
+	}
+}

@@ -1,0 +1,276 @@
+package bench
+
+import (
+	"bufio"
+	"bytes"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/podlifecycle/pleg/runtime/sim"
+)
+
+// ChildEnv is the environment variable that makes a binary serve the
+// simulated runtime of a benchmark run instead of doing its usual work
+// (see MaybeServeChild). Its value must be "1".
+const ChildEnv = "PLEG_BENCH_RUNTIME_CHILD"
+
+// MaybeServeChild serves the simulated runtime of a benchmark run on stdin
+// and stdout and exits the process, if ChildEnv is set; otherwise it
+// returns at once. Binaries that run benchmarks with the simulated runtime
+// in a child process (the default) call it first thing: pleg's main
+// package from an init function, test binaries from TestMain.
+func MaybeServeChild() {
+	if os.Getenv(ChildEnv) != "1" {
+		return
+	}
+	if err := ServeChild(os.Stdin, os.Stdout); err != nil {
+		fmt.Fprintf(os.Stderr, "pleg bench runtime: %v\n", err)
+		os.Exit(1)
+	}
+	os.Exit(0)
+}
+
+// DefaultChildCommand re-executes the running binary with ChildEnv set.
+func DefaultChildCommand() (*exec.Cmd, error) {
+	exe, err := os.Executable()
+	if err != nil {
+		return nil, fmt.Errorf("finding the running binary to serve the simulated runtime: %w", err)
+	}
+	cmd := exec.Command(exe)
+	cmd.Env = append(os.Environ(), ChildEnv+"=1")
+	return cmd, nil
+}
+
+// The child protocol is line based. The parent sends the simConfig as one
+// JSON line; the child answers "ready <endpoint>". Then the parent sends
+// one command per line and the child answers each with "ok[ <result>]" or
+// "error <message>":
+//
+//	latency <duration>   set the latency of every call
+//	change <n>           change n distinct pods; answers the number changed
+//	hang                 hang one pod's status calls and change it; answers its UID
+//	cpu                  answers the child's CPU time (user + system) in ns
+//	quit                 stop; the child exits (as it does on end of input)
+
+// ServeChild runs the child side of the protocol until quit or the end of
+// in.
+func ServeChild(in io.Reader, out io.Writer) error {
+	sc := bufio.NewScanner(in)
+	sc.Buffer(make([]byte, 64<<10), 1<<20)
+	if !sc.Scan() {
+		if err := sc.Err(); err != nil {
+			return err
+		}
+		return errors.New("no configuration on stdin")
+	}
+	var cfg simConfig
+	if err := json.Unmarshal(sc.Bytes(), &cfg); err != nil {
+		return fmt.Errorf("configuration: %w", err)
+	}
+	if cfg.Socket == "" {
+		return errors.New("configuration: no socket")
+	}
+	r := sim.New(cfg.sim())
+	if err := r.Serve(cfg.Socket); err != nil {
+		return err
+	}
+	defer r.Stop()
+	w := newWorkload(r)
+	bw := bufio.NewWriter(out)
+	reply := func(format string, args ...any) error {
+		fmt.Fprintf(bw, format+"\n", args...)
+		return bw.Flush()
+	}
+	if err := reply("ready %s", r.Endpoint()); err != nil {
+		return err
+	}
+	for sc.Scan() {
+		cmd, arg, _ := strings.Cut(strings.TrimSpace(sc.Text()), " ")
+		var err error
+		switch cmd {
+		case "latency":
+			var d time.Duration
+			if d, err = time.ParseDuration(arg); err == nil {
+				r.SetLatency(sim.Latency{Base: d})
+				err = reply("ok")
+			}
+		case "change":
+			var n int
+			if n, err = strconv.Atoi(arg); err == nil {
+				if n, err = w.change(n); err == nil {
+					err = reply("ok %d", n)
+				}
+			}
+		case "hang":
+			var uid string
+			if uid, err = w.hang(); err == nil {
+				err = reply("ok %s", uid)
+			}
+		case "cpu":
+			err = reply("ok %d", int64(processCPU()))
+		case "quit":
+			return nil
+		default:
+			err = fmt.Errorf("unknown command %q", cmd)
+		}
+		if err != nil {
+			if rerr := reply("error %s", strings.ReplaceAll(err.Error(), "\n", " ")); rerr != nil {
+				return rerr
+			}
+		}
+	}
+	return sc.Err()
+}
+
+// childDriver runs the simulated runtime in a child process.
+type childDriver struct {
+	cmd      *exec.Cmd
+	in       io.WriteCloser
+	out      *bufio.Reader
+	stderr   *lockedBuffer
+	dir      string
+	endpoint string
+}
+
+func startChild(cmd *exec.Cmd, cfg simConfig) (_ *childDriver, err error) {
+	dir, err := os.MkdirTemp("", "pleg-bench-")
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		if err != nil {
+			os.RemoveAll(dir)
+		}
+	}()
+	cfg.Socket = filepath.Join(dir, "cri.sock")
+	in, err := cmd.StdinPipe()
+	if err != nil {
+		return nil, err
+	}
+	outPipe, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	stderr := &lockedBuffer{}
+	cmd.Stderr = stderr
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("starting the simulated runtime process: %w", err)
+	}
+	d := &childDriver{cmd: cmd, in: in, out: bufio.NewReader(outPipe), stderr: stderr, dir: dir}
+	cfgLine, _ := json.Marshal(cfg)
+	ready, err := d.request(string(cfgLine), "ready")
+	if err != nil {
+		d.kill()
+		return nil, err
+	}
+	d.endpoint = ready
+	return d, nil
+}
+
+// request sends one line and reads the answer, which must start with want.
+func (d *childDriver) request(line, want string) (string, error) {
+	if _, err := io.WriteString(d.in, line+"\n"); err != nil {
+		return "", d.failure(err)
+	}
+	answer, err := d.out.ReadString('\n')
+	if err != nil {
+		return "", d.failure(err)
+	}
+	answer = strings.TrimRight(answer, "\n")
+	head, rest, _ := strings.Cut(answer, " ")
+	switch head {
+	case want:
+		return rest, nil
+	case "error":
+		return "", fmt.Errorf("simulated runtime: %s", rest)
+	}
+	return "", fmt.Errorf("simulated runtime: unexpected answer %q", answer)
+}
+
+// failure turns a broken pipe into an error carrying the child's stderr.
+func (d *childDriver) failure(err error) error {
+	if msg := strings.TrimSpace(d.stderr.String()); msg != "" {
+		return fmt.Errorf("simulated runtime process: %v: %s", err, msg)
+	}
+	return fmt.Errorf("simulated runtime process: %w", err)
+}
+
+func (d *childDriver) Endpoint() string { return d.endpoint }
+
+func (d *childDriver) SetLatency(l time.Duration) error {
+	_, err := d.request("latency "+l.String(), "ok")
+	return err
+}
+
+func (d *childDriver) Change(n int) (int, error) {
+	got, err := d.request("change "+strconv.Itoa(n), "ok")
+	if err != nil {
+		return 0, err
+	}
+	return strconv.Atoi(got)
+}
+
+func (d *childDriver) Hang() (string, error) { return d.request("hang", "ok") }
+
+func (d *childDriver) CPU() (time.Duration, error) {
+	got, err := d.request("cpu", "ok")
+	if err != nil {
+		return 0, err
+	}
+	ns, err := strconv.ParseInt(got, 10, 64)
+	return time.Duration(ns), err
+}
+
+func (d *childDriver) Close() error {
+	_, _ = io.WriteString(d.in, "quit\n")
+	d.in.Close()
+	done := make(chan error, 1)
+	go func() { done <- d.cmd.Wait() }()
+	var err error
+	select {
+	case err = <-done:
+	case <-time.After(10 * time.Second):
+		_ = d.cmd.Process.Kill()
+		err = <-done
+	}
+	os.RemoveAll(d.dir)
+	if err != nil {
+		return d.failure(err)
+	}
+	return nil
+}
+
+func (d *childDriver) kill() {
+	d.in.Close()
+	_ = d.cmd.Process.Kill()
+	_ = d.cmd.Wait()
+}
+
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  bytes.Buffer
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.b.Len() > 64<<10 {
+		return len(p), nil // enough to explain a failure
+	}
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}

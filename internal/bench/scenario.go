@@ -1,0 +1,175 @@
+// Package bench measures the pod lifecycle event generator against the
+// simulated CRI runtime (runtime/sim): relist duration, runtime calls,
+// CPU time and allocations per relist, for a set of node-sized scenarios,
+// each run with pleg's algorithm and with the kubelet's serial algorithm
+// (inspection bound 1, no pod inspection timeout) so that every figure has
+// a baseline from the same run. It is the engine of `pleg bench`.
+//
+// Relists are driven by hand (pleg.Generator.Relist) on an unstarted
+// generator, one after another, so each one is timed exactly. Between two
+// relists the bench changes exactly Scenario.Changed pods in the simulated
+// runtime (see workload.changePod), outside the measured window.
+//
+// By default the simulated runtime runs in a child process (the pleg
+// binary re-executed with ChildEnv set, see MaybeServeChild), so that the
+// CPU time and the allocations measured in this process are the
+// generator's and its CRI client's only, not the simulator's. With
+// Options.InProcess the simulator serves from this process instead and its
+// server work is included in those figures.
+package bench
+
+import (
+	"fmt"
+	"strings"
+	"time"
+)
+
+// Scenario is one node shape and workload to measure.
+type Scenario struct {
+	// Name identifies the scenario on the command line.
+	Name string `json:"name"`
+	// Pods and Containers are the node's shape: Pods pods of Containers
+	// containers each, plus one sandbox per pod.
+	Pods       int `json:"pods"`
+	Containers int `json:"containersPerPod"`
+	// Changed is the number of distinct pods changed between two relists.
+	Changed int `json:"changedPerRelist"`
+	// Latency is added to every runtime call (list and status calls).
+	Latency time.Duration `json:"latencyPerCall"`
+	// HungPods is the number of pods whose status calls never answer
+	// (0 or 1). The hung pod is also changed once, so the generator keeps
+	// trying to inspect it.
+	HungPods int `json:"hungPods"`
+
+	// Relists is the number of measured relists per run (pleg); Serial the
+	// number for the serial baseline (0: Relists). Quick and QuickSerial
+	// are the counts in quick mode.
+	Relists       int `json:"relists"`
+	SerialRelists int `json:"serialRelists"`
+	Quick         int `json:"-"`
+	QuickSerial   int `json:"-"`
+
+	// Pause is the time between the end of a relist and the start of the
+	// next, as the generator's relist period (0: back to back).
+	Pause time.Duration `json:"pauseBetweenRelists"`
+	// RequestTimeout is the runtime request timeout of every CRI call.
+	RequestTimeout time.Duration `json:"runtimeRequestTimeout"`
+	// InspectionTimeout is pleg's pod inspection timeout (0: the library
+	// default). The serial baseline always runs without one.
+	InspectionTimeout time.Duration `json:"podInspectionTimeout,omitempty"`
+	// RelistThreshold, when positive, is the health threshold, and health
+	// is checked during the measured relists.
+	RelistThreshold time.Duration `json:"relistThreshold,omitempty"`
+}
+
+// Description is a one-line human description of the scenario.
+func (s Scenario) Description() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "%d pods x %d containers", s.Pods, s.Containers)
+	switch s.Changed {
+	case 0:
+		b.WriteString(", nothing changed")
+	case 1:
+		b.WriteString(", 1 pod changed per relist")
+	default:
+		fmt.Fprintf(&b, ", %d pods changed per relist", s.Changed)
+	}
+	if s.Latency > 0 {
+		fmt.Fprintf(&b, ", %v per runtime call", s.Latency)
+	} else {
+		b.WriteString(", no call latency")
+	}
+	if s.HungPods == 1 {
+		b.WriteString(", 1 pod whose status calls hang")
+	} else if s.HungPods > 1 {
+		fmt.Fprintf(&b, ", %d pods whose status calls hang", s.HungPods)
+	}
+	return b.String()
+}
+
+// relists returns the number of measured relists for a run.
+func (s Scenario) relists(serial, quick bool, override int) int {
+	n := s.Relists
+	switch {
+	case quick && serial:
+		n = s.QuickSerial
+	case quick:
+		n = s.Quick
+	case serial && s.SerialRelists > 0:
+		n = s.SerialRelists
+	}
+	if override > 0 {
+		n = override
+		// A serial relist with a hung pod lasts the full request
+		// timeout: keep that run short whatever was asked.
+		if serial && s.HungPods > 0 && n > maxHungSerialRelists {
+			n = maxHungSerialRelists
+		}
+	}
+	return max(n, 1)
+}
+
+const maxHungSerialRelists = 5
+
+// Scenarios returns the standard scenarios, in the order they run.
+func Scenarios() []Scenario {
+	return []Scenario{
+		{
+			Name: "66x7", Pods: 66, Containers: 7, Changed: 10, Latency: time.Millisecond,
+			Relists: 40, SerialRelists: 20, Quick: 4, QuickSerial: 3,
+			RequestTimeout: 2 * time.Second,
+		},
+		{
+			Name: "500x10", Pods: 500, Containers: 10, Changed: 50, Latency: time.Millisecond,
+			Relists: 25, SerialRelists: 10, Quick: 3, QuickSerial: 2,
+			RequestTimeout: 2 * time.Second,
+		},
+		{
+			Name: "1000x10-idle", Pods: 1000, Containers: 10, Changed: 0,
+			Relists: 30, SerialRelists: 30, Quick: 3, QuickSerial: 3,
+			RequestTimeout: 2 * time.Second,
+		},
+		{
+			Name: "110x5-hung", Pods: 110, Containers: 5, Changed: 0, HungPods: 1,
+			Relists: 40, SerialRelists: 4, Quick: 8, QuickSerial: 2,
+			Pause:             100 * time.Millisecond,
+			RequestTimeout:    2 * time.Second,
+			InspectionTimeout: 250 * time.Millisecond,
+			RelistThreshold:   time.Second,
+		},
+	}
+}
+
+// Lookup returns the scenarios named by spec: "all", or names separated by
+// commas.
+func Lookup(spec string) ([]Scenario, error) {
+	all := Scenarios()
+	if spec == "" || spec == "all" {
+		return all, nil
+	}
+	var out []Scenario
+	for _, name := range strings.Split(spec, ",") {
+		name = strings.TrimSpace(name)
+		found := false
+		for _, s := range all {
+			if s.Name == name {
+				out = append(out, s)
+				found = true
+				break
+			}
+		}
+		if !found {
+			return nil, fmt.Errorf("unknown scenario %q (want all or one of %s)", name, strings.Join(Names(), ", "))
+		}
+	}
+	return out, nil
+}
+
+// Names returns the names of the standard scenarios.
+func Names() []string {
+	var out []string
+	for _, s := range Scenarios() {
+		out = append(out, s.Name)
+	}
+	return out
+}
