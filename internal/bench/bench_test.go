@@ -9,6 +9,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -149,6 +150,24 @@ func TestRunHungPodInProcess(t *testing.T) {
 	}
 	t.Logf("pleg: p50 %.1fms p99 %.1fms, health %+v; serial: p50 %.1fms, health %+v",
 		p.RelistP50Ms, p.RelistP99Ms, *p.Health, s.RelistP50Ms, *s.Health)
+
+	// The text report, with and without the serial baseline.
+	for _, serial := range []bool{true, false} {
+		r := *rep
+		r.Scenarios = slices.Clone(rep.Scenarios)
+		if !serial {
+			r.Scenarios[0].Serial = nil
+		}
+		var text bytes.Buffer
+		if err := r.WriteText(&text); err != nil {
+			t.Fatal(err)
+		}
+		for _, want := range []string{"1 pod whose status calls hang", "longest without a relist", "healthy the whole time", "pod inspection timeouts"} {
+			if !strings.Contains(text.String(), want) {
+				t.Errorf("serial %v: text report lacks %q:\n%s", serial, want, text.String())
+			}
+		}
+	}
 }
 
 func TestWorkloadChangesExactlyN(t *testing.T) {

@@ -322,13 +322,12 @@ func writeScenario(w io.Writer, s ScenarioResult) {
 		row("pod inspection timeouts", pv, bv, fmtCount, false)
 	}
 	if p.Health != nil {
-		longest := func(h *HealthResult) float64 {
-			if h == nil {
+		pv, bv = get(func(r *RunResult) float64 {
+			if r.Health == nil {
 				return -1
 			}
-			return h.LongestWithoutMs
-		}
-		pv, bv = longest(p.Health), longest(b.Health)
+			return r.Health.LongestWithoutMs
+		})
 		row("longest without a relist", pv, bv, fmtMs, true)
 		unhealthy := func(h *HealthResult) string {
 			if h == nil {

@@ -66,10 +66,17 @@ type Scenario struct {
 func (s Scenario) Description() string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "%d pods x %d containers", s.Pods, s.Containers)
-	switch s.Changed {
-	case 0:
+	if s.HungPods == 1 {
+		b.WriteString(", 1 pod whose status calls hang (changed once, so every relist tries to inspect it)")
+	} else if s.HungPods > 1 {
+		fmt.Fprintf(&b, ", %d pods whose status calls hang (each changed once)", s.HungPods)
+	}
+	switch {
+	case s.Changed == 0 && s.HungPods > 0:
+		b.WriteString(", no other pod changed")
+	case s.Changed == 0:
 		b.WriteString(", nothing changed")
-	case 1:
+	case s.Changed == 1:
 		b.WriteString(", 1 pod changed per relist")
 	default:
 		fmt.Fprintf(&b, ", %d pods changed per relist", s.Changed)
@@ -78,11 +85,6 @@ func (s Scenario) Description() string {
 		fmt.Fprintf(&b, ", %v per runtime call", s.Latency)
 	} else {
 		b.WriteString(", no call latency")
-	}
-	if s.HungPods == 1 {
-		b.WriteString(", 1 pod whose status calls hang")
-	} else if s.HungPods > 1 {
-		fmt.Fprintf(&b, ", %d pods whose status calls hang", s.HungPods)
 	}
 	return b.String()
 }
