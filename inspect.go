@@ -12,8 +12,9 @@ import (
 
 // inspection is one fetch of a pod's status, running on its own goroutine.
 // A relist waits for it at most the pod inspection timeout; an inspection
-// that outlives that wait is abandoned but tracked until its runtime call
-// returns, so a pod that keeps hanging never has more than one call out.
+// that outlives that wait is abandoned but tracked until its runtime calls
+// return, so a pod that keeps hanging never has more than one inspection
+// out.
 type inspection struct {
 	pod     *runtime.Pod
 	started time.Time
@@ -56,30 +57,51 @@ func (s *inflightSet) Len() int {
 	return len(s.pods)
 }
 
-// callTracker remembers the runtime call an inspection is waiting on.
+// callTracker remembers the runtime calls an inspection is waiting on
+// (a pod's status calls may run concurrently).
 type callTracker struct {
-	mu    sync.Mutex
-	op    string
-	id    string
-	since time.Time
-	now   func() time.Time
+	mu   sync.Mutex
+	next int
+	out  map[int]trackedCall
+	now  func() time.Time
+}
+
+type trackedCall struct {
+	op, id string
+	since  time.Time
 }
 
 func (c *callTracker) StartCall(op, id string) func(time.Duration, error) {
 	c.mu.Lock()
-	c.op, c.id, c.since = op, id, c.now()
+	if c.out == nil {
+		c.out = make(map[int]trackedCall)
+	}
+	key := c.next
+	c.next++
+	c.out[key] = trackedCall{op: op, id: id, since: c.now()}
 	c.mu.Unlock()
 	return func(time.Duration, error) {
 		c.mu.Lock()
-		c.op, c.id = "", ""
+		delete(c.out, key)
 		c.mu.Unlock()
 	}
 }
 
+// outstanding returns the oldest call still out (op "" when none).
 func (c *callTracker) outstanding() (op, id string, since time.Time) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
-	return c.op, c.id, c.since
+	first := -1
+	for k := range c.out {
+		if first < 0 || k < first {
+			first = k
+		}
+	}
+	if first < 0 {
+		return "", "", time.Time{}
+	}
+	call := c.out[first]
+	return call.op, call.id, call.since
 }
 
 // InspectionTimeoutError is the error cached for a pod whose inspection

@@ -21,7 +21,7 @@ const (
 	DefaultRelistPeriod           = time.Second
 	DefaultRelistThreshold        = 3 * time.Minute
 	DefaultChannelCapacity        = 1000
-	DefaultMaxParallelInspections = 8
+	DefaultMaxParallelInspections = 16
 	DefaultPodInspectionTimeout   = 10 * time.Second
 	DefaultSubscriberBuffer       = 10000
 	DefaultPodRelistQueue         = 4096
@@ -52,7 +52,7 @@ type Options struct {
 	ChannelCapacity int
 	// MaxParallelInspections bounds how many changed pods are inspected at
 	// once. 1 inspects them one after another, as the kubelet does.
-	// Default 8.
+	// Default 16.
 	MaxParallelInspections int
 	// PodInspectionTimeout bounds how long a relist waits for one pod's
 	// status. A pod that exceeds it is handled as a failed inspection and

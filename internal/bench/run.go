@@ -181,7 +181,14 @@ func runOne(ctx context.Context, o Options, sc Scenario, alg algorithm, relists 
 
 	reg := prometheus.NewRegistry()
 	m := metrics.New(reg)
-	client, err := cri.Dial(drv.Endpoint(), cri.WithTimeout(sc.RequestTimeout), cri.WithMetrics(m), cri.WithLogger(logr.Discard()))
+	// The kubelet's algorithm also makes a pod's status calls one after
+	// another.
+	statusConcurrency := cri.DefaultStatusConcurrency
+	if alg.serial {
+		statusConcurrency = 1
+	}
+	client, err := cri.Dial(drv.Endpoint(), cri.WithTimeout(sc.RequestTimeout), cri.WithMetrics(m),
+		cri.WithLogger(logr.Discard()), cri.WithStatusConcurrency(statusConcurrency))
 	if err != nil {
 		return nil, err
 	}

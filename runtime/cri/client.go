@@ -47,15 +47,18 @@ type Client struct {
 	conn     *grpc.ClientConn
 	rs       runtimeapi.RuntimeServiceClient
 
-	timeout time.Duration
-	metrics *metrics.Metrics
-	log     logr.Logger
+	timeout           time.Duration
+	statusConcurrency int
+	metrics           *metrics.Metrics
+	log               logr.Logger
+	strings           interner // strings of the last unfiltered listing, reused
 }
 
 type options struct {
-	timeout time.Duration
-	metrics *metrics.Metrics
-	log     *logr.Logger
+	timeout           time.Duration
+	statusConcurrency int
+	metrics           *metrics.Metrics
+	log               *logr.Logger
 }
 
 // Option configures a Client.
@@ -66,6 +69,17 @@ type Option func(*options)
 // container event stream never has a timeout.
 func WithTimeout(d time.Duration) Option {
 	return func(o *options) { o.timeout = d }
+}
+
+// DefaultStatusConcurrency is how many status calls of one pod PodStatus
+// makes at once by default.
+const DefaultStatusConcurrency = 4
+
+// WithStatusConcurrency sets how many status calls of one pod PodStatus
+// makes at once (default DefaultStatusConcurrency); 1 makes them one after
+// another, as the kubelet does.
+func WithStatusConcurrency(n int) Option {
+	return func(o *options) { o.statusConcurrency = max(n, 1) }
 }
 
 // WithMetrics counts and times every runtime call in m
@@ -92,7 +106,7 @@ func Dial(endpoint string, opts ...Option) (*Client, error) {
 	if err != nil {
 		return nil, err
 	}
-	o := options{timeout: DefaultTimeout}
+	o := options{timeout: DefaultTimeout, statusConcurrency: DefaultStatusConcurrency}
 	for _, opt := range opts {
 		opt(&o)
 	}
@@ -129,13 +143,14 @@ func Dial(endpoint string, opts ...Option) (*Client, error) {
 		return nil, fmt.Errorf("runtime endpoint %q: %w", endpoint, err)
 	}
 	return &Client{
-		endpoint: endpoint,
-		path:     path,
-		conn:     conn,
-		rs:       runtimeapi.NewRuntimeServiceClient(conn),
-		timeout:  o.timeout,
-		metrics:  o.metrics,
-		log:      log,
+		endpoint:          endpoint,
+		path:              path,
+		conn:              conn,
+		rs:                runtimeapi.NewRuntimeServiceClient(conn),
+		timeout:           o.timeout,
+		statusConcurrency: o.statusConcurrency,
+		metrics:           o.metrics,
+		log:               log,
 	}, nil
 }
 

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"path/filepath"
 	"reflect"
+	"sort"
 	"strings"
 	"testing"
 	"time"
@@ -274,7 +275,13 @@ func TestCallTracer(t *testing.T) {
 		"status ",
 		"version  (error)",
 	}
-	if got := tr.summary(); !reflect.DeepEqual(got, want) {
+	got := tr.summary()
+	// A pod's status calls run concurrently: their order is free.
+	if len(got) == len(want) {
+		sort.Strings(got[2:5])
+		sort.Strings(want[2:5])
+	}
+	if !reflect.DeepEqual(got, want) {
 		t.Errorf("traced calls:\n got %q\nwant %q", got, want)
 	}
 

@@ -75,7 +75,9 @@ func TestWatchEvents(t *testing.T) {
 	tr := &recordingTracer{}
 	got := make(chan runtime.Event, len(sent))
 	errc := make(chan error, 1)
-	go func() { errc <- c.WatchEvents(runtime.WithCallTracer(ctx, tr), nil, func(ev runtime.Event) { got <- ev }) }()
+	go func() {
+		errc <- c.WatchEvents(runtime.WithCallTracer(ctx, tr), nil, func(ev runtime.Event) { got <- ev })
+	}()
 
 	var events []runtime.Event
 	for range want {

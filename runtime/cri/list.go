@@ -5,6 +5,7 @@ import (
 	"errors"
 	"sort"
 
+	"google.golang.org/grpc"
 	"k8s.io/apimachinery/pkg/types"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
@@ -14,17 +15,32 @@ import (
 
 // ListPods lists every sandbox and container, in every state, with one
 // unfiltered ListPodSandbox and one unfiltered ListContainers call, and
-// groups them by pod UID.
+// groups them by pod UID. The replies are decoded straight from the wire
+// (see wire.go): this is the call a relist makes every period.
 //
 // Pods are sorted by UID. Within a pod, sandboxes and containers keep the
 // order the runtime listed them in. Items without metadata, ID or pod UID
 // are skipped and logged at V(4).
 func (c *Client) ListPods(ctx context.Context) ([]*runtime.Pod, error) {
-	sandboxes, containers, err := c.list(ctx, nil)
+	t := c.strings.begin()
+	sandboxes := listReply{sandboxes: true, strings: t}
+	err := c.call(ctx, metrics.OpListPodSandbox, "ListPodSandbox", "", func(ctx context.Context) error {
+		return c.conn.Invoke(ctx, runtimeapi.RuntimeService_ListPodSandbox_FullMethodName,
+			&runtimeapi.ListPodSandboxRequest{}, &sandboxes, grpc.ForceCodecV2(leanCodec{}))
+	})
 	if err != nil {
 		return nil, err
 	}
-	return c.group(sandboxes, containers), nil
+	containers := listReply{strings: t}
+	err = c.call(ctx, metrics.OpListContainers, "ListContainers", "", func(ctx context.Context) error {
+		return c.conn.Invoke(ctx, runtimeapi.RuntimeService_ListContainers_FullMethodName,
+			&runtimeapi.ListContainersRequest{}, &containers, grpc.ForceCodecV2(leanCodec{}))
+	})
+	if err != nil {
+		return nil, err
+	}
+	c.strings.end(t)
+	return c.group(sandboxes.items, containers.items), nil
 }
 
 // ListPod lists the sandboxes and containers of the pod with the given UID,
@@ -34,12 +50,35 @@ func (c *Client) ListPod(ctx context.Context, uid types.UID) (*runtime.Pod, erro
 	if uid == "" {
 		return nil, errors.New("ListPod: empty pod UID")
 	}
-	sandboxes, containers, err := c.list(ctx, map[string]string{runtime.LabelPodUID: string(uid)})
+	labels := map[string]string{runtime.LabelPodUID: string(uid)}
+	var sandboxes []*runtimeapi.PodSandbox
+	err := c.call(ctx, metrics.OpListPodSandbox, "ListPodSandbox", "", func(ctx context.Context) error {
+		resp, err := c.rs.ListPodSandbox(ctx, &runtimeapi.ListPodSandboxRequest{Filter: &runtimeapi.PodSandboxFilter{LabelSelector: labels}})
+		sandboxes = resp.GetItems()
+		return err
+	})
 	if err != nil {
 		return nil, err
 	}
+	var containers []*runtimeapi.Container
+	err = c.call(ctx, metrics.OpListContainers, "ListContainers", "", func(ctx context.Context) error {
+		resp, err := c.rs.ListContainers(ctx, &runtimeapi.ListContainersRequest{Filter: &runtimeapi.ContainerFilter{LabelSelector: labels}})
+		containers = resp.GetContainers()
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+	sbs := make([]listed, 0, len(sandboxes))
+	for _, s := range sandboxes {
+		sbs = append(sbs, sandboxItem(s))
+	}
+	cts := make([]listed, 0, len(containers))
+	for _, ct := range containers {
+		cts = append(cts, containerItem(ct))
+	}
 	// The runtime filters already; keep only uid should it not.
-	for _, p := range c.group(sandboxes, containers) {
+	for _, p := range c.group(sbs, cts) {
 		if p.UID == uid {
 			return p, nil
 		}
@@ -47,39 +86,27 @@ func (c *Client) ListPod(ctx context.Context, uid types.UID) (*runtime.Pod, erro
 	return nil, nil
 }
 
-// list runs ListPodSandbox and ListContainers, filtered by labels when
-// labels is not nil.
-func (c *Client) list(ctx context.Context, labels map[string]string) ([]*runtimeapi.PodSandbox, []*runtimeapi.Container, error) {
-	sreq := &runtimeapi.ListPodSandboxRequest{}
-	creq := &runtimeapi.ListContainersRequest{}
-	if labels != nil {
-		sreq.Filter = &runtimeapi.PodSandboxFilter{LabelSelector: labels}
-		creq.Filter = &runtimeapi.ContainerFilter{LabelSelector: labels}
-	}
-	var sandboxes []*runtimeapi.PodSandbox
-	err := c.call(ctx, metrics.OpListPodSandbox, "ListPodSandbox", "", func(ctx context.Context) error {
-		resp, err := c.rs.ListPodSandbox(ctx, sreq)
-		sandboxes = resp.GetItems()
-		return err
-	})
-	if err != nil {
-		return nil, nil, err
-	}
-	var containers []*runtimeapi.Container
-	err = c.call(ctx, metrics.OpListContainers, "ListContainers", "", func(ctx context.Context) error {
-		resp, err := c.rs.ListContainers(ctx, creq)
-		containers = resp.GetContainers()
-		return err
-	})
-	if err != nil {
-		return nil, nil, err
-	}
-	return sandboxes, containers, nil
+// sandboxItem converts a decoded sandbox (nil-safe).
+func sandboxItem(s *runtimeapi.PodSandbox) listed {
+	md := s.GetMetadata()
+	return listed{id: s.GetId(), meta: md != nil, podName: md.GetName(), uid: md.GetUid(),
+		podNamespace: md.GetNamespace(), attempt: md.GetAttempt(), state: sandboxState(s.GetState()),
+		createdAt: s.GetCreatedAt()}
+}
+
+// containerItem converts a decoded container (nil-safe).
+func containerItem(ct *runtimeapi.Container) listed {
+	md := ct.GetMetadata()
+	labels := ct.GetLabels()
+	return listed{id: ct.GetId(), meta: md != nil, name: md.GetName(), attempt: md.GetAttempt(),
+		uid: labels[runtime.LabelPodUID], podName: labels[runtime.LabelPodName],
+		podNamespace: labels[runtime.LabelPodNamespace], labelName: labels[runtime.LabelContainerName],
+		image: ct.GetImage().GetImage(), state: containerState(ct.GetState()), createdAt: ct.GetCreatedAt()}
 }
 
 // group groups listed sandboxes and containers by pod UID; see ListPods.
-func (c *Client) group(sandboxes []*runtimeapi.PodSandbox, containers []*runtimeapi.Container) []*runtime.Pod {
-	pods := make(map[types.UID]*runtime.Pod)
+func (c *Client) group(sandboxes, containers []listed) []*runtime.Pod {
+	pods := make(map[types.UID]*runtime.Pod, len(sandboxes))
 	pod := func(uid types.UID) *runtime.Pod {
 		p, ok := pods[uid]
 		if !ok {
@@ -88,70 +115,53 @@ func (c *Client) group(sandboxes []*runtimeapi.PodSandbox, containers []*runtime
 		}
 		return p
 	}
-
-	for i, s := range sandboxes {
-		md := s.GetMetadata()
+	// One backing array for every item of the listing.
+	store := make([]runtime.Container, 0, len(sandboxes)+len(containers))
+	for i := range sandboxes {
+		s := &sandboxes[i]
 		switch {
-		case s == nil:
-			c.log.V(4).Info("Skipping listed sandbox", "reason", "nil item", "index", i)
-			continue
-		case s.Id == "":
+		case s.id == "":
 			c.log.V(4).Info("Skipping listed sandbox", "reason", "empty ID", "index", i)
 			continue
-		case md == nil:
-			c.log.V(4).Info("Skipping listed sandbox", "reason", "no metadata", "sandboxID", s.Id)
+		case !s.meta:
+			c.log.V(4).Info("Skipping listed sandbox", "reason", "no metadata", "sandboxID", s.id)
 			continue
-		case md.Uid == "":
-			c.log.V(4).Info("Skipping listed sandbox", "reason", "empty pod UID in metadata", "sandboxID", s.Id)
+		case s.uid == "":
+			c.log.V(4).Info("Skipping listed sandbox", "reason", "empty pod UID in metadata", "sandboxID", s.id)
 			continue
 		}
-		p := pod(types.UID(md.Uid))
+		p := pod(types.UID(s.uid))
 		if p.Name == "" && p.Namespace == "" {
-			p.Name, p.Namespace = md.Name, md.Namespace
+			p.Name, p.Namespace = s.podName, s.podNamespace
 		}
-		p.Sandboxes = append(p.Sandboxes, &runtime.Container{
-			ID:        s.Id,
-			Name:      md.Name,
-			Attempt:   md.Attempt,
-			State:     sandboxState(s.State),
-			CreatedAt: s.CreatedAt,
-		})
+		store = append(store, runtime.Container{ID: s.id, Name: s.podName, Attempt: s.attempt,
+			State: s.state, CreatedAt: s.createdAt})
+		p.Sandboxes = append(p.Sandboxes, &store[len(store)-1])
 	}
-
-	for i, ct := range containers {
-		md := ct.GetMetadata()
-		labels := ct.GetLabels() // nil-safe reads
-		uid := labels[runtime.LabelPodUID]
+	for i := range containers {
+		ct := &containers[i]
 		switch {
-		case ct == nil:
-			c.log.V(4).Info("Skipping listed container", "reason", "nil item", "index", i)
-			continue
-		case ct.Id == "":
+		case ct.id == "":
 			c.log.V(4).Info("Skipping listed container", "reason", "empty ID", "index", i)
 			continue
-		case md == nil:
-			c.log.V(4).Info("Skipping listed container", "reason", "no metadata", "containerID", ct.Id)
+		case !ct.meta:
+			c.log.V(4).Info("Skipping listed container", "reason", "no metadata", "containerID", ct.id)
 			continue
-		case uid == "":
-			c.log.V(4).Info("Skipping listed container", "reason", "no label "+runtime.LabelPodUID, "containerID", ct.Id)
+		case ct.uid == "":
+			c.log.V(4).Info("Skipping listed container", "reason", "no label "+runtime.LabelPodUID, "containerID", ct.id)
 			continue
 		}
-		p := pod(types.UID(uid))
+		p := pod(types.UID(ct.uid))
 		if p.Name == "" && p.Namespace == "" {
-			p.Name, p.Namespace = labels[runtime.LabelPodName], labels[runtime.LabelPodNamespace]
+			p.Name, p.Namespace = ct.podName, ct.podNamespace
 		}
-		name := md.Name
+		name := ct.name
 		if name == "" {
-			name = labels[runtime.LabelContainerName]
+			name = ct.labelName
 		}
-		p.Containers = append(p.Containers, &runtime.Container{
-			ID:        ct.Id,
-			Name:      name,
-			Attempt:   md.Attempt,
-			State:     containerState(ct.State),
-			Image:     ct.GetImage().GetImage(),
-			CreatedAt: ct.CreatedAt,
-		})
+		store = append(store, runtime.Container{ID: ct.id, Name: name, Attempt: ct.attempt,
+			State: ct.state, Image: ct.image, CreatedAt: ct.createdAt})
+		p.Containers = append(p.Containers, &store[len(store)-1])
 	}
 
 	out := make([]*runtime.Pod, 0, len(pods))

@@ -202,12 +202,13 @@ func TestListPodsEmptyResponses(t *testing.T) {
 	}
 }
 
-// TestGroupNilItems feeds group what no wire message can carry: nil items.
+// TestGroupNilItems feeds group what no wire message can carry: nil items
+// (as the filtered path converts them).
 func TestGroupNilItems(t *testing.T) {
 	c := &Client{log: logr.Discard()}
 	pods := c.group(
-		[]*runtimeapi.PodSandbox{nil, sandbox("sb", "uid", "p", "n", 0, 0, 1)},
-		[]*runtimeapi.Container{nil, {Id: "c", Metadata: &runtimeapi.ContainerMetadata{}, Labels: label("uid", "", "", "")}},
+		[]listed{sandboxItem(nil), sandboxItem(sandbox("sb", "uid", "p", "n", 0, 0, 1))},
+		[]listed{containerItem(nil), containerItem(&runtimeapi.Container{Id: "c", Metadata: &runtimeapi.ContainerMetadata{}, Labels: label("uid", "", "", "")})},
 	)
 	if len(pods) != 1 || len(pods[0].Sandboxes) != 1 || len(pods[0].Containers) != 1 {
 		t.Errorf("group = %s", dump(pods))

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"sort"
+	"sync"
 	"time"
 
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
@@ -15,11 +16,13 @@ import (
 
 // PodStatus fetches the full status of pod: one PodSandboxStatus call per
 // sandbox and one ContainerStatus call per container of pod, by the IDs in
-// pod, one after the other.
+// pod. At most WithStatusConcurrency calls of the pod are out at once (1:
+// one after the other, sandboxes first, as the kubelet does).
 //
 // An item the runtime no longer knows (NotFound) is left out. Any other
-// error ends the fetch: PodStatus returns a nil status and the error, which
-// names the call and ID and wraps the gRPC error.
+// error ends the fetch (cancelling the calls still out): PodStatus returns a
+// nil status and the error, which names the call and ID and wraps the gRPC
+// error.
 //
 // Sandbox and container statuses are sorted newest first (by creation
 // time). The pod IPs are those of the newest sandbox, only if it is ready.
@@ -27,24 +30,45 @@ func (c *Client) PodStatus(ctx context.Context, pod *runtime.Pod) (*runtime.PodS
 	if pod == nil {
 		return nil, errors.New("PodStatus: nil pod")
 	}
-	ps := &runtime.PodStatus{UID: pod.UID, Name: pod.Name, Namespace: pod.Namespace}
-
-	var newestIPs []string
+	var sbs, cts []*runtime.Container
 	for _, sb := range pod.Sandboxes {
-		if sb == nil {
-			continue
+		if sb != nil {
+			sbs = append(sbs, sb)
 		}
-		s, err := c.sandboxStatus(ctx, sb.ID)
+	}
+	for _, ct := range pod.Containers {
+		if ct != nil {
+			cts = append(cts, ct)
+		}
+	}
+	sbRes := make([]*runtimeapi.PodSandboxStatus, len(sbs))
+	ctRes := make([]*runtimeapi.ContainerStatus, len(cts))
+	err := c.each(ctx, len(sbs)+len(cts), func(ctx context.Context, i int) error {
+		var err error
+		if i < len(sbs) {
+			sbRes[i], err = c.sandboxStatus(ctx, sbs[i].ID)
+			if isNotFound(err) {
+				c.log.V(4).Info("Sandbox vanished before its status was fetched", "pod", pod.UID, "sandboxID", sbs[i].ID)
+				return nil
+			}
+			return err
+		}
+		i -= len(sbs)
+		ctRes[i], err = c.containerStatus(ctx, cts[i].ID)
 		if isNotFound(err) {
-			c.log.V(4).Info("Sandbox vanished before its status was fetched", "pod", pod.UID, "sandboxID", sb.ID)
-			continue
+			c.log.V(4).Info("Container vanished before its status was fetched", "pod", pod.UID, "containerID", cts[i].ID)
+			return nil
 		}
-		if err != nil {
-			return nil, err
-		}
+		return err
+	})
+	if err != nil {
+		return nil, err
+	}
+
+	ps := &runtime.PodStatus{UID: pod.UID, Name: pod.Name, Namespace: pod.Namespace}
+	for i, s := range sbRes {
 		if s == nil {
-			c.log.V(4).Info("Runtime returned no sandbox status; leaving it out", "pod", pod.UID, "sandboxID", sb.ID)
-			continue
+			continue // vanished, or the runtime sent no status
 		}
 		st := &runtime.SandboxStatus{
 			ID:          s.Id,
@@ -55,34 +79,19 @@ func (c *Client) PodStatus(ctx context.Context, pod *runtime.Pod) (*runtime.PodS
 			HostNetwork: s.GetLinux().GetNamespaces().GetOptions().GetNetwork() == runtimeapi.NamespaceMode_NODE,
 		}
 		if st.ID == "" {
-			st.ID = sb.ID
+			st.ID = sbs[i].ID
 		}
 		ps.SandboxStatuses = append(ps.SandboxStatuses, st)
 	}
 	sort.SliceStable(ps.SandboxStatuses, func(i, j int) bool {
 		return ps.SandboxStatuses[i].CreatedAt.After(ps.SandboxStatuses[j].CreatedAt)
 	})
-	if len(ps.SandboxStatuses) > 0 && ps.SandboxStatuses[0].State == runtime.StateRunning {
-		newestIPs = ps.SandboxStatuses[0].IPs
-	}
-	if len(newestIPs) > 0 {
-		ps.IPs = append([]string(nil), newestIPs...)
+	if len(ps.SandboxStatuses) > 0 && ps.SandboxStatuses[0].State == runtime.StateRunning && len(ps.SandboxStatuses[0].IPs) > 0 {
+		ps.IPs = append([]string(nil), ps.SandboxStatuses[0].IPs...)
 	}
 
-	for _, ct := range pod.Containers {
-		if ct == nil {
-			continue
-		}
-		s, err := c.containerStatus(ctx, ct.ID)
-		if isNotFound(err) {
-			c.log.V(4).Info("Container vanished before its status was fetched", "pod", pod.UID, "containerID", ct.ID)
-			continue
-		}
-		if err != nil {
-			return nil, err
-		}
+	for i, s := range ctRes {
 		if s == nil {
-			c.log.V(4).Info("Runtime returned no container status; leaving it out", "pod", pod.UID, "containerID", ct.ID)
 			continue
 		}
 		st := &runtime.ContainerStatus{
@@ -100,13 +109,13 @@ func (c *Client) PodStatus(ctx context.Context, pod *runtime.Pod) (*runtime.PodS
 			Message:    s.Message,
 		}
 		if st.ID == "" {
-			st.ID = ct.ID
+			st.ID = cts[i].ID
 		}
 		if st.Name == "" {
 			st.Name = s.GetLabels()[runtime.LabelContainerName]
 		}
 		if st.Name == "" {
-			st.Name = ct.Name
+			st.Name = cts[i].Name
 		}
 		ps.ContainerStatuses = append(ps.ContainerStatuses, st)
 	}
@@ -114,6 +123,48 @@ func (c *Client) PodStatus(ctx context.Context, pod *runtime.Pod) (*runtime.PodS
 		return ps.ContainerStatuses[i].CreatedAt.After(ps.ContainerStatuses[j].CreatedAt)
 	})
 	return ps, nil
+}
+
+// each runs f(ctx, i) for every i in [0, n), at most c.statusConcurrency
+// at once (in order when 1), and returns the first error; the first error
+// cancels the calls still out.
+func (c *Client) each(ctx context.Context, n int, f func(context.Context, int) error) error {
+	if c.statusConcurrency <= 1 || n <= 1 {
+		for i := range n {
+			if err := f(ctx, i); err != nil {
+				return err
+			}
+		}
+		return nil
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	slots := make(chan struct{}, c.statusConcurrency)
+	var wg sync.WaitGroup
+	var once sync.Once
+	var first error
+	fail := func(err error) { once.Do(func() { first = err; cancel() }) }
+dispatch:
+	for i := range n {
+		select {
+		case slots <- struct{}{}:
+		case <-ctx.Done():
+			break dispatch
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer func() { <-slots }()
+			if err := f(ctx, i); err != nil {
+				fail(err)
+			}
+		}()
+	}
+	wg.Wait()
+	if first == nil && ctx.Err() != nil {
+		return context.Cause(ctx)
+	}
+	return first
 }
 
 func (c *Client) sandboxStatus(ctx context.Context, id string) (*runtimeapi.PodSandboxStatus, error) {

@@ -4,6 +4,8 @@ import (
 	"context"
 	"errors"
 	"reflect"
+	"sort"
+	"strings"
 	"testing"
 	"time"
 
@@ -129,7 +131,9 @@ func TestPodStatus(t *testing.T) {
 	}
 
 	_, _, sIDs, cIDs := f.recorded()
-	if !reflect.DeepEqual(sIDs, []string{"sb-old", "sb-new", "sb-gone"}) || !reflect.DeepEqual(cIDs, []string{"c1", "c-gone", "c2"}) {
+	sort.Strings(sIDs)
+	sort.Strings(cIDs)
+	if !reflect.DeepEqual(sIDs, []string{"sb-gone", "sb-new", "sb-old"}) || !reflect.DeepEqual(cIDs, []string{"c-gone", "c1", "c2"}) {
 		t.Errorf("status calls: sandboxes %v, containers %v", sIDs, cIDs)
 	}
 	if sl, cl, _, _ := f.recorded(); len(sl)+len(cl) != 0 {
@@ -326,5 +330,48 @@ func TestStatusErrors(t *testing.T) {
 	}
 	if got := testutil.ToFloat64(m.RuntimeOperationErrors.WithLabelValues(metrics.OpStatus)); got != 1 {
 		t.Errorf("status errors = %v, want 1", got)
+	}
+}
+
+// With a status concurrency of 1, a pod's calls are made one after another,
+// sandboxes first, in listing order, as the kubelet does.
+func TestPodStatusSerialOrder(t *testing.T) {
+	f := &fakeCRI{}
+	f.sandboxStatus = func(context.Context, *runtimeapi.PodSandboxStatusRequest) (*runtimeapi.PodSandboxStatusResponse, error) {
+		return nil, status.Error(codes.NotFound, "gone")
+	}
+	f.containerStatus = func(context.Context, *runtimeapi.ContainerStatusRequest) (*runtimeapi.ContainerStatusResponse, error) {
+		return nil, status.Error(codes.NotFound, "gone")
+	}
+	c := f.start(t, WithStatusConcurrency(1))
+	_, _ = c.PodStatus(context.Background(), &runtime.Pod{UID: "u",
+		Sandboxes:  []*runtime.Container{{ID: "s1"}, {ID: "s2"}},
+		Containers: []*runtime.Container{{ID: "c1"}, {ID: "c2"}, {ID: "c3"}}})
+	_, _, sIDs, cIDs := f.recorded()
+	if !reflect.DeepEqual(sIDs, []string{"s1", "s2"}) || !reflect.DeepEqual(cIDs, []string{"c1", "c2", "c3"}) {
+		t.Fatalf("calls %v %v", sIDs, cIDs)
+	}
+}
+
+// Concurrent calls stop at the first real error: the calls still out are
+// cancelled and PodStatus returns that error.
+func TestPodStatusConcurrentError(t *testing.T) {
+	f := &fakeCRI{}
+	f.containerStatus = func(ctx context.Context, r *runtimeapi.ContainerStatusRequest) (*runtimeapi.ContainerStatusResponse, error) {
+		if r.ContainerId == "bad" {
+			return nil, status.Error(codes.Internal, "boom")
+		}
+		<-ctx.Done() // the others hang until cancelled
+		return nil, ctx.Err()
+	}
+	c := f.start(t, WithStatusConcurrency(4), WithTimeout(time.Minute))
+	start := time.Now()
+	_, err := c.PodStatus(context.Background(), &runtime.Pod{UID: "u",
+		Containers: []*runtime.Container{{ID: "slow1"}, {ID: "bad"}, {ID: "slow2"}}})
+	if status.Code(errors.Unwrap(err)) != codes.Internal || !strings.Contains(err.Error(), `ContainerStatus "bad"`) {
+		t.Fatalf("err %v", err)
+	}
+	if time.Since(start) > 10*time.Second {
+		t.Fatal("the hung calls were not cancelled")
 	}
 }
