@@ -87,7 +87,11 @@ func runDiagnose(cmd *cobra.Command, rf *runtimeFlags, of *outputFlag, o *diagno
 	ctx, stop := signalContext(cmd)
 	defer stop()
 
-	client, err := cri.Dial(rf.endpoint, cri.WithTimeout(o.probeTimeout), cri.WithLogger(logr.Discard()))
+	// Each call bounded by the probe timeout, and a pod's calls one after
+	// another, sandboxes first, stopping at the first failure: the
+	// kubelet's order, so that the calls made are the ones it would make.
+	client, err := cri.Dial(rf.endpoint, cri.WithTimeout(o.probeTimeout), cri.WithStatusConcurrency(1),
+		cri.WithLogger(logr.Discard()))
 	if err != nil {
 		return usageErrorf("invalid --container-runtime-endpoint %q: %v", rf.endpoint, trimEndpointPrefix(err, rf.endpoint))
 	}

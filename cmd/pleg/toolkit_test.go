@@ -20,6 +20,8 @@ import (
 	"testing"
 	"time"
 
+	"go.yaml.in/yaml/v3"
+
 	"github.com/podlifecycle/pleg/internal/diagnose"
 	"github.com/podlifecycle/pleg/internal/httpapi"
 	"github.com/podlifecycle/pleg/runtime/sim"
@@ -406,5 +408,75 @@ func TestDiagnoseUnreachable(t *testing.T) {
 	stdout, _, code := runTool(t, "diagnose", "-r", "unix://"+sock, "--probe-timeout", "1s")
 	if code != 1 || !strings.Contains(stdout, "relist fails: ListPodSandbox") {
 		t.Errorf("exit code %d:\n%s", code, stdout)
+	}
+}
+
+// TestDeployArgsAreRealFlags: the commands the deploy files run parse with
+// the real command line.
+func TestDeployArgsAreRealFlags(t *testing.T) {
+	parse := func(where string, args []string) {
+		t.Helper()
+		root := newRootCmd()
+		cmd, rest, err := root.Find(args)
+		if err != nil || cmd == root {
+			t.Errorf("%s: no command in %v: %v", where, args, err)
+			return
+		}
+		if err := cmd.ParseFlags(rest); err != nil {
+			t.Errorf("%s: pleg %s: %v", where, strings.Join(args, " "), err)
+		}
+		if extra := cmd.Flags().Args(); len(extra) > 0 {
+			t.Errorf("%s: stray arguments %v", where, extra)
+		}
+	}
+
+	b, err := os.ReadFile("../../deploy/kubernetes/pleg.yaml")
+	if err != nil {
+		t.Fatal(err)
+	}
+	dec := yaml.NewDecoder(bytes.NewReader(b))
+	found := false
+	for {
+		var doc struct {
+			Kind string `yaml:"kind"`
+			Spec struct {
+				Template struct {
+					Spec struct {
+						Containers []struct {
+							Args []string `yaml:"args"`
+						} `yaml:"containers"`
+					} `yaml:"spec"`
+				} `yaml:"template"`
+			} `yaml:"spec"`
+		}
+		if err := dec.Decode(&doc); err != nil {
+			break
+		}
+		if doc.Kind == "DaemonSet" {
+			found = true
+			parse("the DaemonSet", doc.Spec.Template.Spec.Containers[0].Args)
+		}
+	}
+	if !found {
+		t.Fatal("no DaemonSet in deploy/kubernetes/pleg.yaml")
+	}
+
+	b, err = os.ReadFile("../../deploy/npd/pleg-plugin-monitor.json")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var npd struct {
+		Rules []struct {
+			Args []string `json:"args"`
+		} `json:"rules"`
+	}
+	if err := json.Unmarshal(b, &npd); err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range npd.Rules {
+		parse("the NPD plugin", r.Args)
+		if u, ok := strings.CutPrefix(r.Args[1], "--url="); !ok || u != defaultDaemonURL("/readyz") {
+			t.Errorf("the NPD plugin checks %q, want the daemon's default %s", r.Args[1], defaultDaemonURL("/readyz"))
+		}
 	}
 }

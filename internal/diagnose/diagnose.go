@@ -61,9 +61,11 @@ type Options struct {
 	// hanging call costs its relist. Default 2m.
 	RequestTimeout time.Duration
 	// ProbeTimeout is how long a call may take before it is reported as
-	// hanging. The runtime client should bound every call by it (for the
-	// CRI client: cri.WithTimeout(ProbeTimeout)); Run also bounds each
-	// pod's inspection by it, as a safety net. Default 5s.
+	// hanging. The runtime client should bound every call by it and make a
+	// pod's calls one after another, stopping at the first failure, as the
+	// kubelet does (for the CRI client: cri.WithTimeout(ProbeTimeout) and
+	// cri.WithStatusConcurrency(1)); Run also bounds each pod's inspection
+	// by it, as a safety net. Default 5s.
 	ProbeTimeout time.Duration
 	// Threshold is the PLEG health threshold. Default 3m.
 	Threshold time.Duration

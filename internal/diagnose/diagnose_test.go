@@ -22,7 +22,8 @@ import (
 )
 
 // serveSim serves a simulated runtime and returns it with a CRI client whose
-// calls are bounded by probe, as `pleg diagnose` dials it.
+// calls are bounded by probe and made one after another, as `pleg diagnose`
+// dials it.
 func serveSim(t *testing.T, cfg sim.Config, probe time.Duration) (*sim.Runtime, *cri.Client) {
 	t.Helper()
 	s := sim.New(cfg)
@@ -30,7 +31,7 @@ func serveSim(t *testing.T, cfg sim.Config, probe time.Duration) (*sim.Runtime, 
 		t.Fatal(err)
 	}
 	t.Cleanup(s.Stop)
-	c, err := cri.Dial(s.Endpoint(), cri.WithTimeout(probe))
+	c, err := cri.Dial(s.Endpoint(), cri.WithTimeout(probe), cri.WithStatusConcurrency(1))
 	if err != nil {
 		t.Fatal(err)
 	}
