@@ -357,10 +357,19 @@ func TestDashboardInBrowser(t *testing.T) {
 	if err := d.sim.ExitContainer(victim.Containers[0].ID, 1); err != nil {
 		t.Fatal(err)
 	}
+	// The call it is stuck in, with the ID of the pod's sandbox or
+	// container it is about (the client may fetch them in parallel).
+	ids := []string{victim.SandboxID()[:13]}
+	for _, id := range victim.ContainerIDs() {
+		ids = append(ids, id[:13])
+	}
 	p.waitFor("the hung pod among the slow pods", fmt.Sprintf(`(() => {
 		const row = document.querySelector('#slow tr[data-pod=%s]');
-		return !!row && row.textContent.includes('PodSandboxStatus') && row.textContent.includes(%s);
-	})()`, jsString(ref), jsString(victim.SandboxID()[:12])))
+		if (!row) return false;
+		const call = row.children[1].textContent;
+		return /^(PodSandboxStatus|ContainerStatus) "[0-9a-f]{13}…"$/.test(call) &&
+			%s.some((id) => call.includes(id));
+	})()`, jsString(ref), mustJSON(ids)))
 	if got := p.text("stat-slow"); got != "1" {
 		t.Errorf("slow pods tile = %q", got)
 	}
