@@ -113,9 +113,9 @@ func runCheck(cmd *cobra.Command, rf *runtimeFlags, o *checkOptions) error {
 	case checkOK:
 		return nil
 	case checkProblem:
-		return exitCodeError{code: checkProblem, err: errors.New("check: problem (exit code 1)")}
+		return exitCodeError{code: checkProblem} // the line above says why
 	default:
-		return exitCodeError{code: checkUnknown, err: errors.New("check: unknown (exit code 2)")}
+		return exitCodeError{code: checkUnknown}
 	}
 }
 

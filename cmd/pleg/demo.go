@@ -18,6 +18,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/podlifecycle/pleg"
+	"github.com/podlifecycle/pleg/internal/dashboard"
 	"github.com/podlifecycle/pleg/internal/httpapi"
 	"github.com/podlifecycle/pleg/runtime/sim"
 )
@@ -151,7 +152,7 @@ func runDemo(cmd *cobra.Command, rf *runtimeFlags, lf *listenFlags, scenario str
 		return fmt.Errorf("cannot listen on --listen-address %s: %w", lf.address, err)
 	}
 	srv := httpapi.New(httpapi.Config{Generator: d.gen, Readiness: d.ready, Gatherer: d.reg, Logger: d.log.WithName("http")})
-	mountDashboard(srv)
+	srv.Handle("/", dashboard.Handler())
 
 	view := &demoView{scenario: sc, endpoint: node.Endpoint(), url: "http://" + ln.Addr().String(),
 		logPath: logPath, gen: d.gen, ready: d.ready, node: node, start: time.Now(), out: cmd.OutOrStdout()}
@@ -174,9 +175,6 @@ func runDemo(cmd *cobra.Command, rf *runtimeFlags, lf *listenFlags, scenario str
 	}
 	return nil
 }
-
-// mountDashboard is replaced by the dashboard's wiring when it is built in.
-var mountDashboard = func(*httpapi.Server) {}
 
 // quietKlog sends every log line, errors included, to w only.
 func quietKlog(w io.Writer) {

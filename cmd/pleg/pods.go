@@ -17,16 +17,10 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/podlifecycle/pleg/internal/dashboard"
 	"github.com/podlifecycle/pleg/internal/httpapi"
 )
 
-func init() {
-	register(newPodsCmd)
-	// The daemon's web page shows the same cache, live: serve it on "/" of
-	// every command that calls mountDashboard (pleg demo, pleg run).
-	mountDashboard = func(s *httpapi.Server) { s.Handle("/", dashboard.Handler()) }
-}
+func init() { register(newPodsCmd) }
 
 // truncatedIDLen is how many characters of an ID crictl shows.
 const truncatedIDLen = 13

@@ -59,12 +59,15 @@ func execute(args []string) int {
 	if err == nil {
 		return 0
 	}
+	var ce exitCodeError
+	if errors.As(err, &ce) && ce.err == nil {
+		return ce.code // the command said all it had to say
+	}
 	fmt.Fprintf(os.Stderr, "pleg: %v\n", err)
 	var ue usageError
 	if errors.As(err, &ue) || isCobraUsageError(err) {
 		return 2
 	}
-	var ce exitCodeError
 	if errors.As(err, &ce) {
 		return ce.code
 	}
@@ -77,7 +80,12 @@ type exitCodeError struct {
 	err  error
 }
 
-func (e exitCodeError) Error() string { return e.err.Error() }
+func (e exitCodeError) Error() string {
+	if e.err == nil {
+		return fmt.Sprintf("exit status %d", e.code)
+	}
+	return e.err.Error()
+}
 func (e exitCodeError) Unwrap() error { return e.err }
 
 func isCobraUsageError(err error) bool {

@@ -7,6 +7,7 @@ import (
 
 	"github.com/spf13/cobra"
 
+	"github.com/podlifecycle/pleg/internal/dashboard"
 	"github.com/podlifecycle/pleg/internal/httpapi"
 )
 
@@ -26,6 +27,8 @@ keeps the pod status cache fresh and serves on --listen-address:
   GET /metrics         Prometheus metrics with the kubelet's names
   GET /api/v1/pods     the pod status cache as JSON
   GET /api/v1/events   lifecycle events as Server-Sent Events
+  GET /api/v1/relists  the recent relists (durations, pods inspected)
+  GET /                a live dashboard
 
 A runtime that is down at start or restarts later is retried on every relist
 forever; /healthz and /readyz say why meanwhile. With -v=2 every event is
@@ -67,6 +70,7 @@ func runDaemon(cmd *cobra.Command, rf *runtimeFlags, lf *listenFlags) error {
 		Gatherer:  d.reg,
 		Logger:    d.log.WithName("http"),
 	})
+	srv.Handle("/", dashboard.Handler())
 	// The one startup line; tests and scripts read the URL from it (the
 	// port is only known here when --listen-address has port 0).
 	d.log.Info("listening on http://"+ln.Addr().String(), "endpoint", rf.endpoint,
