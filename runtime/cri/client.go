@@ -128,13 +128,14 @@ func Dial(endpoint string, opts ...Option) (*Client, error) {
 			grpc.MaxCallRecvMsgSize(maxMsgSize),
 			grpc.MaxCallSendMsgSize(maxMsgSize),
 		),
-		// Reconnect soon after a runtime restart.
+		// Reconnect soon after a runtime restart: dialing a local socket
+		// is cheap, so retry within a second at most.
 		grpc.WithConnectParams(grpc.ConnectParams{
 			Backoff: backoff.Config{
-				BaseDelay:  time.Second,
+				BaseDelay:  100 * time.Millisecond,
 				Multiplier: 1.6,
 				Jitter:     0.2,
-				MaxDelay:   3 * time.Second,
+				MaxDelay:   time.Second,
 			},
 			MinConnectTimeout: 5 * time.Second,
 		}),
