@@ -123,6 +123,9 @@ func (g *Generator) watchEvents(ctx context.Context, src runtime.EventSource) {
 	failures := 0
 	rng := rand.New(rand.NewPCG(uint64(g.clock.Now().UnixNano()), 0x5eed))
 	loggedUnsupported := false
+	// A runtime that has streamed events has a stream: a later
+	// Unimplemented or quick close is a failure to retry, not a verdict.
+	hasStream := false
 	for ctx.Err() == nil {
 		g.setStream(func(s *EventStreamStatus) { s.State = StreamConnecting })
 		start := g.clock.Now()
@@ -144,8 +147,11 @@ func (g *Generator) watchEvents(ctx context.Context, src runtime.EventSource) {
 		if ctx.Err() != nil {
 			return
 		}
-		unsupported := errors.Is(err, runtime.ErrEventsUnsupported) ||
-			(events == 0 && !connectedAt.IsZero() && g.clock.Since(start) < streamClosesAtOnce)
+		if events > 0 || (!connectedAt.IsZero() && g.clock.Since(start) >= streamClosesAtOnce) {
+			hasStream = true
+		}
+		unsupported := !hasStream && (errors.Is(err, runtime.ErrEventsUnsupported) ||
+			(events == 0 && !connectedAt.IsZero() && g.clock.Since(start) < streamClosesAtOnce))
 		var wait time.Duration
 		if unsupported {
 			wait = streamUnsupportedWait

@@ -1,0 +1,271 @@
+package pleg_test
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"path/filepath"
+	"sort"
+	"testing"
+	"time"
+
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/podlifecycle/pleg"
+	"github.com/podlifecycle/pleg/runtime/cri"
+	"github.com/podlifecycle/pleg/runtime/sim"
+)
+
+// node is a generator against a simulated CRI runtime over real gRPC.
+type node struct {
+	sim *sim.Runtime
+	rt  *cri.Client
+	gen *pleg.Generator
+	sub *pleg.Subscription
+	// state is what the subscriber knows: container or sandbox ID to
+	// "running" or "exited", built only from what it was delivered.
+	state map[string]string
+}
+
+func startNode(t *testing.T, cfg sim.Config, opts pleg.Options) *node {
+	t.Helper()
+	s := sim.New(cfg)
+	if err := s.Serve(filepath.Join(t.TempDir(), "cri.sock")); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(s.Stop)
+	rt, err := cri.Dial(s.Endpoint(), cri.WithTimeout(5*time.Second))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { rt.Close() })
+	opts.Runtime = rt
+	g, err := pleg.New(opts)
+	if err != nil {
+		t.Fatal(err)
+	}
+	n := &node{sim: s, rt: rt, gen: g, sub: g.Subscribe(), state: map[string]string{}}
+	g.Start()
+	t.Cleanup(g.Stop)
+	return n
+}
+
+// drain applies every update delivered so far.
+func (n *node) drain(t *testing.T) {
+	t.Helper()
+	for {
+		ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
+		u, err := n.sub.Next(ctx)
+		cancel()
+		if errors.Is(err, context.DeadlineExceeded) {
+			return
+		}
+		if err != nil {
+			t.Fatal(err)
+		}
+		if u.Resync {
+			clear(n.state)
+			for _, p := range u.Pods {
+				for _, c := range p.Containers {
+					if c.State != "unknown" {
+						n.state[c.ID] = c.State
+					}
+				}
+			}
+			continue
+		}
+		switch e := u.Event; e.Type {
+		case pleg.ContainerStarted:
+			n.state[e.ContainerID] = "running"
+		case pleg.ContainerDied:
+			n.state[e.ContainerID] = "exited"
+		case pleg.ContainerRemoved:
+			delete(n.state, e.ContainerID)
+		}
+	}
+}
+
+// settle waits for a global relist that starts after now, then drains.
+func (n *node) settle(t *testing.T) {
+	t.Helper()
+	after := time.Now()
+	deadline := time.Now().Add(10 * time.Second)
+	for {
+		rs := n.gen.RecentRelists()
+		if len(rs) > 0 && rs[len(rs)-1].Start.After(after) && rs[len(rs)-1].Err == "" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no successful relist after the changes")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	n.drain(t)
+}
+
+// truth is the runtime's state of every running or exited item (created
+// and unknown items have no delivered event, by the kubelet's rules).
+func (n *node) truth() map[string]string {
+	out := map[string]string{}
+	for _, p := range n.sim.Pods() {
+		for _, s := range p.Sandboxes {
+			switch s.State {
+			case runtimeapi.PodSandboxState_SANDBOX_READY:
+				out[s.ID] = "running"
+			case runtimeapi.PodSandboxState_SANDBOX_NOTREADY:
+				out[s.ID] = "exited"
+			}
+		}
+		for _, c := range p.Containers {
+			switch c.State {
+			case runtimeapi.ContainerState_CONTAINER_RUNNING:
+				out[c.ID] = "running"
+			case runtimeapi.ContainerState_CONTAINER_EXITED:
+				out[c.ID] = "exited"
+			}
+		}
+	}
+	return out
+}
+
+// check compares what the subscriber was told with the runtime's truth.
+func (n *node) check(t *testing.T) {
+	t.Helper()
+	truth := n.truth()
+	var diffs []string
+	for id, want := range truth {
+		if got := n.state[id]; got != want {
+			diffs = append(diffs, fmt.Sprintf("%.12s: told %q, runtime %q", id, got, want))
+		}
+	}
+	for id, got := range n.state {
+		if _, ok := truth[id]; !ok {
+			// Items now created or unknown in the runtime keep their last
+			// delivered state; anything else must be gone.
+			if _, exists := n.sim.Container(id); !exists && !n.isSandbox(id) {
+				diffs = append(diffs, fmt.Sprintf("%.12s: told %q, gone from the runtime", id, got))
+			}
+		}
+	}
+	sort.Strings(diffs)
+	if len(diffs) > 0 {
+		t.Fatalf("%d differences between the events and the runtime:\n%v", len(diffs), diffs)
+	}
+	if len(truth) == 0 {
+		t.Fatal("the runtime is empty: the check proves nothing")
+	}
+}
+
+func (n *node) isSandbox(id string) bool {
+	for _, p := range n.sim.Pods() {
+		for _, s := range p.Sandboxes {
+			if s.ID == id {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+var churn = sim.Config{Seed: 42, Pods: 20, ContainersPerPod: 3, ChurnPerStep: 6}
+
+// With or without runtime events, with every event dropped, a churning
+// node's subscribers end up told exactly the runtime's state: nothing
+// lost, nothing invented.
+func TestSimulatedNodeConverges(t *testing.T) {
+	for _, tc := range []struct {
+		name      string
+		events    pleg.EventsMode
+		dropRate  float64
+		disableEv bool
+	}{
+		{"events on", pleg.EventsOn, 0, false},
+		{"events off", pleg.EventsOff, 0, false},
+		{"events dropped", pleg.EventsAuto, 1, false},
+		{"runtime without events", pleg.EventsAuto, 0, true},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			cfg := churn
+			cfg.EventDropRate = tc.dropRate
+			cfg.DisableEvents = tc.disableEv
+			n := startNode(t, cfg, pleg.Options{RelistPeriod: 50 * time.Millisecond, Events: tc.events})
+			for range 15 {
+				n.sim.Step()
+				time.Sleep(10 * time.Millisecond)
+			}
+			n.settle(t)
+			n.check(t)
+			if tc.disableEv {
+				if s := n.gen.EventStream(); s.State != pleg.StreamUnsupported {
+					t.Fatalf("stream state %q, want unsupported", s.State)
+				}
+			}
+		})
+	}
+}
+
+// Runtime events alone deliver changes: with a relist period of an hour,
+// every change after the first relist arrives through the event stream.
+func TestEventsDeliverBetweenRelists(t *testing.T) {
+	n := startNode(t, churn, pleg.Options{RelistPeriod: time.Hour, Events: pleg.EventsOn})
+	waitUntil(t, func() bool { return n.gen.EventStream().State == pleg.StreamConnected && len(n.gen.RecentRelists()) == 1 })
+	n.drain(t)
+	for range 10 {
+		n.sim.Step()
+	}
+	waitUntil(t, func() bool {
+		n.drain(t)
+		return equal(n.state, n.truth())
+	})
+	if len(n.gen.RecentRelists()) != 1 {
+		t.Fatal("a global relist ran: the test proves nothing about events")
+	}
+}
+
+// The event stream survives the stream breaking and the runtime
+// restarting, and the node still converges.
+func TestEventStreamSurvivesRestarts(t *testing.T) {
+	n := startNode(t, churn, pleg.Options{RelistPeriod: 100 * time.Millisecond, Events: pleg.EventsOn})
+	waitUntil(t, func() bool { return n.gen.EventStream().State == pleg.StreamConnected })
+	n.sim.Step()
+	waitUntil(t, func() bool { return n.gen.EventStream().Events > 0 }, "no event through the stream")
+
+	n.sim.SetEvents(false) // the stream breaks
+	n.sim.Step()
+	waitUntil(t, func() bool { return n.gen.EventStream().State != pleg.StreamConnected }, "the stream did not break")
+	n.sim.SetEvents(true)
+	waitUntil(t, func() bool { s := n.gen.EventStream(); return s.State == pleg.StreamConnected && s.Connects >= 2 }, "reconnect after the stream broke: ", n.gen.EventStream())
+
+	n.sim.GoAway() // the runtime restarts
+	n.sim.Step()
+	if err := n.sim.ComeBack(); err != nil {
+		t.Fatal(err)
+	}
+	waitUntil(t, func() bool { s := n.gen.EventStream(); return s.State == pleg.StreamConnected && s.Connects >= 3 }, "reconnect after the restart: ", n.gen.EventStream())
+	n.sim.Step()
+	n.settle(t)
+	n.check(t)
+}
+
+func equal(a, b map[string]string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for k, v := range a {
+		if b[k] != v {
+			return false
+		}
+	}
+	return true
+}
+
+func waitUntil(t *testing.T, cond func() bool, what ...any) {
+	t.Helper()
+	deadline := time.Now().Add(15 * time.Second)
+	for !cond() {
+		if time.Now().After(deadline) {
+			t.Fatal("condition not reached", fmt.Sprint(what...))
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+}
