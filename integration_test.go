@@ -208,7 +208,9 @@ func TestSimulatedNodeConverges(t *testing.T) {
 // every change after the first relist arrives through the event stream.
 func TestEventsDeliverBetweenRelists(t *testing.T) {
 	n := startNode(t, churn, pleg.Options{RelistPeriod: time.Hour, Events: pleg.EventsOn})
-	waitUntil(t, func() bool { return n.gen.EventStream().State == pleg.StreamConnected && len(n.gen.RecentRelists()) == 1 })
+	waitUntil(t, func() bool {
+		return n.gen.EventStream().State == pleg.StreamConnected && len(n.gen.RecentRelists()) == 1
+	})
 	n.drain(t)
 	for range 10 {
 		n.sim.Step()
