@@ -133,24 +133,9 @@ func checkURL(raw, path string) (string, error) {
 
 // checkDaemon asks the daemon at u for its condition.
 func checkDaemon(ctx context.Context, u string, timeout time.Duration) (int, string) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
+	resp, err := daemonGet(ctx, u, "application/json, text/plain", timeout)
 	if err != nil {
-		return checkUnknown, fmt.Sprintf("cannot reach pleg at %s: %v", u, err)
-	}
-	req.Header.Set("Accept", "application/json, text/plain")
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		cause := err.Error()
-		var ue *url.Error
-		if errors.As(err, &ue) {
-			cause = ue.Err.Error()
-		}
-		if errors.Is(err, context.DeadlineExceeded) {
-			cause = fmt.Sprintf("no answer within %v", timeout)
-		} else if i := strings.LastIndex(cause, ": "); i >= 0 && strings.Contains(cause, "dial tcp") {
-			cause = cause[i+2:] // "connection refused"
-		}
-		return checkUnknown, fmt.Sprintf("cannot reach pleg at %s: %s", u, cause)
+		return checkUnknown, err.Error()
 	}
 	defer resp.Body.Close()
 	body, err := io.ReadAll(io.LimitReader(resp.Body, 1<<20))

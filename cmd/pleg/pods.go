@@ -5,11 +5,9 @@ import (
 	"cmp"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"net/http"
-	"net/url"
 	"slices"
 	"strings"
 	"text/tabwriter"
@@ -117,22 +115,9 @@ func runPods(cmd *cobra.Command, o *podsOptions, of *outputFlag) error {
 
 // fetchPods GETs the daemon's pod list.
 func fetchPods(ctx context.Context, u string, timeout time.Duration) ([]byte, error) {
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, u, nil)
+	resp, err := daemonGet(ctx, u, "application/json", timeout)
 	if err != nil {
 		return nil, err
-	}
-	req.Header.Set("Accept", "application/json")
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		cause := err.Error()
-		var ue *url.Error
-		if errors.As(err, &ue) {
-			cause = ue.Err.Error()
-		}
-		if errors.Is(err, context.DeadlineExceeded) {
-			cause = fmt.Sprintf("no answer within %v", timeout)
-		}
-		return nil, fmt.Errorf("cannot reach pleg at %s: %s", u, cause)
 	}
 	defer resp.Body.Close()
 	raw, err := io.ReadAll(io.LimitReader(resp.Body, 256<<20))
