@@ -105,68 +105,99 @@ func containerItem(ct *runtimeapi.Container) listed {
 }
 
 // group groups listed sandboxes and containers by pod UID; see ListPods.
+//
+// Each pod's items share one backing array of their own, so a pod record
+// the generator keeps for long pins only that pod's items, never a whole
+// listing.
 func (c *Client) group(sandboxes, containers []listed) []*runtime.Pod {
-	pods := make(map[types.UID]*runtime.Pod, len(sandboxes))
-	pod := func(uid types.UID) *runtime.Pod {
-		p, ok := pods[uid]
-		if !ok {
-			p = &runtime.Pod{UID: uid}
-			pods[uid] = p
-		}
-		return p
+	type build struct {
+		pod      *runtime.Pod
+		sbs, cts int
+		store    []runtime.Container
 	}
-	// One backing array for every item of the listing.
-	store := make([]runtime.Container, 0, len(sandboxes)+len(containers))
+	builds := make(map[string]*build, len(sandboxes))
+	var order []*build
+	find := func(it *listed) *build {
+		b := builds[it.uid]
+		if b == nil {
+			b = &build{pod: &runtime.Pod{UID: types.UID(it.uid)}}
+			builds[it.uid] = b
+			order = append(order, b)
+		}
+		if b.pod.Name == "" && b.pod.Namespace == "" {
+			b.pod.Name, b.pod.Namespace = it.podName, it.podNamespace
+		}
+		return b
+	}
+	// Pass 1: skip what cannot be grouped, count the rest per pod.
+	valid := make([]bool, len(sandboxes)+len(containers))
 	for i := range sandboxes {
 		s := &sandboxes[i]
 		switch {
 		case s.id == "":
 			c.log.V(4).Info("Skipping listed sandbox", "reason", "empty ID", "index", i)
-			continue
 		case !s.meta:
 			c.log.V(4).Info("Skipping listed sandbox", "reason", "no metadata", "sandboxID", s.id)
-			continue
 		case s.uid == "":
 			c.log.V(4).Info("Skipping listed sandbox", "reason", "empty pod UID in metadata", "sandboxID", s.id)
-			continue
+		default:
+			valid[i] = true
+			find(s).sbs++
 		}
-		p := pod(types.UID(s.uid))
-		if p.Name == "" && p.Namespace == "" {
-			p.Name, p.Namespace = s.podName, s.podNamespace
-		}
-		store = append(store, runtime.Container{ID: s.id, Name: s.podName, Attempt: s.attempt,
-			State: s.state, CreatedAt: s.createdAt})
-		p.Sandboxes = append(p.Sandboxes, &store[len(store)-1])
 	}
 	for i := range containers {
 		ct := &containers[i]
 		switch {
 		case ct.id == "":
 			c.log.V(4).Info("Skipping listed container", "reason", "empty ID", "index", i)
-			continue
 		case !ct.meta:
 			c.log.V(4).Info("Skipping listed container", "reason", "no metadata", "containerID", ct.id)
-			continue
 		case ct.uid == "":
 			c.log.V(4).Info("Skipping listed container", "reason", "no label "+runtime.LabelPodUID, "containerID", ct.id)
+		default:
+			valid[len(sandboxes)+i] = true
+			find(ct).cts++
+		}
+	}
+	for _, b := range order {
+		b.store = make([]runtime.Container, 0, b.sbs+b.cts)
+		ptrs := make([]*runtime.Container, b.sbs+b.cts)
+		if b.sbs > 0 {
+			b.pod.Sandboxes = ptrs[:0:b.sbs]
+		}
+		if b.cts > 0 {
+			b.pod.Containers = ptrs[b.sbs:b.sbs:len(ptrs)]
+		}
+	}
+	// Pass 2: fill each pod's own array.
+	for i := range sandboxes {
+		if !valid[i] {
 			continue
 		}
-		p := pod(types.UID(ct.uid))
-		if p.Name == "" && p.Namespace == "" {
-			p.Name, p.Namespace = ct.podName, ct.podNamespace
+		s := &sandboxes[i]
+		b := builds[s.uid]
+		b.store = append(b.store, runtime.Container{ID: s.id, Name: s.podName, Attempt: s.attempt,
+			State: s.state, CreatedAt: s.createdAt})
+		b.pod.Sandboxes = append(b.pod.Sandboxes, &b.store[len(b.store)-1])
+	}
+	for i := range containers {
+		if !valid[len(sandboxes)+i] {
+			continue
 		}
+		ct := &containers[i]
+		b := builds[ct.uid]
 		name := ct.name
 		if name == "" {
 			name = ct.labelName
 		}
-		store = append(store, runtime.Container{ID: ct.id, Name: name, Attempt: ct.attempt,
+		b.store = append(b.store, runtime.Container{ID: ct.id, Name: name, Attempt: ct.attempt,
 			State: ct.state, Image: ct.image, CreatedAt: ct.createdAt})
-		p.Containers = append(p.Containers, &store[len(store)-1])
+		b.pod.Containers = append(b.pod.Containers, &b.store[len(b.store)-1])
 	}
 
-	out := make([]*runtime.Pod, 0, len(pods))
-	for _, p := range pods {
-		out = append(out, p)
+	out := make([]*runtime.Pod, len(order))
+	for i, b := range order {
+		out[i] = b.pod
 	}
 	sort.Slice(out, func(i, j int) bool { return out[i].UID < out[j].UID })
 	return out
