@@ -117,6 +117,10 @@ type InspectionTimeoutError struct {
 	StillRunning bool
 }
 
+// Call returns the CRI method name of the outstanding call, e.g.
+// "ContainerStatus".
+func (e *InspectionTimeoutError) Call() string { return callName(e.Operation) }
+
 func (e *InspectionTimeoutError) Error() string {
 	call := callName(e.Operation)
 	if e.ID != "" {

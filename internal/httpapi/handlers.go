@@ -130,8 +130,21 @@ type Pod struct {
 	Sandboxes  []Sandbox   `json:"sandboxes"`
 	Containers []Container `json:"containers"`
 	// Error is the error of the inspection that produced this entry.
-	Error      string `json:"error,omitempty"`
-	ObservedAt string `json:"observedAt,omitempty"`
+	Error string `json:"error,omitempty"`
+	// SlowInspection is set when that error is a pod inspection timeout.
+	SlowInspection *SlowInspection `json:"slowInspection,omitempty"`
+	ObservedAt     string          `json:"observedAt,omitempty"`
+}
+
+// SlowInspection describes a pod whose inspection exceeded the pod
+// inspection timeout: the runtime call it was stuck in and for how long.
+type SlowInspection struct {
+	Call          string  `json:"call"` // e.g. ContainerStatus
+	ID            string  `json:"id,omitempty"`
+	WaitedSeconds float64 `json:"waitedSeconds"`
+	// StillRunning: an earlier inspection has not returned yet, so no new
+	// call was made.
+	StillRunning bool `json:"stillRunning,omitempty"`
 }
 
 // Sandbox is one pod sandbox of a Pod.
@@ -183,6 +196,11 @@ func PodsFromCache(entries []podcache.Entry) []Pod {
 			IPs: nonNil(st.IPs), Sandboxes: []Sandbox{}, Containers: []Container{}}
 		if e.Err != nil {
 			p.Error = e.Err.Error()
+			var te *pleg.InspectionTimeoutError
+			if errors.As(e.Err, &te) {
+				p.SlowInspection = &SlowInspection{Call: te.Call(), ID: te.ID,
+					WaitedSeconds: te.Waited.Seconds(), StillRunning: te.StillRunning}
+			}
 		}
 		if !e.Modified.IsZero() {
 			p.ObservedAt = formatTime(e.Modified)

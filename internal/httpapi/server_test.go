@@ -18,6 +18,7 @@ import (
 
 	"github.com/podlifecycle/pleg"
 	"github.com/podlifecycle/pleg/metrics"
+	"github.com/podlifecycle/pleg/podcache"
 	"github.com/podlifecycle/pleg/runtime"
 )
 
@@ -511,5 +512,14 @@ func TestRelists(t *testing.T) {
 	}
 	if _, err := time.Parse(time.RFC3339Nano, first.Start); err != nil {
 		t.Fatal(err)
+	}
+}
+
+func TestPodsSlowInspection(t *testing.T) {
+	te := &pleg.InspectionTimeoutError{Pod: "ns/db", UID: "u", Operation: "container_status", ID: "c1", Waited: 10 * time.Second}
+	pods := PodsFromCache([]podcache.Entry{{Status: &runtime.PodStatus{UID: "u", Name: "db", Namespace: "ns"}, Err: te}})
+	want := &SlowInspection{Call: "ContainerStatus", ID: "c1", WaitedSeconds: 10}
+	if len(pods) != 1 || !reflect.DeepEqual(pods[0].SlowInspection, want) || pods[0].Error != te.Error() {
+		t.Fatalf("%+v", pods)
 	}
 }

@@ -246,7 +246,12 @@ const timeoutRE = /^inspection of pod "([^"]*)" (?:exceeded the pod inspection t
 
 // slowInfo tells whether a cached error is an inspection timeout, and what
 // the inspection is stuck in.
-function slowInfo(err) {
+function slowInfo(err, slow) {
+  if (slow) {
+    const call = slow.id ? `${slow.call} "${slow.id}"` : slow.call;
+    const ms = Math.round(slow.waitedSeconds * 1000);
+    return { call: call, waited: slow.waitedSeconds, waitedText: ms >= 1000 ? `${(ms / 1000).toFixed(1)}s` : `${ms}ms` };
+  }
   const m = timeoutRE.exec(err || '');
   if (!m) return null;
   const waited = m[2] !== undefined ? m[2] : m[4];
@@ -323,7 +328,7 @@ function renderPods() {
 function renderSlow() {
   const rows = [];
   for (const p of state.pods) {
-    const s = slowInfo(p.error);
+    const s = slowInfo(p.error, p.slowInspection);
     if (!s) continue;
     rows.push(el('tr', { cls: 'problem', data: { pod: `${p.podNamespace}/${p.podName}` } },
       el('td', {}, el('div', { text: `${p.podNamespace}/${p.podName}` }), el('div', { cls: 'mono muted', text: p.podUID })),
