@@ -29,6 +29,22 @@
 // --runtime-request-timeout, 2m by default) each time it is made. The
 // kubelet's PLEG turns unhealthy when the time between two relist starts
 // (the relist plus the relist period) exceeds the threshold (3m).
+//
+// # The shim probe
+//
+// On containerd 2.x the calls above are answered from containerd's memory
+// and never reach a pod's shim, so a shim that stops answering shows only
+// indirectly: a call waiting on it (UpdateContainerResources, say) holds
+// its container's status lock, and that container's ContainerStatus and
+// the node-wide ListContainers wait for the lock. The relist then fails at
+// ListContainers, which names no pod. So when a list call hangs while
+// ListPodSandbox answers, Run makes one call more than the kubelet does: a
+// verbose PodSandboxStatus (`crictl inspectp`) of every sandbox, which asks
+// the shim for its task's status. The sandboxes whose verbose status does
+// not answer within the probe timeout are reported as stuck shims, and the
+// first of them is named as the cause's pod. Options.ProbeShims makes the
+// same probe on every diagnosis. The probe needs Options.Endpoint (it
+// dials a connection of its own) and takes at most three probe timeouts.
 package diagnose
 
 import (
@@ -55,7 +71,9 @@ const (
 
 // Options configure Run.
 type Options struct {
-	// Endpoint names the runtime in the report.
+	// Endpoint names the runtime in the report. The shim probe dials it
+	// (a unix socket: "unix:///path", "unix:/path" or "/path"); without
+	// it no shim is probed.
 	Endpoint string
 	// RequestTimeout is the kubelet's --runtime-request-timeout: what one
 	// hanging call costs its relist. Default 2m.
@@ -72,8 +90,13 @@ type Options struct {
 	// RelistPeriod is the time between the end of a relist and the start
 	// of the next. Default 1s.
 	RelistPeriod time.Duration
-	// MaxParallel bounds how many pods are probed at once. Default 8.
+	// MaxParallel bounds how many pods (and, in the shim probe, sandboxes)
+	// are probed at once. Default 8.
 	MaxParallel int
+	// ProbeShims makes the shim probe (a verbose PodSandboxStatus of every
+	// sandbox, a call the kubelet does not make) on every diagnosis, not
+	// only when a list call hangs.
+	ProbeShims bool
 }
 
 func (o *Options) setDefaults() {
@@ -131,6 +154,13 @@ type Report struct {
 	Estimate Estimate    `json:"estimate"`
 	// Healthy is true when the estimated relist keeps PLEG healthy.
 	Healthy bool `json:"healthy"`
+	// ShimProbe reports the shim probe: a verbose PodSandboxStatus of
+	// every sandbox, beyond the kubelet's calls (absent when not made; see
+	// the package documentation).
+	ShimProbe *ShimProbe `json:"shimProbe,omitempty"`
+	// StuckShims are the sandboxes whose shim does not answer, ready
+	// sandboxes first (absent when there are none).
+	StuckShims []StuckShim `json:"stuckShims,omitempty"`
 	// Cause names the call that makes the relist slow or fail, or, on a
 	// healthy node, the worst problem found (absent when there is none).
 	Cause *Cause `json:"cause,omitempty"`
@@ -259,7 +289,9 @@ type Estimate struct {
 
 // Cause is the call to blame.
 type Cause struct {
-	// Pod is "namespace/name" (absent for a list call).
+	// Pod is "namespace/name". For a list call it is the first pod whose
+	// shim does not answer, when the shim probe found one (absent
+	// otherwise).
 	Pod    string `json:"pod,omitempty"`
 	PodUID string `json:"podUID,omitempty"`
 	Call   string `json:"call"`
@@ -314,10 +346,15 @@ func Run(ctx context.Context, rt runtime.Runtime, opts Options) (*Report, error)
 	if list.Error == "" {
 		r.Pods = d.inspectAll(ctx, pods)
 	}
+	r.ShimProbe, r.StuckShims = d.probeShims(ctx, pods, list)
 	d.estimate(r)
 	r.TookSeconds = time.Since(start).Seconds()
 	if err := ctx.Err(); err != nil {
 		return r, err
+	}
+	if dl, ok := ctx.Deadline(); ok && !time.Now().Before(dl) {
+		// Past the deadline, its timer not yet run.
+		return r, context.DeadlineExceeded
 	}
 	return r, nil
 }

@@ -179,6 +179,10 @@ func TestUnreachableRuntime(t *testing.T) {
 	if r.Healthy || !r.Estimate.ListFails || r.List.Error == "" || r.Runtime == nil || r.Runtime.Error == "" {
 		t.Errorf("report = %+v", r)
 	}
+	// ListPodSandbox failed: no sandbox to probe the shim of.
+	if r.ShimProbe != nil || r.StuckShims != nil {
+		t.Errorf("shim probe %+v, stuck shims %v, want none", r.ShimProbe, r.StuckShims)
+	}
 	if !strings.HasPrefix(r.Verdict, "relist fails: ListPodSandbox") ||
 		!strings.HasSuffix(r.Verdict, "so PLEG turns unhealthy 3m0s after its last successful relist") {
 		t.Errorf("verdict = %q", r.Verdict)
@@ -286,7 +290,8 @@ func TestHungListingIgnoringContext(t *testing.T) {
 		t.Errorf("took %v", took)
 	}
 	want := "relist fails: ListPods hangs (no answer within 100ms; the kubelet gives up after the 2m0s runtime request timeout), so PLEG turns unhealthy 3m0s after its last successful relist"
-	if r.Verdict != want || r.Healthy || r.Estimate.HungCalls != 1 || r.Estimate.RelistSeconds != 120 {
+	// No ListPodSandbox seen to answer (nor an endpoint): no shim probe.
+	if r.Verdict != want || r.Healthy || r.Estimate.HungCalls != 1 || r.Estimate.RelistSeconds != 120 || r.ShimProbe != nil {
 		t.Errorf("verdict = %q (estimate %+v), want %q", r.Verdict, r.Estimate, want)
 	}
 }

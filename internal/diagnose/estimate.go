@@ -40,8 +40,35 @@ func (d *diagnoser) estimate(r *Report) {
 	r.Cause, r.Verdict = d.verdict(r)
 }
 
-// verdict returns the cause to blame and one plain sentence.
+// verdict returns the cause to blame and one plain sentence: the relist's
+// verdict, with the stuck shims the shim probe found, if any.
 func (d *diagnoser) verdict(r *Report) (*Cause, string) {
+	cause, msg := d.relistVerdict(r)
+	note := shimNote(r.StuckShims)
+	if note == "" {
+		return cause, msg
+	}
+	s := r.StuckShims[0]
+	switch {
+	case r.Estimate.ListFails:
+		// The listing hangs and names no pod: name the stuck shim's.
+		if cause != nil && cause.Pod == "" {
+			cause.Pod, cause.PodUID = s.Pod, s.PodUID
+		}
+		return cause, msg + "; " + note + ": a call waiting on a stuck shim while holding a container's lock is the usual cause"
+	case cause == nil:
+		// Healthy, and nothing else wrong: the kubelet's calls do not
+		// reach the shim, but its pod's task calls (stop, exec, resource
+		// updates) hang.
+		return &Cause{Pod: s.Pod, PodUID: s.PodUID, Call: "PodSandboxStatus", ID: s.SandboxID, Hung: true, Error: s.Error},
+			msg + ", but " + note
+	}
+	return cause, msg + "; " + note
+}
+
+// relistVerdict returns the cause to blame for the relist and one plain
+// sentence.
+func (d *diagnoser) relistVerdict(r *Report) (*Cause, string) {
 	e := r.Estimate
 	threshold := d.opts.Threshold
 	if e.ListFails {

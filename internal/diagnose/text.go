@@ -67,6 +67,9 @@ func WriteText(w io.Writer, r *Report, o TextOptions) error {
 		lc = append(lc, s)
 	}
 	fmt.Fprintf(tw, "Listing:\t%s\n", strings.Join(lc, ", "))
+	if r.ShimProbe != nil {
+		fmt.Fprintf(tw, "Shims:\t%s\n", shimLine(r))
+	}
 	if err := tw.Flush(); err != nil {
 		return err
 	}
@@ -127,6 +130,10 @@ func WriteText(w io.Writer, r *Report, o TextOptions) error {
 			problems = append(problems, fmt.Sprintf("  pod %s: %s failed: %s", p.Ref(), call, c.Error))
 		}
 	}
+	for _, s := range r.StuckShims {
+		problems = append(problems, fmt.Sprintf("  pod %s: its shim does not answer: verbose PodSandboxStatus hung (no answer within %v); try: crictl inspectp %s",
+			s.Pod, seconds(r.Settings.ProbeTimeoutSeconds), s.SandboxID))
+	}
 	if len(problems) > 0 {
 		b.WriteString("\nProblems:\n")
 		b.WriteString(strings.Join(problems, "\n"))
@@ -158,6 +165,34 @@ func WriteText(w io.Writer, r *Report, o TextOptions) error {
 	b.WriteString("\n" + r.Verdict + "\n")
 	_, err := io.WriteString(w, b.String())
 	return err
+}
+
+// shimLine tells what the shim probe found.
+func shimLine(r *Report) string {
+	sp := r.ShimProbe
+	why := "as asked"
+	if sp.Reason == ShimProbeListHung {
+		why = "because the listing hung"
+		if c := lastFailed(r.List.Calls); c != nil {
+			why = "because " + c.Call + " hung"
+		}
+	}
+	head := fmt.Sprintf("verbose PodSandboxStatus (crictl inspectp; not a kubelet call) of every sandbox, %s", why)
+	if sp.Sandboxes == 0 && sp.Error != "" {
+		return fmt.Sprintf("%s: not made: %s", head, sp.Error)
+	}
+	parts := []string{fmt.Sprintf("%d %s do not answer", sp.Stuck, plural(sp.Stuck, "shim", "shims")),
+		fmt.Sprintf("%d answered", sp.Answered)}
+	if sp.Stuck == 1 {
+		parts[0] = "1 shim does not answer"
+	}
+	if sp.Failed > 0 {
+		parts = append(parts, fmt.Sprintf("%d failed (%s)", sp.Failed, sp.Error))
+	}
+	if sp.Skipped > 0 {
+		parts = append(parts, fmt.Sprintf("%d not probed in time", sp.Skipped))
+	}
+	return fmt.Sprintf("%s: %d %s: %s", head, sp.Sandboxes, plural(sp.Sandboxes, "sandbox", "sandboxes"), strings.Join(parts, ", "))
 }
 
 // states formats counts by state: " (3 running, 1 exited)".

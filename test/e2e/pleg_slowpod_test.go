@@ -19,7 +19,9 @@ package e2e
 // containerd cannot be made to hang one pod's status calls alone: when they
 // hang, the node's listing hangs with them, and a relist fails before it
 // inspects any pod (containerd/containerd#9770 describes the same lock
-// behind "PLEG is not healthy").
+// behind "PLEG is not healthy"). `pleg diagnose` then makes one call the
+// kubelet does not: a verbose PodSandboxStatus of every sandbox, which
+// finds the pod whose shim does not answer.
 
 import (
 	"bytes"
@@ -54,9 +56,11 @@ import (
 //     reaps and reports exits), so no view may report it either.
 //  2. shim stopped and an UpdateContainerResources of side outstanding:
 //     side's ContainerStatus and ListContainers hang, everything else
-//     answers; `pleg diagnose` exits 1 within seconds and blames the
-//     listing (ListContainers hung), not a pod; `pleg run`'s relists fail
-//     and /healthz turns 500 after its threshold.
+//     answers; `pleg diagnose` exits 1 within seconds, blames the listing
+//     (ListContainers hung) and, through its shim probe (verbose
+//     PodSandboxStatus of every sandbox), names the slow pod as the one
+//     whose shim does not answer; `pleg run`'s relists fail and /healthz
+//     turns 500 after its threshold.
 //  3. shim continued: the update completes, /healthz is 200 again, web's
 //     death is delivered with the exit code containerd reports, and the
 //     cache holds the pod as containerd does, without error.
@@ -156,6 +160,11 @@ func TestDiagnoseHungShim(t *testing.T) {
 	if !rep.Healthy || rep.Cause != nil || rep.Estimate.ListFails || rep.Estimate.HungCalls != 0 {
 		t.Errorf("shim stopped: diagnose healthy=%v cause=%+v estimate=%+v, want healthy with no cause", rep.Healthy, rep.Cause, rep.Estimate)
 	}
+	// Nothing the kubelet calls hangs: no shim probe (it is made when a
+	// list call hangs).
+	if rep.ShimProbe != nil || len(rep.StuckShims) != 0 {
+		t.Errorf("shim stopped: diagnose shimProbe=%+v stuckShims=%+v, want neither", rep.ShimProbe, rep.StuckShims)
+	}
 	if len(rep.Pods) != 3 {
 		t.Errorf("shim stopped: diagnose reports %d pods, want 3", len(rep.Pods))
 	}
@@ -243,16 +252,35 @@ func TestDiagnoseHungShim(t *testing.T) {
 
 	rep, text, took = runDiagnose(t, 1)
 	t.Logf("update outstanding: diagnose took %v (report %.3fs): %s", took.Round(time.Millisecond), rep.TookSeconds, rep.Verdict)
+	// The listing's 1s probe timeout, then the shim probe's.
 	if took > 5*time.Second {
-		t.Errorf("update outstanding: diagnose took %v, want about the 1s probe timeout", took)
+		t.Errorf("update outstanding: diagnose took %v, want about two 1s probe timeouts", took)
 	}
 	if rep.Healthy || !rep.Estimate.ListFails || rep.Cause == nil ||
-		rep.Cause.Call != "ListContainers" || !rep.Cause.Hung || rep.Cause.Pod != "" || len(rep.Pods) != 0 {
+		rep.Cause.Call != "ListContainers" || !rep.Cause.Hung || len(rep.Pods) != 0 {
 		t.Errorf("update outstanding: diagnose healthy=%v estimate=%+v cause=%+v pods=%d, want the listing failing with ListContainers hung and no pod inspected",
 			rep.Healthy, rep.Estimate, rep.Cause, len(rep.Pods))
 	}
-	if last := lastLine(text); !strings.HasPrefix(last, "relist fails: ListContainers hangs") || last != rep.Verdict {
-		t.Errorf("update outstanding: text verdict %q, want the JSON verdict %q starting with \"relist fails: ListContainers hangs\"", last, rep.Verdict)
+	// The shim probe: the slow pod's verbose PodSandboxStatus hangs, the
+	// healthy pods' answer.
+	if rep.Cause == nil || rep.Cause.Pod != slowRef || rep.Cause.PodUID != uid || rep.Cause.ID != "" {
+		t.Errorf("update outstanding: diagnose cause=%+v, want pod %s (%s), the one whose shim is stopped", rep.Cause, slowRef, uid)
+	}
+	if sp := rep.ShimProbe; sp == nil || sp.Reason != "listHung" || sp.Sandboxes != 3 || sp.Stuck != 1 || sp.Answered != 2 || sp.Skipped != 0 {
+		t.Errorf("update outstanding: diagnose shimProbe=%+v, want 3 sandboxes probed because the listing hung, 1 stuck", sp)
+	}
+	if len(rep.StuckShims) != 1 || rep.StuckShims[0].Pod != slowRef || rep.StuckShims[0].PodUID != uid ||
+		rep.StuckShims[0].SandboxID != sb || rep.StuckShims[0].Seconds < 1 {
+		t.Errorf("update outstanding: diagnose stuckShims=%+v, want only %s's sandbox %s", rep.StuckShims, slowRef, sb)
+	}
+	wantShim := fmt.Sprintf("; the shim of pod %s does not answer (crictl inspectp %s hangs): ", slowRef, sb[:13])
+	if last := lastLine(text); !strings.HasPrefix(last, "relist fails: ListContainers hangs") || last != rep.Verdict ||
+		!strings.Contains(last, wantShim) {
+		t.Errorf("update outstanding: text verdict %q, want the JSON verdict %q starting with \"relist fails: ListContainers hangs\" and naming the stuck shim (%q)",
+			last, rep.Verdict, wantShim)
+	}
+	if want := fmt.Sprintf("\n  pod %s: its shim does not answer: verbose PodSandboxStatus hung (no answer within 1s); try: crictl inspectp %s\n", slowRef, sb); !strings.Contains(text, want) {
+		t.Errorf("update outstanding: diagnose text lacks %q:\n%s", strings.TrimSpace(want), text)
 	}
 
 	// The daemon's relists fail at the listing; /healthz turns 500 once
@@ -476,8 +504,22 @@ type diagReport struct {
 		ExceedsThreshold bool    `json:"exceedsThreshold"`
 		ListFails        bool    `json:"listFails"`
 	} `json:"estimate"`
-	Healthy bool `json:"healthy"`
-	Cause   *struct {
+	Healthy   bool `json:"healthy"`
+	ShimProbe *struct {
+		Reason    string `json:"reason"`
+		Sandboxes int    `json:"sandboxes"`
+		Answered  int    `json:"answered"`
+		Stuck     int    `json:"stuck"`
+		Skipped   int    `json:"skipped"`
+		Error     string `json:"error"`
+	} `json:"shimProbe"`
+	StuckShims []struct {
+		Pod       string  `json:"pod"`
+		PodUID    string  `json:"podUID"`
+		SandboxID string  `json:"sandboxID"`
+		Seconds   float64 `json:"seconds"`
+	} `json:"stuckShims"`
+	Cause *struct {
 		Pod            string  `json:"pod"`
 		PodUID         string  `json:"podUID"`
 		Call           string  `json:"call"`

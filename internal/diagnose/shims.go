@@ -1,0 +1,289 @@
+package diagnose
+
+import (
+	"cmp"
+	"context"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/podlifecycle/pleg/runtime"
+)
+
+// Why the shim probe was made (ShimProbe.Reason).
+const (
+	// ShimProbeListHung: a list call hung (or ran out of time) while
+	// ListPodSandbox answered.
+	ShimProbeListHung = "listHung"
+	// ShimProbeRequested: Options.ProbeShims asked for it.
+	ShimProbeRequested = "requested"
+)
+
+// shimProbeBudget is how many probe timeouts the shim probe may take in
+// all: one for its ListPodSandbox, two for the verbose status calls (a
+// call is only started when its whole probe timeout fits).
+const shimProbeBudget = 3
+
+// ShimProbe is the report of the shim probe: a verbose PodSandboxStatus
+// (what `crictl inspectp` sends) of every listed sandbox. It is a call the
+// kubelet never makes, made beyond the relist's calls because on
+// containerd 2.x it is the one CRI status call that asks the pod's shim
+// rather than containerd's memory: it hangs when the shim does not answer.
+type ShimProbe struct {
+	// Reason is ShimProbeListHung or ShimProbeRequested.
+	Reason string `json:"reason"`
+	// Sandboxes is how many sandboxes were to be probed; Answered,
+	// Stuck, Failed and Skipped (not probed within the probe's time
+	// budget, or interrupted) split them up. Sandboxes that vanished
+	// since the listing (NotFound) count as answered.
+	Sandboxes int `json:"sandboxes"`
+	Answered  int `json:"answered"`
+	Stuck     int `json:"stuck"`
+	Failed    int `json:"failed,omitempty"`
+	Skipped   int `json:"skipped,omitempty"`
+	// TookSeconds is how long the shim probe took, its listing included.
+	TookSeconds float64 `json:"tookSeconds"`
+	// Error tells why the probe could not be made (the endpoint cannot be
+	// dialled, the sandboxes cannot be listed), or else the first error of
+	// a failed probe.
+	Error string `json:"error,omitempty"`
+}
+
+// StuckShim is a sandbox whose verbose PodSandboxStatus did not answer
+// within the probe timeout: its shim does not answer.
+type StuckShim struct {
+	// Pod is "namespace/name" (the UID when the sandbox has no name).
+	Pod       string `json:"pod"`
+	PodUID    string `json:"podUID"`
+	SandboxID string `json:"sandboxID"`
+	// SandboxState is "running" (ready) or "exited" (not ready).
+	SandboxState string `json:"sandboxState"`
+	// Seconds is how long the call waited.
+	Seconds float64 `json:"seconds"`
+	Error   string  `json:"error"`
+}
+
+// probedSandbox is a sandbox to probe.
+type probedSandbox struct {
+	id, uid, name, namespace string
+	state                    runtime.State
+}
+
+func (s probedSandbox) ref() string {
+	return PodReport{UID: s.uid, Name: s.name, Namespace: s.namespace}.Ref()
+}
+
+// shimProbeReason tells whether the shim probe is to be made, and why.
+func (d *diagnoser) shimProbeReason(list List) string {
+	listed := false // a node-wide ListPodSandbox answered
+	for _, c := range list.Calls {
+		if c.Call == "ListPodSandbox" && !c.Hung && c.Error == "" {
+			listed = true
+		}
+	}
+	if list.Error != "" && listed {
+		if c := lastFailed(list.Calls); c != nil && c.Hung {
+			return ShimProbeListHung
+		}
+	}
+	if d.opts.ProbeShims && (list.Error == "" || listed) {
+		return ShimProbeRequested
+	}
+	return ""
+}
+
+// probeShims makes the shim probe when it is called for (see
+// shimProbeReason): it asks every sandbox for its verbose status, at most
+// MaxParallel at once, each call bounded by the probe timeout, over a
+// connection of its own to Options.Endpoint. When the listing failed, the
+// sandboxes are listed again on that connection. The whole probe takes at
+// most shimProbeBudget probe timeouts (and a little).
+func (d *diagnoser) probeShims(ctx context.Context, pods []*runtime.Pod, list List) (*ShimProbe, []StuckShim) {
+	reason := d.shimProbeReason(list)
+	if reason == "" || ctx.Err() != nil {
+		return nil, nil
+	}
+	start := time.Now()
+	deadline := start.Add(shimProbeBudget * d.opts.ProbeTimeout)
+	sp := &ShimProbe{Reason: reason}
+	defer func() { sp.TookSeconds = time.Since(start).Seconds() }()
+
+	conn, err := dialEndpoint(d.opts.Endpoint)
+	if err != nil {
+		sp.Error = err.Error()
+		return sp, nil
+	}
+	defer conn.Close()
+	rs := runtimeapi.NewRuntimeServiceClient(conn)
+
+	var sandboxes []probedSandbox
+	if list.Error == "" {
+		for _, p := range pods {
+			for _, s := range p.Sandboxes {
+				if s != nil && s.ID != "" {
+					sandboxes = append(sandboxes, probedSandbox{id: s.ID, uid: string(p.UID), name: p.Name,
+						namespace: p.Namespace, state: s.State})
+				}
+			}
+		}
+	} else {
+		cctx, cancel := context.WithTimeout(ctx, d.opts.ProbeTimeout)
+		resp, err := rs.ListPodSandbox(cctx, &runtimeapi.ListPodSandboxRequest{})
+		cancel()
+		if err != nil {
+			sp.Error = "ListPodSandbox: " + err.Error()
+			return sp, nil
+		}
+		for _, s := range resp.GetItems() {
+			if s.GetId() == "" {
+				continue
+			}
+			m := s.GetMetadata()
+			ps := probedSandbox{id: s.GetId(), uid: m.GetUid(), name: m.GetName(), namespace: m.GetNamespace(),
+				state: runtime.StateExited}
+			if s.GetState() == runtimeapi.PodSandboxState_SANDBOX_READY {
+				ps.state = runtime.StateRunning
+			}
+			if ps.uid == "" {
+				ps.uid = s.GetLabels()[runtime.LabelPodUID]
+			}
+			sandboxes = append(sandboxes, ps)
+		}
+	}
+	sp.Sandboxes = len(sandboxes)
+
+	type result struct {
+		probed bool
+		// cut: ctx's deadline came before the probe timeout, so an error
+		// tells nothing of the shim.
+		cut  bool
+		took time.Duration
+		err  error
+	}
+	results := make([]result, len(sandboxes))
+	sem := make(chan struct{}, d.opts.MaxParallel)
+	var wg sync.WaitGroup
+	for i, s := range sandboxes {
+		select {
+		case sem <- struct{}{}:
+		case <-ctx.Done():
+		}
+		if ctx.Err() != nil {
+			break
+		}
+		if time.Until(deadline) < d.opts.ProbeTimeout {
+			// No time left for a whole probe timeout: not probed.
+			<-sem
+			break
+		}
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			defer func() { <-sem }()
+			cctx, cancel := context.WithTimeout(ctx, d.opts.ProbeTimeout)
+			defer cancel()
+			t := time.Now()
+			dl, ok := ctx.Deadline()
+			cut := ok && dl.Before(t.Add(d.opts.ProbeTimeout))
+			_, err := rs.PodSandboxStatus(cctx, &runtimeapi.PodSandboxStatusRequest{PodSandboxId: s.id, Verbose: true})
+			results[i] = result{probed: true, cut: cut, took: time.Since(t), err: err}
+		}()
+	}
+	wg.Wait()
+
+	var stuck []StuckShim
+	for i, res := range results {
+		s := sandboxes[i]
+		switch {
+		case !res.probed, res.err != nil && (res.cut || ctx.Err() != nil):
+			// Not probed, or interrupted.
+			sp.Skipped++
+		case res.err == nil, status.Code(res.err) == codes.NotFound:
+			sp.Answered++
+		case status.Code(res.err) == codes.DeadlineExceeded || errors.Is(res.err, context.DeadlineExceeded):
+			sp.Stuck++
+			stuck = append(stuck, StuckShim{Pod: s.ref(), PodUID: s.uid, SandboxID: s.id,
+				SandboxState: s.state.String(), Seconds: res.took.Seconds(),
+				Error: fmt.Sprintf("verbose PodSandboxStatus: no answer within %v", d.opts.ProbeTimeout)})
+		default:
+			sp.Failed++
+			if sp.Error == "" {
+				sp.Error = fmt.Sprintf("verbose PodSandboxStatus %q: %v", s.id, res.err)
+			}
+		}
+	}
+	// Ready sandboxes first: a stopped pod's shim is gone anyway.
+	slices.SortStableFunc(stuck, func(a, b StuckShim) int {
+		return cmp.Or(cmp.Compare(stateRank(a.SandboxState), stateRank(b.SandboxState)),
+			cmp.Compare(a.Pod, b.Pod), cmp.Compare(a.SandboxID, b.SandboxID))
+	})
+	return sp, stuck
+}
+
+func stateRank(s string) int {
+	if s == runtime.StateRunning.String() {
+		return 0
+	}
+	return 1
+}
+
+// dialEndpoint returns a gRPC connection to a CRI endpoint naming a unix
+// socket ("unix:///path", "unix:/path", "/path", each possibly behind
+// "passthrough:///"), the endpoints `pleg` accepts. It does no I/O.
+func dialEndpoint(endpoint string) (*grpc.ClientConn, error) {
+	if endpoint == "" {
+		return nil, errors.New("no runtime endpoint to dial")
+	}
+	target := strings.TrimPrefix(endpoint, "passthrough:///")
+	if strings.HasPrefix(target, "/") {
+		target = "unix://" + target
+	}
+	if !strings.HasPrefix(target, "unix:") {
+		return nil, fmt.Errorf("runtime endpoint %q: not a unix socket", endpoint)
+	}
+	conn, err := grpc.NewClient(target,
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(16<<20)))
+	if err != nil {
+		return nil, fmt.Errorf("runtime endpoint %q: %w", endpoint, err)
+	}
+	return conn, nil
+}
+
+// shortID shortens a sandbox ID the way crictl prints it (crictl accepts
+// the prefix).
+func shortID(id string) string {
+	if len(id) > 13 {
+		return id[:13]
+	}
+	return id
+}
+
+// shimNote is the verdict's account of the stuck shims ("" when there are
+// none).
+func shimNote(stuck []StuckShim) string {
+	switch len(stuck) {
+	case 0:
+		return ""
+	case 1:
+		return fmt.Sprintf("the shim of pod %s does not answer (crictl inspectp %s hangs)", stuck[0].Pod, shortID(stuck[0].SandboxID))
+	}
+	names := make([]string, 0, 4)
+	for i, s := range stuck {
+		if i == 3 {
+			names = append(names, fmt.Sprintf("and %d more", len(stuck)-3))
+			break
+		}
+		names = append(names, fmt.Sprintf("%s (%s)", s.Pod, shortID(s.SandboxID)))
+	}
+	return fmt.Sprintf("the shims of %d pods do not answer (crictl inspectp hangs): %s", len(stuck), strings.Join(names, ", "))
+}

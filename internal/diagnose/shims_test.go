@@ -1,0 +1,415 @@
+package diagnose
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"net"
+	"path/filepath"
+	"regexp"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/podlifecycle/pleg/runtime/cri"
+)
+
+// shimCRI is a CRI runtime in the way containerd 2.x answers when a pod's
+// shim is stopped and a call waiting on it holds a container's status
+// lock: ListPodSandbox and the (non-verbose) status calls answer, the
+// verbose PodSandboxStatus of the stuck sandboxes hangs, and, with
+// hangList, ListContainers hangs. Hanging calls return when their context
+// is done.
+type shimCRI struct {
+	runtimeapi.UnimplementedRuntimeServiceServer
+
+	sandboxes []*runtimeapi.PodSandbox
+	stuck     map[string]bool // sandbox IDs whose verbose status hangs
+	hangList  bool
+	delay     time.Duration // of the verbose status calls that answer
+
+	mu                      sync.Mutex
+	verbose                 []string // sandbox IDs of verbose status calls
+	inflight, maxInflight   int
+	sandboxLists, listConts int
+}
+
+func hang(ctx context.Context) error {
+	<-ctx.Done()
+	return status.FromContextError(ctx.Err()).Err()
+}
+
+func (f *shimCRI) Version(context.Context, *runtimeapi.VersionRequest) (*runtimeapi.VersionResponse, error) {
+	return &runtimeapi.VersionResponse{RuntimeName: "shimcri", RuntimeVersion: "1"}, nil
+}
+
+func (f *shimCRI) ListPodSandbox(ctx context.Context, r *runtimeapi.ListPodSandboxRequest) (*runtimeapi.ListPodSandboxResponse, error) {
+	f.mu.Lock()
+	f.sandboxLists++
+	f.mu.Unlock()
+	uid := r.GetFilter().GetLabelSelector()["io.kubernetes.pod.uid"]
+	var items []*runtimeapi.PodSandbox
+	for _, s := range f.sandboxes {
+		if uid == "" || s.Metadata.Uid == uid {
+			items = append(items, s)
+		}
+	}
+	return &runtimeapi.ListPodSandboxResponse{Items: items}, nil
+}
+
+func (f *shimCRI) ListContainers(ctx context.Context, r *runtimeapi.ListContainersRequest) (*runtimeapi.ListContainersResponse, error) {
+	f.mu.Lock()
+	f.listConts++
+	f.mu.Unlock()
+	if f.hangList {
+		return nil, hang(ctx)
+	}
+	return &runtimeapi.ListContainersResponse{}, nil
+}
+
+func (f *shimCRI) PodSandboxStatus(ctx context.Context, r *runtimeapi.PodSandboxStatusRequest) (*runtimeapi.PodSandboxStatusResponse, error) {
+	var sb *runtimeapi.PodSandbox
+	for _, s := range f.sandboxes {
+		if s.Id == r.PodSandboxId {
+			sb = s
+		}
+	}
+	if sb == nil {
+		return nil, status.Errorf(codes.NotFound, "sandbox %q not found", r.PodSandboxId)
+	}
+	if r.Verbose {
+		f.mu.Lock()
+		f.verbose = append(f.verbose, r.PodSandboxId)
+		f.inflight++
+		f.maxInflight = max(f.maxInflight, f.inflight)
+		f.mu.Unlock()
+		defer func() {
+			f.mu.Lock()
+			f.inflight--
+			f.mu.Unlock()
+		}()
+		if f.stuck[r.PodSandboxId] {
+			return nil, hang(ctx)
+		}
+		time.Sleep(f.delay)
+	}
+	return &runtimeapi.PodSandboxStatusResponse{Status: &runtimeapi.PodSandboxStatus{
+		Id: sb.Id, Metadata: sb.Metadata, State: sb.State, CreatedAt: sb.CreatedAt, Labels: sb.Labels}}, nil
+}
+
+// serveShimCRI serves f on a unix socket and returns its endpoint and a
+// client dialled as `pleg diagnose` dials it.
+func serveShimCRI(t *testing.T, f *shimCRI, probe time.Duration) (string, *cri.Client) {
+	t.Helper()
+	sock := filepath.Join(t.TempDir(), "cri.sock")
+	l, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := grpc.NewServer()
+	runtimeapi.RegisterRuntimeServiceServer(srv, f)
+	go func() { _ = srv.Serve(l) }()
+	t.Cleanup(srv.Stop)
+	endpoint := "unix://" + sock
+	c, err := cri.Dial(endpoint, cri.WithTimeout(probe), cri.WithStatusConcurrency(1))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { _ = c.Close() })
+	return endpoint, c
+}
+
+// sandbox returns a listed sandbox of pod ns/name whose ID repeats c.
+func sandbox(c byte, name string, ready bool) *runtimeapi.PodSandbox {
+	state := runtimeapi.PodSandboxState_SANDBOX_NOTREADY
+	if ready {
+		state = runtimeapi.PodSandboxState_SANDBOX_READY
+	}
+	uid := "uid-" + name
+	return &runtimeapi.PodSandbox{
+		Id:       strings.Repeat(string(c), 64),
+		Metadata: &runtimeapi.PodSandboxMetadata{Name: name, Uid: uid, Namespace: "ns"},
+		State:    state,
+		Labels:   map[string]string{"io.kubernetes.pod.uid": uid},
+	}
+}
+
+// TestHungListNamesStuckShim is containerd/containerd#9770 as
+// containerd 2.x shows it: ListContainers hangs behind a container's
+// status lock, held by a call waiting on a stopped shim. The diagnosis
+// names the pod whose shim does not answer.
+func TestHungListNamesStuckShim(t *testing.T) {
+	const probe = 200 * time.Millisecond
+	stuck := sandbox('b', "stuck", true)
+	f := &shimCRI{
+		sandboxes: []*runtimeapi.PodSandbox{sandbox('a', "fine", true), stuck, sandbox('c', "gone", false)},
+		stuck:     map[string]bool{stuck.Id: true},
+		hangList:  true,
+	}
+	endpoint, c := serveShimCRI(t, f, probe)
+	start := time.Now()
+	r, err := Run(context.Background(), c, Options{Endpoint: endpoint, ProbeTimeout: probe})
+	if err != nil {
+		t.Fatal(err)
+	}
+	took := time.Since(start)
+	// The listing's probe timeout, then one round of verbose calls.
+	if took < 2*probe || took > 4*probe+time.Second {
+		t.Errorf("diagnosis took %v, want about 2 probe timeouts (%v)", took, 2*probe)
+	}
+	if r.Healthy || !r.Estimate.ListFails || len(r.Pods) != 0 {
+		t.Errorf("report healthy=%v estimate=%+v pods=%d, want the listing failing", r.Healthy, r.Estimate, len(r.Pods))
+	}
+	if c := r.Cause; c == nil || c.Call != "ListContainers" || !c.Hung || c.Pod != "ns/stuck" || c.PodUID != "uid-stuck" || c.ID != "" {
+		t.Errorf("cause = %+v, want ListContainers hung, pod ns/stuck", r.Cause)
+	}
+	sp := r.ShimProbe
+	if sp == nil || sp.Reason != ShimProbeListHung || sp.Sandboxes != 3 || sp.Answered != 2 || sp.Stuck != 1 ||
+		sp.Failed != 0 || sp.Skipped != 0 || sp.Error != "" || sp.TookSeconds < probe.Seconds() {
+		t.Errorf("shim probe = %+v", sp)
+	}
+	if len(r.StuckShims) != 1 {
+		t.Fatalf("stuck shims = %+v, want ns/stuck's", r.StuckShims)
+	}
+	s := r.StuckShims[0]
+	if s.Pod != "ns/stuck" || s.PodUID != "uid-stuck" || s.SandboxID != stuck.Id || s.SandboxState != "running" ||
+		s.Seconds < probe.Seconds() || s.Error != "verbose PodSandboxStatus: no answer within 200ms" {
+		t.Errorf("stuck shim = %+v", s)
+	}
+	want := "relist fails: ListContainers hangs (no answer within 200ms; the kubelet gives up after the 2m0s runtime request timeout), " +
+		"so PLEG turns unhealthy 3m0s after its last successful relist; the shim of pod ns/stuck does not answer " +
+		"(crictl inspectp bbbbbbbbbbbbb hangs): a call waiting on a stuck shim while holding a container's lock is the usual cause"
+	if r.Verdict != want {
+		t.Errorf("verdict = %q\nwant      %q", r.Verdict, want)
+	}
+	f.mu.Lock()
+	if len(f.verbose) != 3 || f.sandboxLists != 2 {
+		t.Errorf("verbose status calls %v, ListPodSandbox calls %d; want one verbose call per sandbox and the listing made again", f.verbose, f.sandboxLists)
+	}
+	f.mu.Unlock()
+
+	var text bytes.Buffer
+	if err := WriteText(&text, r, TextOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	for _, line := range []string{
+		"Shims:    verbose PodSandboxStatus (crictl inspectp; not a kubelet call) of every sandbox, because ListContainers hung: 3 sandboxes: 1 shim does not answer, 2 answered",
+		"  pod ns/stuck: its shim does not answer: verbose PodSandboxStatus hung (no answer within 200ms); try: crictl inspectp " + stuck.Id,
+		want,
+	} {
+		if !strings.Contains(text.String(), line+"\n") {
+			t.Errorf("text lacks the line %q:\n%s", line, text.String())
+		}
+	}
+
+	b, err := json.Marshal(r)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var m map[string]any
+	if err := json.Unmarshal(b, &m); err != nil {
+		t.Fatal(err)
+	}
+	for _, path := range []string{"shimProbe.reason", "shimProbe.sandboxes", "shimProbe.answered", "shimProbe.stuck",
+		"shimProbe.tookSeconds", "cause.pod", "cause.podUID"} {
+		if _, ok := lookup(m, path); !ok {
+			t.Errorf("JSON lacks %s: %s", path, b)
+		}
+	}
+	shims, _ := m["stuckShims"].([]any)
+	if len(shims) != 1 {
+		t.Fatalf("JSON stuckShims = %v", m["stuckShims"])
+	}
+	for _, k := range []string{"pod", "podUID", "sandboxID", "sandboxState", "seconds", "error"} {
+		if _, ok := shims[0].(map[string]any)[k]; !ok {
+			t.Errorf("stuck shim JSON lacks %s: %v", k, shims[0])
+		}
+	}
+}
+
+// With every shim answering, a hung listing is reported as before; the
+// probe says it found nothing.
+func TestHungListNoStuckShim(t *testing.T) {
+	const probe = 100 * time.Millisecond
+	f := &shimCRI{sandboxes: []*runtimeapi.PodSandbox{sandbox('a', "a", true), sandbox('b', "b", true)}, hangList: true}
+	endpoint, c := serveShimCRI(t, f, probe)
+	r, err := Run(context.Background(), c, Options{Endpoint: endpoint, ProbeTimeout: probe})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := "relist fails: ListContainers hangs (no answer within 100ms; the kubelet gives up after the 2m0s runtime request timeout), so PLEG turns unhealthy 3m0s after its last successful relist"
+	if r.Verdict != want || r.Cause == nil || r.Cause.Pod != "" || r.Cause.Call != "ListContainers" || len(r.StuckShims) != 0 {
+		t.Errorf("verdict %q cause %+v stuck %v, want %q and no pod", r.Verdict, r.Cause, r.StuckShims, want)
+	}
+	if sp := r.ShimProbe; sp == nil || sp.Sandboxes != 2 || sp.Answered != 2 || sp.Stuck != 0 {
+		t.Errorf("shim probe = %+v", sp)
+	}
+	var text bytes.Buffer
+	if err := WriteText(&text, r, TextOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(text.String(), "because ListContainers hung: 2 sandboxes: 0 shims do not answer, 2 answered\n") {
+		t.Errorf("text:\n%s", text.String())
+	}
+}
+
+// Without an endpoint to dial the probe cannot be made; the report says
+// why and is otherwise unchanged.
+func TestHungListNoEndpoint(t *testing.T) {
+	const probe = 100 * time.Millisecond
+	f := &shimCRI{sandboxes: []*runtimeapi.PodSandbox{sandbox('a', "a", true)}, hangList: true,
+		stuck: map[string]bool{strings.Repeat("a", 64): true}}
+	_, c := serveShimCRI(t, f, probe)
+	for _, endpoint := range []string{"", "tcp://localhost:1"} {
+		r, err := Run(context.Background(), c, Options{Endpoint: endpoint, ProbeTimeout: probe})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if sp := r.ShimProbe; sp == nil || sp.Error == "" || sp.Sandboxes != 0 || len(r.StuckShims) != 0 || r.Cause.Pod != "" {
+			t.Errorf("endpoint %q: shim probe %+v, stuck %v, cause %+v", endpoint, sp, r.StuckShims, r.Cause)
+		}
+		var text bytes.Buffer
+		if err := WriteText(&text, r, TextOptions{}); err != nil {
+			t.Fatal(err)
+		}
+		if !regexp.MustCompile(`(?m)^Shims: .*because ListContainers hung: not made: .+$`).MatchString(text.String()) {
+			t.Errorf("endpoint %q: text:\n%s", endpoint, text.String())
+		}
+	}
+}
+
+// Many stuck shims: the probe stays within its budget of probe timeouts
+// and says what it did not probe.
+func TestShimProbeBounded(t *testing.T) {
+	const probe = 100 * time.Millisecond
+	f := &shimCRI{stuck: map[string]bool{}, hangList: true}
+	for i := range 20 {
+		s := sandbox(byte('A'+i), string(rune('a'+i)), true)
+		f.sandboxes = append(f.sandboxes, s)
+		f.stuck[s.Id] = true
+	}
+	endpoint, c := serveShimCRI(t, f, probe)
+	start := time.Now()
+	r, err := Run(context.Background(), c, Options{Endpoint: endpoint, ProbeTimeout: probe, MaxParallel: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	// The listing's probe timeout and the shim probe's three.
+	if took := time.Since(start); took > 4*probe+500*time.Millisecond {
+		t.Errorf("diagnosis took %v, want at most about 4 probe timeouts", took)
+	}
+	sp := r.ShimProbe
+	if sp == nil || sp.Sandboxes != 20 || sp.Stuck == 0 || sp.Skipped == 0 || sp.Stuck+sp.Skipped != 20 || sp.Answered != 0 {
+		t.Errorf("shim probe = %+v, want some of 20 stuck and the rest not probed", sp)
+	}
+	if len(r.StuckShims) != sp.Stuck || r.Cause == nil || r.Cause.Pod != r.StuckShims[0].Pod {
+		t.Errorf("stuck shims %d, cause %+v", len(r.StuckShims), r.Cause)
+	}
+	if !regexp.MustCompile(`; the shims of [0-9]+ pods do not answer \(crictl inspectp hangs\): ns/a \(AAAAAAAAAAAAA\), ns/b \(BBBBBBBBBBBBB\), ns/c \(CCCCCCCCCCCCC\), and [0-9]+ more: `).MatchString(r.Verdict) {
+		t.Errorf("verdict = %q", r.Verdict)
+	}
+	f.mu.Lock()
+	// At most 3 at once, in the two probe timeouts the budget leaves.
+	if n := len(f.verbose); n != sp.Stuck || n > 6 {
+		t.Errorf("%d verbose calls, %d stuck; want them equal and at most 6", n, sp.Stuck)
+	}
+	f.mu.Unlock()
+}
+
+// The verbose calls are made at most MaxParallel at once.
+func TestShimProbeParallel(t *testing.T) {
+	const probe = time.Second
+	f := &shimCRI{hangList: true, delay: 50 * time.Millisecond}
+	for i := range 10 {
+		f.sandboxes = append(f.sandboxes, sandbox(byte('A'+i), string(rune('a'+i)), true))
+	}
+	endpoint, c := serveShimCRI(t, f, 100*time.Millisecond)
+	r, err := Run(context.Background(), c, Options{Endpoint: endpoint, ProbeTimeout: probe, MaxParallel: 3})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sp := r.ShimProbe; sp == nil || sp.Answered != 10 || sp.TookSeconds < 0.2 || sp.TookSeconds > 0.9 {
+		t.Errorf("shim probe = %+v, want 10 answered in 4 rounds of 50ms", sp)
+	}
+	f.mu.Lock()
+	if f.maxInflight != 3 {
+		t.Errorf("%d verbose calls at once, want 3", f.maxInflight)
+	}
+	f.mu.Unlock()
+}
+
+// ProbeShims makes the probe on a node whose listing answers. A stuck
+// shim does not slow the kubelet's relist; the verdict names it all the
+// same. Without ProbeShims nothing is probed.
+func TestProbeShimsRequested(t *testing.T) {
+	const probe = 100 * time.Millisecond
+	stuck := sandbox('b', "stuck", true)
+	f := &shimCRI{sandboxes: []*runtimeapi.PodSandbox{sandbox('a', "fine", true), stuck},
+		stuck: map[string]bool{stuck.Id: true}}
+	endpoint, c := serveShimCRI(t, f, probe)
+
+	r, err := Run(context.Background(), c, Options{Endpoint: endpoint, ProbeTimeout: probe})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !r.Healthy || r.Cause != nil || r.ShimProbe != nil || r.StuckShims != nil ||
+		!regexp.MustCompile(`^relist would take ~\S+ \(threshold 3m0s\): healthy$`).MatchString(r.Verdict) {
+		t.Errorf("without ProbeShims: healthy=%v cause=%+v probe=%+v verdict %q", r.Healthy, r.Cause, r.ShimProbe, r.Verdict)
+	}
+	f.mu.Lock()
+	if len(f.verbose) != 0 {
+		t.Errorf("without ProbeShims: verbose calls %v", f.verbose)
+	}
+	f.mu.Unlock()
+
+	r, err = Run(context.Background(), c, Options{Endpoint: endpoint, ProbeTimeout: probe, ProbeShims: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !r.Healthy || len(r.Pods) != 2 {
+		t.Errorf("with ProbeShims: healthy=%v pods=%d, want healthy with 2 pods", r.Healthy, len(r.Pods))
+	}
+	if sp := r.ShimProbe; sp == nil || sp.Reason != ShimProbeRequested || sp.Sandboxes != 2 || sp.Stuck != 1 || sp.Answered != 1 {
+		t.Errorf("with ProbeShims: shim probe = %+v", sp)
+	}
+	if c := r.Cause; c == nil || c.Pod != "ns/stuck" || c.PodUID != "uid-stuck" || c.Call != "PodSandboxStatus" ||
+		c.ID != stuck.Id || !c.Hung || c.KubeletSeconds != 0 {
+		t.Errorf("with ProbeShims: cause = %+v", r.Cause)
+	}
+	want := regexp.MustCompile(`^relist would take ~\S+ \(threshold 3m0s\): healthy, but the shim of pod ns/stuck does not answer \(crictl inspectp bbbbbbbbbbbbb hangs\)$`)
+	if !want.MatchString(r.Verdict) {
+		t.Errorf("with ProbeShims: verdict = %q, want it to match %v", r.Verdict, want)
+	}
+	var text bytes.Buffer
+	if err := WriteText(&text, r, TextOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(text.String(), "of every sandbox, as asked: 2 sandboxes: 1 shim does not answer, 1 answered\n") ||
+		!strings.Contains(text.String(), "  pod ns/stuck: its shim does not answer") {
+		t.Errorf("with ProbeShims: text:\n%s", text.String())
+	}
+}
+
+// An interrupted shim probe reports what it did not probe as skipped, not
+// as stuck.
+func TestShimProbeInterrupted(t *testing.T) {
+	const probe = time.Second
+	stuck := sandbox('b', "stuck", true)
+	f := &shimCRI{sandboxes: []*runtimeapi.PodSandbox{stuck}, stuck: map[string]bool{stuck.Id: true}}
+	endpoint, c := serveShimCRI(t, f, probe)
+	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
+	defer cancel()
+	r, err := Run(ctx, c, Options{Endpoint: endpoint, ProbeTimeout: probe, ProbeShims: true})
+	if err == nil {
+		t.Fatalf("no error from an interrupted diagnosis: %+v %+v took %v", r.ShimProbe, r.StuckShims, r.TookSeconds)
+	}
+	if sp := r.ShimProbe; sp == nil || sp.Stuck != 0 || sp.Skipped != 1 || len(r.StuckShims) != 0 {
+		t.Errorf("shim probe = %+v, stuck %v", sp, r.StuckShims)
+	}
+}
