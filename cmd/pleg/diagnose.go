@@ -17,6 +17,7 @@ func init() { register(newDiagnoseCmd) }
 type diagnoseOptions struct {
 	probeTimeout time.Duration
 	pods         int
+	probeShims   bool
 }
 
 func newDiagnoseCmd() *cobra.Command {
@@ -69,6 +70,8 @@ included), 2 for bad flags.`,
 	f.Lookup("runtime-request-timeout").Usage = "the kubelet's --runtime-request-timeout: what each hanging call costs its relist"
 	f.DurationVar(&o.probeTimeout, "probe-timeout", diagnose.DefaultProbeTimeout,
 		"a call that does not answer within this is reported as hanging")
+	f.BoolVar(&o.probeShims, "probe-shims", false,
+		"also ask every sandbox for its verbose status, which on containerd reaches the pod's shim, to find stuck shims (not a call the kubelet makes; made anyway when a list call hangs)")
 	f.IntVar(&o.pods, "pods", 10, "text output: how many pods that answered to list, the most expensive first (pods that fail or hang are always listed; -1: all)")
 	of.addFlags(f)
 	return cmd
@@ -104,6 +107,7 @@ func runDiagnose(cmd *cobra.Command, rf *runtimeFlags, of *outputFlag, o *diagno
 		Threshold:      rf.relistThreshold,
 		RelistPeriod:   rf.relistPeriod,
 		MaxParallel:    rf.maxParallel,
+		ProbeShims:     o.probeShims,
 	})
 	if err != nil {
 		return err // interrupted: no verdict to give

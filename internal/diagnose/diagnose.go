@@ -43,8 +43,9 @@
 // the shim for its task's status. The sandboxes whose verbose status does
 // not answer within the probe timeout are reported as stuck shims, and the
 // first of them is named as the cause's pod. Options.ProbeShims makes the
-// same probe on every diagnosis. The probe needs Options.Endpoint (it
-// dials a connection of its own) and takes at most three probe timeouts.
+// same probe on every diagnosis. The probe needs a runtime client that
+// makes raw CRI calls (RawCRI, as *cri.Client) and takes at most three
+// probe timeouts.
 package diagnose
 
 import (

@@ -10,9 +10,7 @@ import (
 	"sync"
 	"time"
 
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
@@ -104,7 +102,7 @@ func (d *diagnoser) shimProbeReason(list List) string {
 // probeShims makes the shim probe when it is called for (see
 // shimProbeReason): it asks every sandbox for its verbose status, at most
 // MaxParallel at once, each call bounded by the probe timeout, over a
-// connection of its own to Options.Endpoint. When the listing failed, the
+// connection of the runtime client (RawCRI). When the listing failed, the
 // sandboxes are listed again on that connection. The whole probe takes at
 // most shimProbeBudget probe timeouts (and a little).
 func (d *diagnoser) probeShims(ctx context.Context, pods []*runtime.Pod, list List) (*ShimProbe, []StuckShim) {
@@ -117,13 +115,12 @@ func (d *diagnoser) probeShims(ctx context.Context, pods []*runtime.Pod, list Li
 	sp := &ShimProbe{Reason: reason}
 	defer func() { sp.TookSeconds = time.Since(start).Seconds() }()
 
-	conn, err := dialEndpoint(d.opts.Endpoint)
-	if err != nil {
-		sp.Error = err.Error()
+	raw, ok := d.rt.(RawCRI)
+	if !ok {
+		sp.Error = "the runtime client makes no raw CRI calls"
 		return sp, nil
 	}
-	defer conn.Close()
-	rs := runtimeapi.NewRuntimeServiceClient(conn)
+	rs := raw.RuntimeService()
 
 	var sandboxes []probedSandbox
 	if list.Error == "" {
@@ -236,27 +233,10 @@ func stateRank(s string) int {
 	return 1
 }
 
-// dialEndpoint returns a gRPC connection to a CRI endpoint naming a unix
-// socket ("unix:///path", "unix:/path", "/path", each possibly behind
-// "passthrough:///"), the endpoints `pleg` accepts. It does no I/O.
-func dialEndpoint(endpoint string) (*grpc.ClientConn, error) {
-	if endpoint == "" {
-		return nil, errors.New("no runtime endpoint to dial")
-	}
-	target := strings.TrimPrefix(endpoint, "passthrough:///")
-	if strings.HasPrefix(target, "/") {
-		target = "unix://" + target
-	}
-	if !strings.HasPrefix(target, "unix:") {
-		return nil, fmt.Errorf("runtime endpoint %q: not a unix socket", endpoint)
-	}
-	conn, err := grpc.NewClient(target,
-		grpc.WithTransportCredentials(insecure.NewCredentials()),
-		grpc.WithDefaultCallOptions(grpc.MaxCallRecvMsgSize(16<<20)))
-	if err != nil {
-		return nil, fmt.Errorf("runtime endpoint %q: %w", endpoint, err)
-	}
-	return conn, nil
+// RawCRI is a runtime client that also offers raw CRI calls on its
+// connection, as *cri.Client does; the shim probe needs it.
+type RawCRI interface {
+	RuntimeService() runtimeapi.RuntimeServiceClient
 }
 
 // shortID shortens a sandbox ID the way crictl prints it (crictl accepts

@@ -17,6 +17,7 @@ import (
 	"google.golang.org/grpc/status"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
+	"github.com/podlifecycle/pleg/runtime"
 	"github.com/podlifecycle/pleg/runtime/cri"
 )
 
@@ -259,30 +260,31 @@ func TestHungListNoStuckShim(t *testing.T) {
 	}
 }
 
-// Without an endpoint to dial the probe cannot be made; the report says
-// why and is otherwise unchanged.
-func TestHungListNoEndpoint(t *testing.T) {
+// Without raw CRI calls the probe cannot be made; the report says why and
+// is otherwise unchanged.
+func TestHungListNoRawCRI(t *testing.T) {
 	const probe = 100 * time.Millisecond
 	f := &shimCRI{sandboxes: []*runtimeapi.PodSandbox{sandbox('a', "a", true)}, hangList: true,
 		stuck: map[string]bool{strings.Repeat("a", 64): true}}
-	_, c := serveShimCRI(t, f, probe)
-	for _, endpoint := range []string{"", "tcp://localhost:1"} {
-		r, err := Run(context.Background(), c, Options{Endpoint: endpoint, ProbeTimeout: probe})
-		if err != nil {
-			t.Fatal(err)
-		}
-		if sp := r.ShimProbe; sp == nil || sp.Error == "" || sp.Sandboxes != 0 || len(r.StuckShims) != 0 || r.Cause.Pod != "" {
-			t.Errorf("endpoint %q: shim probe %+v, stuck %v, cause %+v", endpoint, sp, r.StuckShims, r.Cause)
-		}
-		var text bytes.Buffer
-		if err := WriteText(&text, r, TextOptions{}); err != nil {
-			t.Fatal(err)
-		}
-		if !regexp.MustCompile(`(?m)^Shims: .*because ListContainers hung: not made: .+$`).MatchString(text.String()) {
-			t.Errorf("endpoint %q: text:\n%s", endpoint, text.String())
-		}
+	endpoint, c := serveShimCRI(t, f, probe)
+	r, err := Run(context.Background(), noRaw{c}, Options{Endpoint: endpoint, ProbeTimeout: probe})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sp := r.ShimProbe; sp == nil || sp.Error == "" || sp.Sandboxes != 0 || len(r.StuckShims) != 0 || r.Cause.Pod != "" {
+		t.Errorf("shim probe %+v, stuck %v, cause %+v", sp, r.StuckShims, r.Cause)
+	}
+	var text bytes.Buffer
+	if err := WriteText(&text, r, TextOptions{}); err != nil {
+		t.Fatal(err)
+	}
+	if !regexp.MustCompile(`(?m)^Shims: .*because ListContainers hung: not made: .+$`).MatchString(text.String()) {
+		t.Errorf("text:\n%s", text.String())
 	}
 }
+
+// noRaw hides the raw CRI calls of a client.
+type noRaw struct{ runtime.Runtime }
 
 // Many stuck shims: the probe stays within its budget of probe timeouts
 // and says what it did not probe.

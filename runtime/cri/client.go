@@ -184,6 +184,12 @@ func socketPath(endpoint string) (string, error) {
 	return filepath.Clean(rest), nil
 }
 
+// RuntimeService returns the raw CRI runtime service client on the
+// Client's connection, for calls the runtime interfaces do not cover (pleg
+// diagnose probes shims with a verbose PodSandboxStatus). Calls made on it
+// are not timed out, counted or traced by the Client.
+func (c *Client) RuntimeService() runtimeapi.RuntimeServiceClient { return c.rs }
+
 // Endpoint returns the endpoint as given to Dial.
 func (c *Client) Endpoint() string { return c.endpoint }
 
