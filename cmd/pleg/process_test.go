@@ -119,6 +119,26 @@ func startPleg(t *testing.T, args ...string) *proc {
 	return p
 }
 
+// waitListening reads the stderr of `pleg run` until its startup line and
+// returns the base URL and the line.
+func (p *proc) waitListening() (base, line string) {
+	p.t.Helper()
+	deadline := time.After(10 * time.Second)
+	for {
+		select {
+		case l, ok := <-p.errCh:
+			if !ok {
+				p.t.Fatal("pleg exited before listening")
+			}
+			if m := listenRE.FindStringSubmatch(l); m != nil {
+				return m[1], l
+			}
+		case <-deadline:
+			p.t.Fatal("no `listening on http://` line within 10s")
+		}
+	}
+}
+
 func (p *proc) stderr() string {
 	p.mu.Lock()
 	defer p.mu.Unlock()
@@ -170,9 +190,9 @@ func (p *proc) nextLine(timeout time.Duration) string {
 }
 
 // serveSim serves a simulated runtime on a socket in a temporary directory.
-func serveSim(t *testing.T) *sim.Runtime {
+func serveSim(t *testing.T, cfg sim.Config) *sim.Runtime {
 	t.Helper()
-	r := sim.New(sim.Config{Seed: 7})
+	r := sim.New(cfg)
 	// Unix socket paths are short: t.TempDir() can be too long.
 	dir, err := os.MkdirTemp("", "pleg-sim-")
 	if err != nil {
@@ -226,7 +246,7 @@ func parseJSONEvent(t *testing.T, line string) jsonEvent {
 }
 
 func TestWatchJSON(t *testing.T) {
-	r := serveSim(t)
+	r := serveSim(t, sim.Config{Seed: 7})
 	p := startPleg(t, "watch", "--output", "json", "--container-runtime-endpoint", r.Endpoint(),
 		"--relist-period", "100ms")
 
@@ -356,7 +376,7 @@ func poll(t *testing.T, timeout time.Duration, what string, f func() bool) {
 }
 
 func TestRun(t *testing.T) {
-	r := serveSim(t)
+	r := serveSim(t, sim.Config{Seed: 7})
 	pod, err := r.AddPod(sim.PodSpec{Name: "api-0", Namespace: "prod", Containers: []string{"server", "sidecar"}})
 	if err != nil {
 		t.Fatal(err)
@@ -365,23 +385,9 @@ func TestRun(t *testing.T) {
 
 	p := startPleg(t, "run", "-v=2", "-r", r.Endpoint(), "--listen-address", "127.0.0.1:0",
 		"--relist-period", "100ms", "--relist-threshold", "2s", "--node-name", "node-a")
-	var base string
-	deadline := time.After(10 * time.Second)
-	for base == "" {
-		select {
-		case l, ok := <-p.errCh:
-			if !ok {
-				t.Fatal("pleg exited before listening")
-			}
-			if m := listenRE.FindStringSubmatch(l); m != nil {
-				base = m[1]
-				if !strings.Contains(l, `endpoint="`+r.Endpoint()+`"`) {
-					t.Errorf("startup line %q does not name the endpoint", l)
-				}
-			}
-		case <-deadline:
-			t.Fatal("no `listening on http://` line within 10s")
-		}
+	base, line := p.waitListening()
+	if !strings.Contains(line, `endpoint="`+r.Endpoint()+`"`) {
+		t.Errorf("startup line %q does not name the endpoint", line)
 	}
 
 	poll(t, 10*time.Second, "/healthz 200", func() bool {
@@ -520,21 +526,7 @@ func TestRunWaitsForRuntime(t *testing.T) {
 	sock := filepath.Join(dir, "cri.sock")
 
 	p := startPleg(t, "run", "-r", "unix://"+sock, "--listen-address", "127.0.0.1:0", "--relist-period", "100ms")
-	var base string
-	deadline := time.After(10 * time.Second)
-	for base == "" {
-		select {
-		case l, ok := <-p.errCh:
-			if !ok {
-				t.Fatal("pleg exited before listening")
-			}
-			if m := listenRE.FindStringSubmatch(l); m != nil {
-				base = m[1]
-			}
-		case <-deadline:
-			t.Fatal("no `listening on http://` line within 10s")
-		}
-	}
+	base, _ := p.waitListening()
 	if code, body := httpGet(t, base+"/healthz"); code != 500 || body != "PLEG is not healthy: pleg has yet to be successful" {
 		t.Errorf("/healthz without a runtime = %d %q", code, body)
 	}

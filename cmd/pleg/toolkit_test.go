@@ -5,7 +5,6 @@ package main
 // runtime and a real `pleg run`, or against fake HTTP servers.
 
 import (
-	"bufio"
 	"bytes"
 	"encoding/json"
 	"fmt"
@@ -49,81 +48,13 @@ func runTool(t *testing.T, args ...string) (string, string, int) {
 	return stdout.String(), stderr.String(), cmd.ProcessState.ExitCode()
 }
 
-// toolSim serves a simulated runtime on a short socket path.
-func toolSim(t *testing.T, cfg sim.Config) *sim.Runtime {
-	t.Helper()
-	r := sim.New(cfg)
-	dir, err := os.MkdirTemp("", "pleg-tk-")
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { os.RemoveAll(dir) })
-	if err := r.Serve(filepath.Join(dir, "cri.sock")); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(r.Stop)
-	return r
-}
-
-var toolListenRE = regexp.MustCompile(`listening on (http://[0-9.:]+)`)
-
 // startDaemon starts `pleg run` against endpoint and returns its base URL.
 func startDaemon(t *testing.T, endpoint string, extra ...string) string {
 	t.Helper()
 	args := append([]string{"run", "-r", endpoint, "--listen-address", "127.0.0.1:0",
 		"--relist-period", "100ms", "--node-name", "node-a"}, extra...)
-	cmd := exec.Command(plegBinary, args...)
-	stderr, err := cmd.StderrPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	exited := make(chan struct{})
-	urls := make(chan string, 1)
-	var logs bytes.Buffer
-	go func() {
-		sc := bufio.NewScanner(stderr)
-		for sc.Scan() {
-			if m := toolListenRE.FindStringSubmatch(sc.Text()); m != nil {
-				select {
-				case urls <- m[1]:
-				default:
-				}
-			}
-			logs.WriteString(sc.Text() + "\n")
-		}
-		_ = cmd.Wait()
-		close(exited)
-	}()
-	t.Cleanup(func() {
-		_ = cmd.Process.Kill()
-		<-exited
-		if t.Failed() {
-			t.Logf("pleg run stderr:\n%s", logs.String())
-		}
-	})
-	select {
-	case u := <-urls:
-		return u
-	case <-exited:
-		t.Fatalf("pleg run exited before listening")
-	case <-time.After(10 * time.Second):
-		t.Fatalf("pleg run did not listen within 10s")
-	}
-	return ""
-}
-
-func waitUntil(t *testing.T, timeout time.Duration, what string, f func() bool) {
-	t.Helper()
-	deadline := time.Now().Add(timeout)
-	for !f() {
-		if time.Now().After(deadline) {
-			t.Fatalf("timed out after %v waiting for %s", timeout, what)
-		}
-		time.Sleep(50 * time.Millisecond)
-	}
+	base, _ := startPleg(t, args...).waitListening()
+	return base
 }
 
 // checkLine asserts that `pleg check` printed exactly one stdout line.
@@ -213,14 +144,14 @@ func TestCheckBadFlags(t *testing.T) {
 
 // TestToolkitAgainstDaemon runs check and pods against a real `pleg run`.
 func TestToolkitAgainstDaemon(t *testing.T) {
-	r := toolSim(t, sim.Config{Seed: 11, Pods: 3, ContainersPerPod: 2})
+	r := serveSim(t, sim.Config{Seed: 11, Pods: 3, ContainersPerPod: 2})
 	added, err := r.AddPod(sim.PodSpec{Name: "web-0", Namespace: "shop", Containers: []string{"app"}})
 	if err != nil {
 		t.Fatal(err)
 	}
 	base := startDaemon(t, r.Endpoint())
 
-	waitUntil(t, 10*time.Second, "pleg check to pass", func() bool {
+	poll(t, 10*time.Second, "pleg check to pass", func() bool {
 		_, _, code := runTool(t, "check", "--url", base)
 		return code == 0
 	})
@@ -358,7 +289,7 @@ func TestHumanAgo(t *testing.T) {
 }
 
 func TestDiagnoseCommand(t *testing.T) {
-	r := toolSim(t, sim.Config{Seed: 12, Pods: 4, ContainersPerPod: 2})
+	r := serveSim(t, sim.Config{Seed: 12, Pods: 4, ContainersPerPod: 2})
 	stdout, stderr, code := runTool(t, "diagnose", "-r", r.Endpoint(), "--probe-timeout", "1s")
 	lines := strings.Split(strings.TrimSuffix(stdout, "\n"), "\n")
 	last := lines[len(lines)-1]
