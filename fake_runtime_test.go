@@ -5,8 +5,8 @@ import (
 	"errors"
 	"fmt"
 	"sort"
+	"strings"
 	"sync"
-	"time"
 
 	"github.com/podlifecycle/pleg/runtime"
 	"k8s.io/apimachinery/pkg/types"
@@ -129,10 +129,10 @@ func pod(uid string, items ...string) *runtime.Pod {
 	p := &runtime.Pod{UID: types.UID(uid), Name: "name-" + uid, Namespace: "ns"}
 	for _, it := range items {
 		sandbox := false
-		if len(it) > 2 && it[:2] == "s:" {
-			sandbox, it = true, it[2:]
+		if rest, ok := strings.CutPrefix(it, "s:"); ok {
+			sandbox, it = true, rest
 		}
-		id, st, ok := cut(it, "=")
+		id, st, ok := strings.Cut(it, "=")
 		if !ok {
 			panic("bad item " + it)
 		}
@@ -144,15 +144,6 @@ func pod(uid string, items ...string) *runtime.Pod {
 		}
 	}
 	return p
-}
-
-func cut(s, sep string) (string, string, bool) {
-	for i := 0; i+len(sep) <= len(s); i++ {
-		if s[i:i+len(sep)] == sep {
-			return s[:i], s[i+len(sep):], true
-		}
-	}
-	return s, "", false
 }
 
 func parseState(s string) runtime.State {
@@ -205,5 +196,3 @@ func drain(ch <-chan *Event) []Event {
 }
 
 var errStatus = errors.New("status failed")
-
-var _ = time.Second
