@@ -63,13 +63,9 @@ type callTracker struct {
 	mu   sync.Mutex
 	next int
 	out  map[int]trackedCall
-	now  func() time.Time
 }
 
-type trackedCall struct {
-	op, id string
-	since  time.Time
-}
+type trackedCall struct{ op, id string }
 
 func (c *callTracker) StartCall(op, id string) func(time.Duration, error) {
 	c.mu.Lock()
@@ -78,7 +74,7 @@ func (c *callTracker) StartCall(op, id string) func(time.Duration, error) {
 	}
 	key := c.next
 	c.next++
-	c.out[key] = trackedCall{op: op, id: id, since: c.now()}
+	c.out[key] = trackedCall{op: op, id: id}
 	c.mu.Unlock()
 	return func(time.Duration, error) {
 		c.mu.Lock()
@@ -88,7 +84,7 @@ func (c *callTracker) StartCall(op, id string) func(time.Duration, error) {
 }
 
 // outstanding returns the oldest call still out (op "" when none).
-func (c *callTracker) outstanding() (op, id string, since time.Time) {
+func (c *callTracker) outstanding() (op, id string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	first := -1
@@ -98,10 +94,10 @@ func (c *callTracker) outstanding() (op, id string, since time.Time) {
 		}
 	}
 	if first < 0 {
-		return "", "", time.Time{}
+		return "", ""
 	}
 	call := c.out[first]
-	return call.op, call.id, call.since
+	return call.op, call.id
 }
 
 // InspectionTimeoutError is the error cached for a pod whose inspection
@@ -212,12 +208,11 @@ func (g *Generator) inspect(ctx context.Context, w work) (*runtime.PodStatus, er
 	pod := w.rec.current
 	if prev := g.inflight.get(w.uid); prev != nil {
 		// An abandoned call for this pod is still out: make no other.
-		op, id, _ := prev.calls.outstanding()
+		op, id := prev.calls.outstanding()
 		return nil, &InspectionTimeoutError{Pod: podRef(pod), UID: w.uid, Operation: op, ID: id,
 			Waited: g.clock.Since(prev.started), StillRunning: true}
 	}
 	in := &inspection{pod: pod, started: g.clock.Now(), done: make(chan struct{})}
-	in.calls.now = g.clock.Now
 	g.m.InspectionsInFlight.Inc()
 	g.wg.Add(1)
 	go func() {
@@ -244,7 +239,7 @@ func (g *Generator) inspect(ctx context.Context, w work) (*runtime.PodStatus, er
 	case <-ctx.Done():
 		err = ctx.Err()
 	case <-expired:
-		op, id, _ := in.calls.outstanding()
+		op, id := in.calls.outstanding()
 		g.m.InspectionTimeouts.WithLabelValues(op).Inc()
 		err = &InspectionTimeoutError{Pod: podRef(pod), UID: w.uid, Operation: op, ID: id, Waited: timeout}
 		g.log.Error(err, "Pod inspection exceeded the timeout; the relist goes on without it",
@@ -258,19 +253,18 @@ func (g *Generator) inspect(ctx context.Context, w work) (*runtime.PodStatus, er
 // returns; then the pod is relisted on its own.
 func (g *Generator) abandon(uid types.UID, in *inspection) {
 	pod := in.pod
-	w := work{uid: uid}
 	g.inflight.put(uid, in)
 	g.wg.Add(1)
 	go func() {
 		defer g.wg.Done()
 		<-in.done
-		g.inflight.remove(w.uid, in)
+		g.inflight.remove(uid, in)
 		if g.rootCtx.Err() != nil {
 			return
 		}
 		g.log.V(2).Info("Abandoned pod inspection returned; relisting the pod",
-			"pod", podRef(pod), "podUID", w.uid, "after", g.clock.Since(in.started), "err", errString(in.err))
-		g.RequestRelist(w.uid)
+			"pod", podRef(pod), "podUID", uid, "after", g.clock.Since(in.started), "err", errString(in.err))
+		g.RequestRelist(uid)
 	}()
 }
 
