@@ -20,8 +20,6 @@ import (
 
 func init() { register(newPodsCmd) }
 
-// truncatedIDLen is how many characters of an ID crictl shows.
-const truncatedIDLen = 13
 
 type podsOptions struct {
 	url     string
@@ -179,8 +177,8 @@ func writePodTable(w io.Writer, rows []podRow, now time.Time, noTrunc bool) erro
 		id, created := "-", "-"
 		if r.id != "" {
 			id = r.id
-			if !noTrunc && len(id) > truncatedIDLen {
-				id = id[:truncatedIDLen]
+			if !noTrunc {
+				id = shortID(id)
 			}
 		}
 		if !r.created.IsZero() {
