@@ -20,7 +20,6 @@ import (
 
 func init() { register(newPodsCmd) }
 
-
 type podsOptions struct {
 	url     string
 	noTrunc bool
