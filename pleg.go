@@ -201,13 +201,7 @@ func New(opts Options) (*Generator, error) {
 	g.stream.hints = make(map[types.UID]time.Time)
 	g.stream.status = EventStreamStatus{Mode: opts.Events, State: StreamOff}
 	g.deliver = newHub(opts.ChannelCapacity, opts.SubscriberBuffer, g.log, g.m)
-	g.m.TrackRelistProgress(func() time.Duration {
-		since := g.relistRunningSince.Load()
-		if since == 0 {
-			return 0
-		}
-		return g.clock.Since(time.Unix(0, since))
-	})
+	g.m.TrackRelistProgress(g.RelistRunningFor)
 	return g, nil
 }
 
@@ -358,9 +352,7 @@ func (g *Generator) Healthy() (bool, error) {
 	if last == 0 {
 		return false, errors.New("pleg has yet to be successful")
 	}
-	t := time.Unix(0, last)
-	g.m.LastSeen.Set(float64(t.Unix()))
-	if elapsed := g.clock.Since(t); elapsed > g.opts.RelistThreshold {
+	if elapsed := g.clock.Since(time.Unix(0, last)); elapsed > g.opts.RelistThreshold {
 		return false, &NotHealthyError{Elapsed: elapsed, Threshold: g.opts.RelistThreshold}
 	}
 	return true, nil
