@@ -79,12 +79,7 @@ func eventStream(s pleg.EventStreamStatus) EventStream {
 
 // readyz answers the Ready condition as JSON: 200 when True, 503 when False.
 func (s *Server) readyz(w http.ResponseWriter, _ *http.Request) {
-	var c pleg.Condition
-	if s.cfg.Readiness != nil {
-		c = s.cfg.Readiness.Condition()
-	} else {
-		c = healthCondition(s.cfg.Generator)
-	}
+	c := s.cfg.Readiness.Condition()
 	body := ReadyzBody{Condition: c, LastRuntimeStatus: formatTime(c.LastRuntimeStatus), Details: ReadyDetails{
 		RelistRunningSeconds: s.cfg.Generator.RelistRunningFor().Seconds(),
 		EventStream:          eventStream(s.cfg.Generator.EventStream()),
@@ -98,19 +93,6 @@ func (s *Server) readyz(w http.ResponseWriter, _ *http.Request) {
 	}
 	w.Header().Set("Cache-Control", "no-store")
 	s.writeJSON(w, code, body)
-}
-
-// healthCondition is the Ready condition of the generator's health alone.
-func healthCondition(g pleg.HealthChecker) pleg.Condition {
-	if ok, err := g.Healthy(); !ok {
-		msg := "PLEG is not healthy"
-		if err != nil {
-			msg += ": " + err.Error()
-		}
-		return pleg.Condition{Type: "Ready", Status: "False", Reason: pleg.ReasonNotReady,
-			Message: msg, Errors: []string{msg}}
-	}
-	return pleg.Condition{Type: "Ready", Status: "True", Reason: pleg.ReasonReady, Message: pleg.MessageReady}
 }
 
 // PodsBody is the JSON body of /api/v1/pods.

@@ -89,6 +89,10 @@ func New(cfg Config) *Server {
 	if cfg.Logger.GetSink() == nil {
 		cfg.Logger = logr.Discard()
 	}
+	if cfg.Readiness == nil {
+		// The Ready condition of the generator's health alone.
+		cfg.Readiness = pleg.NewReadiness(cfg.Generator, pleg.ReadinessOptions{})
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	s := &Server{cfg: cfg, mux: http.NewServeMux(), streams: ctx, cancelStream: cancel}
 	s.mux.HandleFunc("GET /healthz", s.healthz)
