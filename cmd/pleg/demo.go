@@ -9,7 +9,6 @@ import (
 	"net"
 	"os"
 	"path/filepath"
-	"sort"
 	"strings"
 	"sync"
 	"time"
@@ -18,6 +17,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/podlifecycle/pleg"
+	"github.com/podlifecycle/pleg/internal/bench"
 	"github.com/podlifecycle/pleg/internal/dashboard"
 	"github.com/podlifecycle/pleg/internal/httpapi"
 	"github.com/podlifecycle/pleg/runtime/sim"
@@ -271,7 +271,8 @@ func eventLine(e pleg.Event) string {
 		e.Pod(), name, shortID(e.ContainerID), exit)
 }
 
-// relistSummary returns the count, p50, p99 and max of recent relists.
+// relistSummary returns the count, p50, p99 and max of recent successful
+// relists.
 func relistSummary(stats []pleg.RelistStat) (n int, p50, p99, max time.Duration) {
 	var ds []time.Duration
 	for _, s := range stats {
@@ -279,12 +280,7 @@ func relistSummary(stats []pleg.RelistStat) (n int, p50, p99, max time.Duration)
 			ds = append(ds, s.Duration)
 		}
 	}
-	if len(ds) == 0 {
-		return 0, 0, 0, 0
-	}
-	sort.Slice(ds, func(i, j int) bool { return ds[i] < ds[j] })
-	q := func(p float64) time.Duration { return ds[int(p*float64(len(ds)-1))] }
-	return len(ds), q(.5), q(.99), ds[len(ds)-1]
+	return len(ds), bench.Percentile(ds, .5), bench.Percentile(ds, .99), bench.Percentile(ds, 1)
 }
 
 func (v *demoView) health() string {

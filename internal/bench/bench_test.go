@@ -321,16 +321,16 @@ func TestPercentile(t *testing.T) {
 	for i := 1; i <= 100; i++ {
 		ds = append(ds, time.Duration(101-i)*time.Millisecond)
 	}
-	if p := percentile(ds, 0.5); p != 50*time.Millisecond {
+	if p := Percentile(ds, 0.5); p != 50*time.Millisecond {
 		t.Errorf("p50 = %v", p)
 	}
-	if p := percentile(ds, 0.99); p != 99*time.Millisecond {
+	if p := Percentile(ds, 0.99); p != 99*time.Millisecond {
 		t.Errorf("p99 = %v", p)
 	}
-	if p := percentile(ds[:3], 0.99); p != 100*time.Millisecond {
+	if p := Percentile(ds[:3], 0.99); p != 100*time.Millisecond {
 		t.Errorf("p99 of 3 = %v", p)
 	}
-	if p := percentile(nil, 0.5); p != 0 {
+	if p := Percentile(nil, 0.5); p != 0 {
 		t.Errorf("p50 of none = %v", p)
 	}
 }

@@ -339,11 +339,11 @@ func runOne(ctx context.Context, o Options, sc Scenario, alg algorithm, relists 
 	for i, d := range durs {
 		res.RelistMs[i] = ms(d)
 	}
-	res.RelistP50Ms = ms(percentile(durs, 0.50))
-	res.RelistP99Ms = ms(percentile(durs, 0.99))
+	res.RelistP50Ms = ms(Percentile(durs, 0.50))
+	res.RelistP99Ms = ms(Percentile(durs, 0.99))
 	res.RelistMaxMs = ms(slices.Max(durs))
-	res.ListP50Ms = ms(percentile(lists, 0.50))
-	res.ListP99Ms = ms(percentile(lists, 0.99))
+	res.ListP50Ms = ms(Percentile(lists, 0.50))
+	res.ListP99Ms = ms(Percentile(lists, 0.99))
 	res.MaxBeyondListMs = ms(beyondList)
 	res.CallsByOp = map[string]float64{}
 	for op, v := range ops1.ops {
@@ -462,8 +462,8 @@ func (h *healthWatch) result() *HealthResult {
 	}
 }
 
-// percentile returns the nearest-rank percentile p (0 < p <= 1) of ds.
-func percentile(ds []time.Duration, p float64) time.Duration {
+// Percentile returns the nearest-rank percentile p (0 < p <= 1) of ds.
+func Percentile(ds []time.Duration, p float64) time.Duration {
 	if len(ds) == 0 {
 		return 0
 	}
