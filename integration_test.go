@@ -13,6 +13,7 @@ import (
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/podlifecycle/pleg"
+	"github.com/podlifecycle/pleg/internal/bench"
 	"github.com/podlifecycle/pleg/runtime/cri"
 	"github.com/podlifecycle/pleg/runtime/sim"
 )
@@ -304,8 +305,7 @@ func BenchmarkEventLatency(b *testing.B) {
 				lat = append(lat, time.Since(start))
 				_ = n.sim.RemovePod(p.UID)
 			}
-			sort.Slice(lat, func(i, j int) bool { return lat[i] < lat[j] })
-			q := func(p float64) float64 { return float64(lat[int(p*float64(len(lat)-1))].Microseconds()) / 1000 }
+			q := func(p float64) float64 { return float64(bench.Percentile(lat, p).Microseconds()) / 1000 }
 			b.ReportMetric(q(.5), "p50-ms")
 			b.ReportMetric(q(.99), "p99-ms")
 			b.ReportMetric(0, "ns/op")
