@@ -5,8 +5,8 @@ package dashboard
 // through the daemon's HTTP API.
 //
 // Chromium comes from Debian's package: when it is missing and the test
-// runs as root with apt-get, the test installs it (apt-get update && apt-get
-// install -y chromium) and says so. When it cannot be had, the test fails,
+// runs as root, the test installs it through test/apt-install.sh (which
+// serializes with the other suites' installs) and says so. When it cannot be had, the test fails,
 // unless PLEG_BROWSER_SKIP=1, which skips it. PLEG_CHROMIUM names another
 // browser binary; PLEG_DASHBOARD_SCREENSHOT names a PNG file to write the
 // final page to.
@@ -73,32 +73,17 @@ func ensureBrowser(t *testing.T) string {
 		}
 		t.Fatal(msg)
 	}
-	aptGet, err := exec.LookPath("apt-get")
-	if err != nil {
-		cannot("cannot be installed here (no apt-get)")
-	}
-	if os.Geteuid() != 0 {
-		cannot("cannot be installed by this user (not root)")
-	}
 	installOnce.Do(func() {
+		// test/apt-install.sh is the one way the suites install system
+		// packages: it waits for any other suite's install (go test runs
+		// test binaries in parallel) and for apt's own locks.
+		fmt.Fprintln(os.Stderr, "dashboard test: Chromium is missing; installing Debian's package chromium")
+		ctx, cancel := context.WithTimeout(context.Background(), 25*time.Minute)
+		defer cancel()
 		var out bytes.Buffer
-		run := func(args ...string) error {
-			line := "apt-get " + strings.Join(args, " ")
-			fmt.Fprintln(os.Stderr, "dashboard test: Chromium is missing; running:", line)
-			ctx, cancel := context.WithTimeout(context.Background(), 8*time.Minute)
-			defer cancel()
-			cmd := exec.CommandContext(ctx, aptGet, args...)
-			cmd.Env = append(os.Environ(), "DEBIAN_FRONTEND=noninteractive")
-			cmd.Stdout, cmd.Stderr = &out, &out
-			if err := cmd.Run(); err != nil {
-				return fmt.Errorf("%s: %w", line, err)
-			}
-			return nil
-		}
-		installOnce.err = run("update")
-		if installOnce.err == nil {
-			installOnce.err = run("install", "-y", "-o", "DPkg::Lock::Timeout=300", "chromium")
-		}
+		cmd := exec.CommandContext(ctx, "bash", filepath.Join("..", "..", "test", "apt-install.sh"), "chromium")
+		cmd.Stdout, cmd.Stderr = &out, &out
+		installOnce.err = cmd.Run()
 		installOnce.out = out.String()
 		if installOnce.err == nil {
 			fmt.Fprintln(os.Stderr, "dashboard test: installed", findBrowser())
@@ -109,7 +94,7 @@ func ensureBrowser(t *testing.T) string {
 		if len(tail) > 3000 {
 			tail = tail[len(tail)-3000:]
 		}
-		t.Logf("apt-get output (end):\n%s", tail)
+		t.Logf("test/apt-install.sh output (end):\n%s", tail)
 		cannot(fmt.Sprintf("could not be installed (%v)", installOnce.err))
 	}
 	p := findBrowser()

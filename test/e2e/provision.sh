@@ -3,7 +3,8 @@
 # machine. Idempotent; the e2e TestMain runs it on every start, and when all
 # is in place it only rebuilds the (cached, tiny) test images.
 #
-#   1. runc, from Debian (apt-get), if not installed.
+#   1. runc, from Debian, if not installed (through test/apt-install.sh,
+#      which serializes with the other suites' installs).
 #   2. containerd, containerd-shim-runc-v2 and ctr at $CONTAINERD_VERSION, built
 #      from source with the Go toolchain into $PLEG_E2E_CACHE/bin (default
 #      <repo>/.cache/e2e/bin), unless that version is already there.
@@ -59,13 +60,12 @@ find_runc() {
 }
 runc_path=$(find_runc)
 if [[ -z $runc_path ]]; then
-	command -v apt-get >/dev/null 2>&1 || fail "runc is not installed and apt-get is not available to install it"
-	say "runc not found; installing it with apt-get"
-	export DEBIAN_FRONTEND=noninteractive
-	apt-get update -q || fail "apt-get update failed"
-	apt-get install -y -q --no-install-recommends runc || fail "apt-get install runc failed"
+	say "runc not found; installing Debian's package"
+	# The one entry point for system packages: it serializes with every
+	# other suite's installs (go test runs test binaries in parallel).
+	bash "$repo_root/test/apt-install.sh" runc || fail "installing runc failed"
 	runc_path=$(find_runc)
-	[[ -n $runc_path ]] || fail "runc still not found after apt-get install runc"
+	[[ -n $runc_path ]] || fail "runc still not found after installing Debian's package runc"
 fi
 say "runc: $runc_path ($("$runc_path" --version | head -n1))"
 
