@@ -40,8 +40,11 @@ func serveSim(t *testing.T, cfg sim.Config, probe time.Duration) (*sim.Runtime, 
 }
 
 func TestHealthyNode(t *testing.T) {
-	s, c := serveSim(t, sim.Config{Seed: 1, Pods: 5, ContainersPerPod: 2}, 2*time.Second)
-	r, err := Run(context.Background(), c, Options{Endpoint: s.Endpoint(), ProbeTimeout: 2 * time.Second})
+	// Every call answers: a probe timeout no loaded machine reaches costs
+	// nothing.
+	const probe = 10 * time.Second
+	s, c := serveSim(t, sim.Config{Seed: 1, Pods: 5, ContainersPerPod: 2}, probe)
+	r, err := Run(context.Background(), c, Options{Endpoint: s.Endpoint(), ProbeTimeout: probe})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -89,25 +92,32 @@ func TestHealthyNode(t *testing.T) {
 // estimate charges the runtime request timeout twice, and the report is
 // done in about the probe timeout.
 func TestHungPod(t *testing.T) {
-	s, c := serveSim(t, sim.Config{Seed: 2, Pods: 6, ContainersPerPod: 2, HangPods: 1}, 300*time.Millisecond)
+	// The probe timeout tells a hung call (the simulated one never
+	// answers) from one that answers: it must leave the calls that answer
+	// room on a loaded machine.
+	const probe = time.Second
+	s, c := serveSim(t, sim.Config{Seed: 2, Pods: 6, ContainersPerPod: 2, HangPods: 1}, probe)
 	hungUID := s.Hung()[0]
 	hung, _ := s.Pod(hungUID)
 	start := time.Now()
-	r, err := Run(context.Background(), c, Options{ProbeTimeout: 300 * time.Millisecond, MaxParallel: 3})
+	r, err := Run(context.Background(), c, Options{ProbeTimeout: probe, MaxParallel: 3})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if took := time.Since(start); took > 5*time.Second {
+	// About one probe timeout; the hung call alone would take forever.
+	if took := time.Since(start); took > 30*time.Second {
 		t.Errorf("diagnosis took %v with a hung pod", took)
 	}
 	ref := hung.Namespace + "/" + hung.Name
 	if r.Healthy || !r.Estimate.ExceedsThreshold {
 		t.Errorf("hung pod judged healthy: %s", r.Verdict)
 	}
-	wantVerdict := regexp.MustCompile(`^relist would take ~4m0s \(threshold 3m0s\) because PodSandboxStatus for pod ` +
+	// 4m: the 2m request timeout, twice; plus the calls that answered, as
+	// long as they took here.
+	wantVerdict := regexp.MustCompile(`^relist would take ~(4m[0-9]+s) \(threshold 3m0s\) because PodSandboxStatus for pod ` +
 		regexp.QuoteMeta(ref) + ` hangs \(the kubelet waits the 2m0s runtime request timeout for it, twice per relist\)$`)
-	if !wantVerdict.MatchString(r.Verdict) {
-		t.Errorf("verdict = %q, want it to match %v", r.Verdict, wantVerdict)
+	if m := wantVerdict.FindStringSubmatch(r.Verdict); m == nil || m[1] != r.Estimate.Relist {
+		t.Errorf("verdict = %q (estimate %s), want it to match %v", r.Verdict, r.Estimate.Relist, wantVerdict)
 	}
 	if r.Cause == nil || r.Cause.Pod != ref || r.Cause.PodUID != hungUID || r.Cause.Call != "PodSandboxStatus" ||
 		!r.Cause.Hung || r.Cause.ID != hung.SandboxID() || r.Cause.KubeletSeconds != 120 {
@@ -118,12 +128,17 @@ func TestHungPod(t *testing.T) {
 		!p.FailedCall.Hung || p.Error == "" {
 		t.Errorf("first pod = %+v, want the hung one", p)
 	}
-	if p.InspectionSeconds > 2 {
-		t.Errorf("the hung pod's probe took %vs, want about the probe timeout", p.InspectionSeconds)
+	// The client's bound on the hung call ends the pod's probe after about
+	// one probe timeout, not Run's safety net (a probe timeout per call
+	// and a second: 6s here).
+	if p.InspectionSeconds > 3*probe.Seconds() {
+		t.Errorf("the hung pod's probe took %vs, want about the probe timeout (%v)", p.InspectionSeconds, probe)
 	}
 	e := r.Estimate
-	if e.HungCalls != 2 || e.FailingPods != 1 || e.ReinspectionSeconds < 120 || e.RelistSeconds < 240 || e.RelistSeconds > 241 {
-		t.Errorf("estimate = %+v", e)
+	hungSecs, answered := splitEstimate(t, r)
+	if e.HungCalls != 2 || e.FailingPods != 1 || e.ReinspectionSeconds < 120 || hungSecs != 240 ||
+		!near(e.RelistSeconds, hungSecs+answered) || !near(e.RelistSeconds, e.ListSeconds+e.InspectionSeconds+e.ReinspectionSeconds) {
+		t.Errorf("estimate = %+v; hung calls charged %vs, answered calls %vs", e, hungSecs, answered)
 	}
 	for _, q := range r.Pods[1:] {
 		if q.Result != ResultOK {
@@ -136,7 +151,7 @@ func TestHungPod(t *testing.T) {
 		t.Fatal(err)
 	}
 	out := text.String()
-	for _, want := range []string{"pod " + ref + ": PodSandboxStatus \"" + hung.SandboxID() + "\" hung (no answer within 300ms); try: crictl inspectp " + hung.SandboxID(), "reinspection of 1 failing pod", r.Verdict + "\n"} {
+	for _, want := range []string{"pod " + ref + ": PodSandboxStatus \"" + hung.SandboxID() + "\" hung (no answer within 1s); try: crictl inspectp " + hung.SandboxID(), "reinspection of 1 failing pod", r.Verdict + "\n"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("text report lacks %q:\n%s", want, out)
 		}
@@ -150,20 +165,58 @@ func TestHungPod(t *testing.T) {
 // A hung call that the kubelet's request timeout keeps short is not fatal,
 // but the verdict still names it.
 func TestHungPodShortRequestTimeout(t *testing.T) {
-	s, c := serveSim(t, sim.Config{Seed: 3, Pods: 3, HangPods: 1}, 200*time.Millisecond)
+	const probe = time.Second // room for the calls that answer
+	s, c := serveSim(t, sim.Config{Seed: 3, Pods: 3, HangPods: 1}, probe)
 	hung, _ := s.Pod(s.Hung()[0])
-	r, err := Run(context.Background(), c, Options{ProbeTimeout: 200 * time.Millisecond, RequestTimeout: 20 * time.Second})
+	r, err := Run(context.Background(), c, Options{ProbeTimeout: probe, RequestTimeout: 20 * time.Second})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if !r.Healthy {
 		t.Errorf("40s relist judged unhealthy: %s", r.Verdict)
 	}
-	want := "relist would take ~40s (threshold 3m0s): healthy, but PodSandboxStatus for pod " +
-		hung.Namespace + "/" + hung.Name + " hangs"
-	if !strings.HasPrefix(r.Verdict, want) {
-		t.Errorf("verdict = %q, want prefix %q", r.Verdict, want)
+	// ~40s: the 20s request timeout, twice, and the calls that answered
+	// (shown to the 100ms: "40s" on an idle machine, "40.1s" on a busy one).
+	want := regexp.MustCompile(`^relist would take ~(4[0-9](\.[0-9])?s) \(threshold 3m0s\): healthy, but PodSandboxStatus for pod ` +
+		regexp.QuoteMeta(hung.Namespace+"/"+hung.Name) + ` hangs`)
+	if m := want.FindStringSubmatch(r.Verdict); m == nil || m[1] != r.Estimate.Relist {
+		t.Errorf("verdict = %q (estimate %s), want it to match %v", r.Verdict, r.Estimate.Relist, want)
 	}
+	if hungSecs, answered := splitEstimate(t, r); hungSecs != 40 || !near(r.Estimate.RelistSeconds, hungSecs+answered) {
+		t.Errorf("estimate = %+v; hung calls charged %vs, answered calls %vs; want 40s for the hung ones", r.Estimate, hungSecs, answered)
+	}
+}
+
+// splitEstimate adds up what the report's calls cost the kubelet's relist,
+// as the estimate should: the hung calls (each the request timeout) and
+// the calls that answered (each as long as it took here, so the part that
+// depends on the machine's load), every pod's as often as a relist
+// inspects it.
+func splitEstimate(t *testing.T, r *Report) (hung, answered float64) {
+	t.Helper()
+	add := func(c Call, times int) {
+		switch {
+		case c.Hung:
+			if c.KubeletSeconds != r.Settings.RequestTimeoutSeconds {
+				t.Errorf("hung call %+v not charged the request timeout", c)
+			}
+			hung += c.KubeletSeconds * float64(times)
+		default:
+			if !near(c.KubeletSeconds, c.Seconds) {
+				t.Errorf("call %+v not charged what it took", c)
+			}
+			answered += c.KubeletSeconds * float64(times)
+		}
+	}
+	for _, c := range r.List.Calls {
+		add(c, 1)
+	}
+	for _, p := range r.Pods {
+		for _, c := range p.Calls {
+			add(c, p.KubeletInspections)
+		}
+	}
+	return hung, answered
 }
 
 func TestUnreachableRuntime(t *testing.T) {
@@ -195,9 +248,19 @@ type fakeRuntime struct {
 	listBlock chan struct{} // ListPods blocks on it, ignoring its context, when not nil
 	delay     time.Duration // of every PodStatus
 	fail      types.UID     // PodStatus of this pod fails
+	// rendezvous, when not 0, holds every PodStatus until that many have
+	// been in flight at once (or rendezvousWait passed), so that a test of
+	// the parallelism does not depend on how soon goroutines get a CPU.
+	rendezvous int32
 
+	missed                atomic.Bool // the rendezvous timed out
 	inflight, maxInflight atomic.Int32
 }
+
+// rendezvousWait bounds the wait for fakeRuntime.rendezvous: far beyond
+// any scheduling delay, and within Run's safety net for one pod (a probe
+// timeout per call and a second; at least 16s with the default 5s).
+const rendezvousWait = 10 * time.Second
 
 func (f *fakeRuntime) ListPods(ctx context.Context) ([]*runtime.Pod, error) {
 	if f.listBlock != nil {
@@ -224,6 +287,12 @@ func (f *fakeRuntime) PodStatus(ctx context.Context, pod *runtime.Pod) (*runtime
 			break
 		}
 	}
+	for deadline := time.Now().Add(rendezvousWait); f.maxInflight.Load() < f.rendezvous && !f.missed.Load(); {
+		if time.Now().After(deadline) {
+			f.missed.Store(true) // the test fails on maxInflight: no need to hold the others
+		}
+		time.Sleep(time.Millisecond)
+	}
 	time.Sleep(f.delay)
 	if pod.UID == f.fail {
 		return nil, errors.New("ContainerStatus \"c1\": rpc error: code = Internal desc = shim is gone")
@@ -240,15 +309,16 @@ func fakePods(n int) []*runtime.Pod {
 	return pods
 }
 
+// Pods are probed in parallel, MaxParallel at once, but the estimate adds
+// them up one after another, as the kubelet inspects them.
 func TestSlowPodsExceedThreshold(t *testing.T) {
-	f := &fakeRuntime{pods: fakePods(8), delay: 40 * time.Millisecond}
-	start := time.Now()
+	const delay = 40 * time.Millisecond
+	// The probes meet 4 at once before taking their time: probed one
+	// after another, they would never be 4 in flight.
+	f := &fakeRuntime{pods: fakePods(8), delay: delay, rendezvous: 4}
 	r, err := Run(context.Background(), f, Options{Threshold: 200 * time.Millisecond, RelistPeriod: -1, MaxParallel: 4})
 	if err != nil {
 		t.Fatal(err)
-	}
-	if took := time.Since(start); took > 300*time.Millisecond {
-		t.Errorf("8 pods of 40ms, 4 at once, took %v", took)
 	}
 	if got := f.maxInflight.Load(); got != 4 {
 		t.Errorf("at most %d pods probed at once, want 4", got)
@@ -256,8 +326,20 @@ func TestSlowPodsExceedThreshold(t *testing.T) {
 	if r.Healthy || r.Cause == nil || r.Cause.Pod == "" {
 		t.Errorf("report = %+v", r)
 	}
-	if !regexp.MustCompile(`^relist would take ~3[0-9]{2}ms \(threshold 200ms\) because inspecting 8 pods one after another takes ~3[0-9]{2}ms \(slowest: pod ns/pod-[0-9], [0-9]+ms; its slowest call: GetPodStatus [0-9]+ms\)$`).MatchString(r.Verdict) {
-		t.Errorf("verdict = %q", r.Verdict)
+	// 8 pods of at least 40ms each, one after another: at least 320ms, over
+	// the 200ms threshold however slow the machine. How much more depends
+	// on the machine: the verdict shows the estimate's own figures.
+	e := r.Estimate
+	var sum float64
+	for _, p := range r.Pods {
+		sum += p.KubeletSeconds
+	}
+	if e.InspectionSeconds < 8*delay.Seconds() || !near(e.InspectionSeconds, sum) || !e.ExceedsThreshold {
+		t.Errorf("estimate = %+v (pods sum %v), want the 8 pods added up: at least %v", e, sum, 8*delay)
+	}
+	m := regexp.MustCompile(`^relist would take ~(\S+) \(threshold 200ms\) because inspecting 8 pods one after another takes ~(\S+) \(slowest: pod ns/pod-[0-9], \S+; its slowest call: GetPodStatus \S+\)$`).FindStringSubmatch(r.Verdict)
+	if m == nil || m[1] != e.Relist || m[2] != Round(seconds(e.InspectionSeconds)).String() {
+		t.Errorf("verdict = %q (estimate %+v)", r.Verdict, e)
 	}
 }
 
@@ -279,6 +361,8 @@ func TestFailingPod(t *testing.T) {
 // A listing that hangs in a runtime that ignores its context still ends the
 // diagnosis in bounded time.
 func TestHungListingIgnoringContext(t *testing.T) {
+	// ListPods blocks until the test ends: without the safety net (two
+	// probe timeouts and a second here), Run would never return.
 	f := &fakeRuntime{pods: fakePods(1), listBlock: make(chan struct{})}
 	defer close(f.listBlock)
 	start := time.Now()
@@ -286,8 +370,8 @@ func TestHungListingIgnoringContext(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if took := time.Since(start); took > 3*time.Second {
-		t.Errorf("took %v", took)
+	if took := time.Since(start); took > 30*time.Second {
+		t.Errorf("took %v, want about 1.2s", took)
 	}
 	want := "relist fails: ListPods hangs (no answer within 100ms; the kubelet gives up after the 2m0s runtime request timeout), so PLEG turns unhealthy 3m0s after its last successful relist"
 	// No ListPodSandbox seen to answer (nor an endpoint): no shim probe.

@@ -34,6 +34,13 @@ type shimCRI struct {
 	stuck     map[string]bool // sandbox IDs whose verbose status hangs
 	hangList  bool
 	delay     time.Duration // of the verbose status calls that answer
+	// rendezvous, when not 0, holds the verbose status calls that answer
+	// until that many have been in flight at once (or their context
+	// ends), so that a test of the parallelism does not depend on how soon
+	// goroutines get a CPU.
+	rendezvous int
+	// onVerbose, when set, is called as a verbose status call arrives.
+	onVerbose func(id string)
 
 	mu                      sync.Mutex
 	verbose                 []string // sandbox IDs of verbose status calls
@@ -95,8 +102,20 @@ func (f *shimCRI) PodSandboxStatus(ctx context.Context, r *runtimeapi.PodSandbox
 			f.inflight--
 			f.mu.Unlock()
 		}()
+		if f.onVerbose != nil {
+			f.onVerbose(r.PodSandboxId)
+		}
 		if f.stuck[r.PodSandboxId] {
 			return nil, hang(ctx)
+		}
+		for ctx.Err() == nil {
+			f.mu.Lock()
+			met := f.maxInflight >= f.rendezvous
+			f.mu.Unlock()
+			if met {
+				break
+			}
+			time.Sleep(time.Millisecond)
 		}
 		time.Sleep(f.delay)
 	}
@@ -146,7 +165,9 @@ func sandbox(c byte, name string, ready bool) *runtimeapi.PodSandbox {
 // status lock, held by a call waiting on a stopped shim. The diagnosis
 // names the pod whose shim does not answer.
 func TestHungListNamesStuckShim(t *testing.T) {
-	const probe = 200 * time.Millisecond
+	// The probe timeout tells the hung calls (they never answer) from the
+	// others: it leaves those room on a loaded machine.
+	const probe = time.Second
 	stuck := sandbox('b', "stuck", true)
 	f := &shimCRI{
 		sandboxes: []*runtimeapi.PodSandbox{sandbox('a', "fine", true), stuck, sandbox('c', "gone", false)},
@@ -160,8 +181,10 @@ func TestHungListNamesStuckShim(t *testing.T) {
 		t.Fatal(err)
 	}
 	took := time.Since(start)
-	// The listing's probe timeout, then one round of verbose calls.
-	if took < 2*probe || took > 4*probe+time.Second {
+	// The listing's probe timeout, then one round of verbose calls (the
+	// count of verbose calls below says one round): at least 2 probe
+	// timeouts, and bounded, where the hung calls alone would never end.
+	if took < 2*probe || took > 30*time.Second {
 		t.Errorf("diagnosis took %v, want about 2 probe timeouts (%v)", took, 2*probe)
 	}
 	if r.Healthy || !r.Estimate.ListFails || len(r.Pods) != 0 {
@@ -179,11 +202,13 @@ func TestHungListNamesStuckShim(t *testing.T) {
 		t.Fatalf("stuck shims = %+v, want ns/stuck's", r.StuckShims)
 	}
 	s := r.StuckShims[0]
+	// It waited about the probe timeout (timed from a moment after the
+	// call's deadline was set: maybe a hair less).
 	if s.Pod != "ns/stuck" || s.PodUID != "uid-stuck" || s.SandboxID != stuck.Id || s.SandboxState != "running" ||
-		s.Seconds < probe.Seconds() || s.Error != "verbose PodSandboxStatus: no answer within 200ms" {
+		s.Seconds < probe.Seconds()/2 || s.Error != "verbose PodSandboxStatus: no answer within 1s" {
 		t.Errorf("stuck shim = %+v", s)
 	}
-	want := "relist fails: ListContainers hangs (no answer within 200ms; the kubelet gives up after the 2m0s runtime request timeout), " +
+	want := "relist fails: ListContainers hangs (no answer within 1s; the kubelet gives up after the 2m0s runtime request timeout), " +
 		"so PLEG turns unhealthy 3m0s after its last successful relist; the shim of pod ns/stuck does not answer " +
 		"(crictl inspectp bbbbbbbbbbbbb hangs): a call waiting on a stuck shim while holding a container's lock is the usual cause"
 	if r.Verdict != want {
@@ -201,7 +226,7 @@ func TestHungListNamesStuckShim(t *testing.T) {
 	}
 	for _, line := range []string{
 		"Shims:    verbose PodSandboxStatus (crictl inspectp; not a kubelet call) of every sandbox, because ListContainers hung: 3 sandboxes: 1 shim does not answer, 2 answered",
-		"  pod ns/stuck: its shim does not answer: verbose PodSandboxStatus hung (no answer within 200ms); try: crictl inspectp " + stuck.Id,
+		"  pod ns/stuck: its shim does not answer: verbose PodSandboxStatus hung (no answer within 1s); try: crictl inspectp " + stuck.Id,
 		want,
 	} {
 		if !strings.Contains(text.String(), line+"\n") {
@@ -237,14 +262,14 @@ func TestHungListNamesStuckShim(t *testing.T) {
 // With every shim answering, a hung listing is reported as before; the
 // probe says it found nothing.
 func TestHungListNoStuckShim(t *testing.T) {
-	const probe = 100 * time.Millisecond
+	const probe = time.Second // room for the calls that answer
 	f := &shimCRI{sandboxes: []*runtimeapi.PodSandbox{sandbox('a', "a", true), sandbox('b', "b", true)}, hangList: true}
 	endpoint, c := serveShimCRI(t, f, probe)
 	r, err := Run(context.Background(), c, Options{Endpoint: endpoint, ProbeTimeout: probe})
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := "relist fails: ListContainers hangs (no answer within 100ms; the kubelet gives up after the 2m0s runtime request timeout), so PLEG turns unhealthy 3m0s after its last successful relist"
+	want := "relist fails: ListContainers hangs (no answer within 1s; the kubelet gives up after the 2m0s runtime request timeout), so PLEG turns unhealthy 3m0s after its last successful relist"
 	if r.Verdict != want || r.Cause == nil || r.Cause.Pod != "" || r.Cause.Call != "ListContainers" || len(r.StuckShims) != 0 {
 		t.Errorf("verdict %q cause %+v stuck %v, want %q and no pod", r.Verdict, r.Cause, r.StuckShims, want)
 	}
@@ -263,7 +288,7 @@ func TestHungListNoStuckShim(t *testing.T) {
 // Without raw CRI calls the probe cannot be made; the report says why and
 // is otherwise unchanged.
 func TestHungListNoRawCRI(t *testing.T) {
-	const probe = 100 * time.Millisecond
+	const probe = time.Second // room for ListPodSandbox to answer
 	f := &shimCRI{sandboxes: []*runtimeapi.PodSandbox{sandbox('a', "a", true)}, hangList: true,
 		stuck: map[string]bool{strings.Repeat("a", 64): true}}
 	endpoint, c := serveShimCRI(t, f, probe)
@@ -289,7 +314,10 @@ type noRaw struct{ runtime.Runtime }
 // Many stuck shims: the probe stays within its budget of probe timeouts
 // and says what it did not probe.
 func TestShimProbeBounded(t *testing.T) {
-	const probe = 100 * time.Millisecond
+	// Long enough for the calls that answer on a loaded machine; the
+	// probe's listing must answer within 2 probe timeouts for a round of
+	// verbose calls to start.
+	const probe = time.Second
 	f := &shimCRI{stuck: map[string]bool{}, hangList: true}
 	for i := range 20 {
 		s := sandbox(byte('A'+i), string(rune('a'+i)), true)
@@ -302,9 +330,12 @@ func TestShimProbeBounded(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	// The listing's probe timeout and the shim probe's three.
-	if took := time.Since(start); took > 4*probe+500*time.Millisecond {
-		t.Errorf("diagnosis took %v, want at most about 4 probe timeouts", took)
+	// The listing's probe timeout and the shim probe's three (4s here),
+	// and some room for the calls that answer; without the budget, 7
+	// rounds of verbose calls would take 8 probe timeouts in all. (The
+	// count of verbose calls below is the exact check of the budget.)
+	if took := time.Since(start); took > 4*probe+3*time.Second {
+		t.Errorf("diagnosis took %v, want at most about 4 probe timeouts (%v)", took, 4*probe)
 	}
 	sp := r.ShimProbe
 	if sp == nil || sp.Sandboxes != 20 || sp.Stuck == 0 || sp.Skipped == 0 || sp.Stuck+sp.Skipped != 20 || sp.Answered != 0 {
@@ -326,17 +357,23 @@ func TestShimProbeBounded(t *testing.T) {
 
 // The verbose calls are made at most MaxParallel at once.
 func TestShimProbeParallel(t *testing.T) {
-	const probe = time.Second
-	f := &shimCRI{hangList: true, delay: 50 * time.Millisecond}
+	// No verbose call hangs: a probe timeout no loaded machine reaches
+	// costs nothing. The listing's calls (ListContainers hangs) are bounded
+	// by the client's timeout.
+	const probe = 10 * time.Second
+	// The verbose calls meet 3 at once before taking their time: made one
+	// after another, they would never be 3 in flight.
+	f := &shimCRI{hangList: true, delay: 50 * time.Millisecond, rendezvous: 3}
 	for i := range 10 {
 		f.sandboxes = append(f.sandboxes, sandbox(byte('A'+i), string(rune('a'+i)), true))
 	}
-	endpoint, c := serveShimCRI(t, f, 100*time.Millisecond)
+	endpoint, c := serveShimCRI(t, f, time.Second)
 	r, err := Run(context.Background(), c, Options{Endpoint: endpoint, ProbeTimeout: probe, MaxParallel: 3})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if sp := r.ShimProbe; sp == nil || sp.Answered != 10 || sp.TookSeconds < 0.2 || sp.TookSeconds > 0.9 {
+	// 3 at once: 4 rounds of at least 50ms.
+	if sp := r.ShimProbe; sp == nil || sp.Answered != 10 || sp.TookSeconds < 0.2 {
 		t.Errorf("shim probe = %+v, want 10 answered in 4 rounds of 50ms", sp)
 	}
 	f.mu.Lock()
@@ -350,7 +387,7 @@ func TestShimProbeParallel(t *testing.T) {
 // shim does not slow the kubelet's relist; the verdict names it all the
 // same. Without ProbeShims nothing is probed.
 func TestProbeShimsRequested(t *testing.T) {
-	const probe = 100 * time.Millisecond
+	const probe = time.Second // room for the calls that answer
 	stuck := sandbox('b', "stuck", true)
 	f := &shimCRI{sandboxes: []*runtimeapi.PodSandbox{sandbox('a', "fine", true), stuck},
 		stuck: map[string]bool{stuck.Id: true}}
@@ -399,19 +436,47 @@ func TestProbeShimsRequested(t *testing.T) {
 }
 
 // An interrupted shim probe reports what it did not probe as skipped, not
-// as stuck.
+// as stuck: whether the diagnosis is cancelled while the verbose call
+// waits, or its deadline comes before the call's probe timeout.
 func TestShimProbeInterrupted(t *testing.T) {
-	const probe = time.Second
-	stuck := sandbox('b', "stuck", true)
-	f := &shimCRI{sandboxes: []*runtimeapi.PodSandbox{stuck}, stuck: map[string]bool{stuck.Id: true}}
-	endpoint, c := serveShimCRI(t, f, probe)
-	ctx, cancel := context.WithTimeout(context.Background(), 300*time.Millisecond)
-	defer cancel()
-	r, err := Run(ctx, c, Options{Endpoint: endpoint, ProbeTimeout: probe, ProbeShims: true})
-	if err == nil {
-		t.Fatalf("no error from an interrupted diagnosis: %+v %+v took %v", r.ShimProbe, r.StuckShims, r.TookSeconds)
-	}
-	if sp := r.ShimProbe; sp == nil || sp.Stuck != 0 || sp.Skipped != 1 || len(r.StuckShims) != 0 {
-		t.Errorf("shim probe = %+v, stuck %v", sp, r.StuckShims)
+	for _, tc := range []struct {
+		name string
+		// interrupt returns the diagnosis' context and the hook that
+		// sees the stuck verbose call arrive.
+		interrupt func(t *testing.T) (context.Context, func(string))
+	}{
+		{"cancelled", func(t *testing.T) (context.Context, func(string)) {
+			ctx, cancel := context.WithCancel(context.Background())
+			t.Cleanup(cancel)
+			return ctx, func(string) { cancel() }
+		}},
+		// The deadline must leave the listing and the pod's inspection
+		// time on a loaded machine; the probe timeout is far beyond it.
+		{"deadline", func(t *testing.T) (context.Context, func(string)) {
+			ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+			t.Cleanup(cancel)
+			return ctx, nil
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			const probe = time.Minute
+			stuck := sandbox('b', "stuck", true)
+			f := &shimCRI{sandboxes: []*runtimeapi.PodSandbox{stuck}, stuck: map[string]bool{stuck.Id: true}}
+			ctx, onVerbose := tc.interrupt(t)
+			f.onVerbose = onVerbose
+			endpoint, c := serveShimCRI(t, f, probe)
+			r, err := Run(ctx, c, Options{Endpoint: endpoint, ProbeTimeout: probe, ProbeShims: true})
+			if err == nil {
+				t.Fatalf("no error from an interrupted diagnosis: %+v %+v took %v", r.ShimProbe, r.StuckShims, r.TookSeconds)
+			}
+			if sp := r.ShimProbe; sp == nil || sp.Stuck != 0 || sp.Skipped != 1 || len(r.StuckShims) != 0 {
+				t.Errorf("shim probe = %+v, stuck %v", sp, r.StuckShims)
+			}
+			f.mu.Lock()
+			if len(f.verbose) != 1 {
+				t.Errorf("verbose calls %v, want the one interrupted", f.verbose)
+			}
+			f.mu.Unlock()
+		})
 	}
 }
