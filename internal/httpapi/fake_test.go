@@ -3,6 +3,7 @@ package httpapi
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"testing"
 	"time"
@@ -107,16 +108,33 @@ func startGenerator(t *testing.T, rt runtime.Runtime) *pleg.Generator {
 	return g
 }
 
-// waitFor polls cond until it holds or 5 s pass.
+// waitFor polls cond until it holds or 30 s pass: long enough for any
+// machine, however busy; a test that passes does not wait for it.
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
+	deadline := time.Now().Add(30 * time.Second)
 	for !cond() {
 		if time.Now().After(deadline) {
 			t.Fatalf("timed out waiting for %s", what)
 		}
 		time.Sleep(5 * time.Millisecond)
 	}
+}
+
+// waitRelisted waits for a relist of pods pods to have ended without a
+// listing error: every cache entry it set and every event it delivered
+// are in place (the cache is set before a pod's events are delivered, so
+// a full cache alone does not say the events are).
+func waitRelisted(t *testing.T, g *pleg.Generator, pods int) {
+	t.Helper()
+	waitFor(t, fmt.Sprintf("a relist of %d pods to end", pods), func() bool {
+		for _, s := range g.RecentRelists() {
+			if s.Err == "" && s.Pods == pods {
+				return true
+			}
+		}
+		return false
+	})
 }
 
 // healthOverride is a generator whose health is set by the test.

@@ -4,6 +4,7 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
+	"errors"
 	"io"
 	"net"
 	"net/http"
@@ -349,7 +350,9 @@ func TestEventsStream(t *testing.T) {
 	rt := samplePods()
 	rt.fail = nil
 	g := startGenerator(t, rt)
-	waitFor(t, "both pods in the cache", func() bool { return g.Cache().Len() == 2 })
+	// The resync below must hold both pods, and no event of theirs may
+	// follow it.
+	waitRelisted(t, g, 2)
 
 	s := New(Config{Generator: g, Heartbeat: 20 * time.Millisecond})
 	handlerDone := make(chan struct{}, 1)
@@ -412,7 +415,7 @@ func TestEventsStream(t *testing.T) {
 	cancel()
 	select {
 	case <-handlerDone:
-	case <-time.After(5 * time.Second):
+	case <-time.After(30 * time.Second):
 		t.Fatal("the events handler did not return after the client went away")
 	}
 }
@@ -437,7 +440,9 @@ func TestEventsStreamEndsWhenGeneratorStops(t *testing.T) {
 
 func TestServeShutsDownWithOpenStreams(t *testing.T) {
 	g := startGenerator(t, newFakeRuntime())
-	s := New(Config{Generator: g, ShutdownTimeout: 3 * time.Second})
+	// A shutdown that waited for the open stream would wait an hour: the
+	// bound below tells it from a prompt one on any machine.
+	s := New(Config{Generator: g, ShutdownTimeout: time.Hour})
 	ln, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -469,17 +474,23 @@ func TestServeShutsDownWithOpenStreams(t *testing.T) {
 		if err != nil {
 			t.Errorf("Serve = %v, want nil", err)
 		}
-	case <-time.After(2 * time.Second):
+	case <-time.After(30 * time.Second):
 		t.Fatal("Serve did not return promptly with an event stream open")
 	}
-	if d := time.Since(start); d > time.Second {
-		t.Errorf("shutdown took %v", d)
-	}
+	t.Logf("shutdown took %v", time.Since(start))
 	if _, err := io.ReadAll(sresp.Body); err != nil {
 		t.Errorf("stream after shutdown: %v", err)
 	}
-	if _, err := http.Get(url + "/healthz"); err == nil {
-		t.Error("the server still answers after shutdown")
+	// The server no longer answers: its listener is closed. (Asked of the
+	// listener rather than by a request to its port, which another process
+	// may have taken since.)
+	tl := ln.(*net.TCPListener)
+	_ = tl.SetDeadline(time.Now())
+	if c, err := tl.Accept(); !errors.Is(err, net.ErrClosed) {
+		if c != nil {
+			c.Close()
+		}
+		t.Errorf("the listener is still open after shutdown: Accept = %v", err)
 	}
 }
 
