@@ -21,12 +21,12 @@ func TestWithProjectClient(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(r.Stop)
-	c, err := cri.Dial(r.Endpoint(), cri.WithTimeout(5*time.Second))
+	c, err := cri.Dial(r.Endpoint(), cri.WithTimeout(30*time.Second))
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { c.Close() })
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 
 	name, _, err := c.Version(ctx)

@@ -206,7 +206,7 @@ func TestSlowSubscriberDoesNotBlock(t *testing.T) {
 	}()
 	select {
 	case <-finished:
-	case <-time.After(5 * time.Second):
+	case <-time.After(patience):
 		t.Fatal("the model blocked on a slow subscriber")
 	}
 	st := r.EventStats()

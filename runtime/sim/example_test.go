@@ -37,7 +37,7 @@ func Example() {
 	}
 	defer conn.Close()
 	client := runtimeapi.NewRuntimeServiceClient(conn)
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 
 	v, err := client.Version(ctx, &runtimeapi.VersionRequest{})

@@ -72,13 +72,13 @@ func TestHungStatusCalls(t *testing.T) {
 		}
 	}
 
-	// Un-hanging releases a waiting call.
+	// Un-hanging releases a waiting call (the third ContainerStatus).
 	done := make(chan error, 1)
 	go func() {
 		_, err := c.ContainerStatus(ctx, &runtimeapi.ContainerStatusRequest{ContainerId: hung.Containers[0].ID})
 		done <- err
 	}()
-	time.Sleep(20 * time.Millisecond)
+	waitFor(t, "the hung call", func() bool { return r.Calls()["ContainerStatus"] == 3 })
 	r.SetHung(hung.UID, false)
 	if err := <-done; err != nil {
 		t.Fatalf("released call: %v", err)
@@ -96,12 +96,12 @@ func TestHungStatusCalls(t *testing.T) {
 	select {
 	case err := <-done:
 		wantCode(t, err, codes.Unavailable, codes.Canceled)
-	case <-time.After(5 * time.Second):
+	case <-time.After(patience):
 		t.Fatal("Stop did not end the hung call")
 	}
 	select {
 	case <-stopped:
-	case <-time.After(5 * time.Second):
+	case <-time.After(patience):
 		t.Fatal("Stop did not return")
 	}
 }
@@ -175,7 +175,7 @@ func TestGoAwayAndComeBack(t *testing.T) {
 	if err := r.ComeBack(); err != nil {
 		t.Fatal(err)
 	}
-	wait, cancel := context.WithTimeout(ctx, 5*time.Second)
+	wait, cancel := context.WithTimeout(ctx, patience)
 	defer cancel()
 	after, err := c.ListContainers(wait, &runtimeapi.ListContainersRequest{}, grpc.WaitForReady(true))
 	if err != nil {

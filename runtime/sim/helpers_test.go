@@ -19,11 +19,16 @@ import (
 	clocktesting "k8s.io/utils/clock/testing"
 )
 
+// patience is how long a test waits for what should come at once: long
+// enough for a machine however busy; a test that passes does not wait it
+// out.
+const patience = 30 * time.Second
+
 // TestMain fails the run when goroutines of this package outlive the tests.
 func TestMain(m *testing.M) {
 	code := m.Run()
 	if code == 0 {
-		if leaked := waitNoLeaks(3 * time.Second); leaked != "" {
+		if leaked := waitNoLeaks(patience); leaked != "" {
 			fmt.Fprintf(os.Stderr, "leaked goroutines:\n%s\n", leaked)
 			code = 1
 		}
@@ -90,7 +95,7 @@ func newSim(t *testing.T, cfg Config) (*Runtime, runtimeapi.RuntimeServiceClient
 }
 
 func ctxT(t *testing.T) context.Context {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 2*patience)
 	t.Cleanup(cancel)
 	return ctx
 }
@@ -117,7 +122,7 @@ func mustAdd(t *testing.T, r *Runtime, spec PodSpec) PodInfo {
 
 func waitFor(t *testing.T, what string, cond func() bool) {
 	t.Helper()
-	deadline := time.Now().Add(5 * time.Second)
+	deadline := time.Now().Add(patience)
 	for !cond() {
 		if time.Now().After(deadline) {
 			t.Fatalf("timed out waiting for %s", what)

@@ -219,10 +219,14 @@ func TestRunOnFakeClock(t *testing.T) {
 		clk.Step(time.Second)
 		waitFor(t, "a step", func() bool { return r.StepCount() == want })
 	}
+	// The timer is re-armed after the step is counted: wait for it, or
+	// "no waiters" below could be the moment in between.
+	waitFor(t, "the step timer", clk.HasWaiters)
 	cancel()
+	// Only Run's return stops its timer: once it has, no step can come,
+	// however long the test waited.
 	waitFor(t, "Run to end", func() bool { return !clk.HasWaiters() })
 	clk.Step(time.Second)
-	time.Sleep(10 * time.Millisecond)
 	if n := r.StepCount(); n != 3 {
 		t.Errorf("StepCount = %d after cancel", n)
 	}
