@@ -58,17 +58,36 @@ func TestWatchEvents(t *testing.T) {
 		{ContainerID: "c5", Type: runtime.EventType(99)},
 	}
 
+	// After the events, the stream waits for late, then sends one more
+	// event (once the unary timeout has long passed) and stays open.
+	late := make(chan struct{})
+	lateEvent := &runtimeapi.ContainerEventResponse{ContainerId: "late", ContainerEventType: runtimeapi.ContainerEventType_CONTAINER_CREATED_EVENT}
+	deadlines := make(chan bool, 1) // whether the stream's context has a deadline
 	f := &fakeCRI{events: func(_ *runtimeapi.GetEventsRequest, s eventStream) error {
+		_, ok := s.Context().Deadline()
+		select {
+		case deadlines <- ok:
+		default:
+		}
 		for _, ev := range sent {
 			if err := s.Send(ev); err != nil {
 				return err
 			}
 		}
+		select {
+		case <-late:
+			if err := s.Send(lateEvent); err != nil {
+				return err
+			}
+		case <-s.Context().Done():
+			return nil
+		}
 		<-s.Context().Done() // then stay open
 		return nil
 	}}
+	const unaryTimeout = 50 * time.Millisecond
 	m := metrics.New(nil)
-	c := f.start(t, WithMetrics(m), WithTimeout(50*time.Millisecond))
+	c := f.start(t, WithMetrics(m), WithTimeout(unaryTimeout))
 
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -80,26 +99,35 @@ func TestWatchEvents(t *testing.T) {
 	}()
 
 	var events []runtime.Event
-	for range want {
+	next := func() runtime.Event {
+		t.Helper()
 		select {
 		case ev := <-got:
-			events = append(events, ev)
+			return ev
 		case err := <-errc:
-			t.Fatalf("WatchEvents returned early: %v", err)
-		case <-time.After(10 * time.Second):
+			t.Fatalf("WatchEvents returned early: %v (events %v)", err, events)
+		case <-time.After(30 * time.Second):
 			t.Fatalf("timed out waiting for events; got %v", events)
 		}
+		return runtime.Event{}
+	}
+	for range want {
+		events = append(events, next())
 	}
 	if !reflect.DeepEqual(events, want) {
 		t.Errorf("events:\n got %+v\nwant %+v", events, want)
 	}
 
-	// The stream outlives the unary timeout.
-	time.Sleep(150 * time.Millisecond)
-	select {
-	case err := <-errc:
-		t.Fatalf("WatchEvents ended before ctx: %v", err)
-	default:
+	// The stream outlives the unary timeout: it carries no deadline, and an
+	// event sent well after the timeout still arrives. (A slow machine only
+	// sends it later.)
+	if <-deadlines {
+		t.Error("the event stream has a deadline")
+	}
+	time.Sleep(3 * unaryTimeout)
+	close(late)
+	if ev := next(); ev.ContainerID != "late" || ev.Type != runtime.ContainerCreated {
+		t.Errorf("late event = %+v, want the creation of container late", ev)
 	}
 
 	cancel()
@@ -108,7 +136,7 @@ func TestWatchEvents(t *testing.T) {
 		if err != context.Canceled {
 			t.Errorf("WatchEvents after cancel = %v, want context.Canceled", err)
 		}
-	case <-time.After(10 * time.Second):
+	case <-time.After(30 * time.Second):
 		t.Fatal("WatchEvents did not return after cancel")
 	}
 	if n := testutil.ToFloat64(m.RuntimeOperations.WithLabelValues(metrics.OpGetContainerEvents)); n != 1 {

@@ -15,7 +15,7 @@ func TestMain(m *testing.M) {
 	code := m.Run()
 	if code == 0 {
 		var leaked []string
-		for deadline := time.Now().Add(5 * time.Second); ; {
+		for deadline := time.Now().Add(30 * time.Second); ; {
 			buf := make([]byte, 1<<20)
 			leaked = leakedGoroutines(string(buf[:goruntime.Stack(buf, true)]))
 			if len(leaked) == 0 || time.Now().After(deadline) {
