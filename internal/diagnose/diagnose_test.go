@@ -401,8 +401,9 @@ func TestInterrupted(t *testing.T) {
 
 // TestJSONShape pins the keys scripts (and the real-containerd suite) read.
 func TestJSONShape(t *testing.T) {
-	_, c := serveSim(t, sim.Config{Seed: 4, Pods: 2, HangPods: 1}, 200*time.Millisecond)
-	r, err := Run(context.Background(), c, Options{ProbeTimeout: 200 * time.Millisecond})
+	const probe = time.Second // room for the listing to answer on a loaded machine
+	_, c := serveSim(t, sim.Config{Seed: 4, Pods: 2, HangPods: 1}, probe)
+	r, err := Run(context.Background(), c, Options{ProbeTimeout: probe})
 	if err != nil {
 		t.Fatal(err)
 	}
