@@ -53,11 +53,19 @@ type hub struct {
 	capacity int
 	buffer   int
 
+	// mu guards the fields below. It is never held while logging or
+	// while pushing to subscriptions (each has its own lock); lock order
+	// is hub, then subscription.
 	mu     sync.Mutex
 	ch     chan *Event
 	subs   map[*Subscription]struct{}
 	pods   map[types.UID]*runtime.Pod // the listing events were delivered for
+	seq    uint64                     // publishes so far: the state pods is at
 	closed bool
+
+	// scratch is the publisher's copy of subs (publish is called from
+	// one goroutine at a time: the relist goroutine).
+	scratch []*Subscription
 }
 
 func newHub(capacity, buffer int, log logr.Logger, m *metrics.Metrics) *hub {
@@ -78,11 +86,12 @@ func (h *hub) watch() <-chan *Event {
 }
 
 // publish delivers the events of one pod and records pod (nil: gone) as
-// the state they lead to.
+// the state they lead to. The relist goroutine calls it; it never blocks on
+// a consumer, and holds no lock while it logs.
 func (h *hub) publish(uid types.UID, pod *runtime.Pod, events []Event) {
 	h.mu.Lock()
-	defer h.mu.Unlock()
 	if h.closed {
+		h.mu.Unlock()
 		return
 	}
 	if pod == nil {
@@ -90,24 +99,44 @@ func (h *hub) publish(uid types.UID, pod *runtime.Pod, events []Event) {
 	} else {
 		h.pods[uid] = pod
 	}
+	h.seq++
+	seq := h.seq
+	discarded := 0
+	if h.ch != nil {
+		// Under the lock: close() closes the channel.
+		for i := range events {
+			ev := events[i]
+			select {
+			case h.ch <- &ev:
+			default:
+				discarded++
+			}
+		}
+	}
+	subs := h.scratch[:0]
+	for s := range h.subs {
+		subs = append(subs, s)
+	}
+	h.scratch = subs
+	h.mu.Unlock()
+
 	for i := range events {
 		e := &events[i]
 		h.m.EventsDelivered.WithLabelValues(string(e.Type)).Inc()
 		if h.log.V(2).Enabled() {
 			h.log.V(2).Info("SyncLoop (PLEG): event for pod", "pod", e.Pod(), "event", logEvent{e})
 		}
-		if h.ch != nil {
-			ev := *e
-			select {
-			case h.ch <- &ev:
-			default:
-				h.m.DiscardEvents.Inc()
-				h.log.Error(nil, "Event channel is full, discard this relist() cycle event")
-			}
+	}
+	for range discarded {
+		h.m.DiscardEvents.Inc()
+		h.log.Error(nil, "Event channel is full, discard this relist() cycle event")
+	}
+	for i, s := range subs {
+		if s.push(seq, events) {
+			h.m.SubscriberResyncs.Inc()
+			h.log.Info("Subscriber fell behind; it will be resynced", "buffer", s.limit)
 		}
-		for s := range h.subs {
-			s.push(*e)
-		}
+		subs[i] = nil
 	}
 }
 
@@ -175,40 +204,47 @@ func (h *hub) close() {
 		close(h.ch)
 	}
 	for s := range h.subs {
+		s.mu.Lock()
 		s.closed = true
+		s.mu.Unlock()
 		s.signal()
 	}
 	clear(h.subs)
 }
 
-// Subscription receives every event of a generator, in order per pod. Its
-// fields are guarded by the hub's lock.
+// Subscription receives every event of a generator, in order per pod.
 type Subscription struct {
-	h      *hub
-	wake   chan struct{}
-	limit  int
+	h     *hub
+	wake  chan struct{}
+	limit int
+
+	mu     sync.Mutex
 	queue  []Event
-	resync bool // the next update is a resync
+	resync bool   // the next update is a resync
+	seen   uint64 // the hub's seq of the last resync: older publishes are in it
 	closed bool
 }
 
-// push queues e; called with the hub locked. A full queue turns into a
+// push queues the events of publish number seq. A full queue turns into a
 // pending resync: the queued events are dropped, and the subscriber will
-// get the state they led to instead.
-func (s *Subscription) push(e Event) {
-	if s.resync {
-		return // the snapshot taken at the next read includes e
+// get the state they led to instead. It reports whether that happened.
+func (s *Subscription) push(seq uint64, events []Event) (resynced bool) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed || s.resync || seq <= s.seen {
+		return false // the snapshot of the next (or last) resync includes them
 	}
-	if len(s.queue) >= s.limit {
+	if len(s.queue)+len(events) > s.limit {
 		s.queue = nil
 		s.resync = true
-		s.h.m.SubscriberResyncs.Inc()
-		s.h.log.Info("Subscriber fell behind; it will be resynced", "buffer", s.limit)
 		s.signal()
-		return
+		return true
 	}
-	s.queue = append(s.queue, e)
-	s.signal()
+	s.queue = append(s.queue, events...)
+	if len(events) > 0 {
+		s.signal()
+	}
+	return false
 }
 
 func (s *Subscription) signal() {
@@ -222,28 +258,9 @@ func (s *Subscription) signal() {
 // ends, or the subscription is closed (ErrClosed).
 func (s *Subscription) Next(ctx context.Context) (Update, error) {
 	for {
-		s.h.mu.Lock()
-		if s.closed {
-			s.h.mu.Unlock()
-			return Update{}, ErrClosed
+		if u, ok, err := s.next(); ok || err != nil {
+			return u, err
 		}
-		if s.resync {
-			s.resync = false
-			u := Update{Resync: true, Pods: s.h.snapshotLocked()}
-			s.h.mu.Unlock()
-			return u, nil
-		}
-		if len(s.queue) > 0 {
-			e := s.queue[0]
-			s.queue[0] = Event{}
-			s.queue = s.queue[1:]
-			if len(s.queue) == 0 {
-				s.queue = nil // let the backing array go
-			}
-			s.h.mu.Unlock()
-			return Update{Event: e}, nil
-		}
-		s.h.mu.Unlock()
 		select {
 		case <-s.wake:
 		case <-ctx.Done():
@@ -252,11 +269,49 @@ func (s *Subscription) Next(ctx context.Context) (Update, error) {
 	}
 }
 
+// next returns the next update if there is one.
+func (s *Subscription) next() (Update, bool, error) {
+	s.mu.Lock()
+	if s.closed {
+		s.mu.Unlock()
+		return Update{}, false, ErrClosed
+	}
+	if s.resync {
+		s.mu.Unlock()
+		// The snapshot and the seq it is at come from the hub; taking the
+		// subscription's lock inside keeps pushes from slipping between.
+		s.h.mu.Lock()
+		s.mu.Lock()
+		defer s.h.mu.Unlock()
+		defer s.mu.Unlock()
+		if s.closed {
+			return Update{}, false, ErrClosed
+		}
+		s.resync = false
+		s.queue = nil
+		s.seen = s.h.seq
+		return Update{Resync: true, Pods: s.h.snapshotLocked()}, true, nil
+	}
+	defer s.mu.Unlock()
+	if len(s.queue) > 0 {
+		e := s.queue[0]
+		s.queue[0] = Event{}
+		s.queue = s.queue[1:]
+		if len(s.queue) == 0 {
+			s.queue = nil // let the backing array go
+		}
+		return Update{Event: e}, true, nil
+	}
+	return Update{}, false, nil
+}
+
 // Close ends the subscription; Next then returns ErrClosed.
 func (s *Subscription) Close() {
 	s.h.mu.Lock()
 	delete(s.h.subs, s)
-	s.closed = true
 	s.h.mu.Unlock()
+	s.mu.Lock()
+	s.closed = true
+	s.mu.Unlock()
 	s.signal()
 }

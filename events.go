@@ -7,6 +7,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/podlifecycle/pleg/metrics"
 	"github.com/podlifecycle/pleg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 )
@@ -98,15 +99,28 @@ func (g *Generator) onRuntimeEvent(e runtime.Event) {
 	if !e.CreatedAt.IsZero() {
 		g.m.EventedConnectionLatency.Observe(g.clock.Since(e.CreatedAt).Seconds())
 	}
+	stale := false
+	if last := g.lastRelist.Load(); last != 0 && !e.CreatedAt.IsZero() && e.CreatedAt.Before(time.Unix(0, last)) {
+		// The last global relist started after the event: its listing
+		// already shows what the event says (containerd 2.x replays
+		// events kept while nobody subscribed, minutes old).
+		stale = true
+	}
 	g.stream.mu.Lock()
 	g.stream.status.Events++
 	g.stream.status.LastEvent = g.clock.Now()
-	if e.PodUID != "" && !e.CreatedAt.IsZero() {
+	if !stale && e.PodUID != "" && !e.CreatedAt.IsZero() {
 		if _, ok := g.stream.hints[e.PodUID]; !ok && len(g.stream.hints) < g.opts.PodRelistQueue {
 			g.stream.hints[e.PodUID] = e.CreatedAt
 		}
 	}
 	g.stream.mu.Unlock()
+	if stale {
+		g.m.PodRelistSkipped.WithLabelValues(metrics.SkipStaleEvent).Inc()
+		g.log.V(4).Info("Runtime event older than the last relist; no call", "podUID", e.PodUID, "containerID", e.ContainerID,
+			"type", e.Type.String(), "createdAt", e.CreatedAt)
+		return
+	}
 	if e.PodUID == "" {
 		// Without a pod the hint cannot be targeted; the relist covers it.
 		g.log.V(4).Info("Runtime event without a pod; leaving it to the relist", "containerID", e.ContainerID, "type", e.Type.String())

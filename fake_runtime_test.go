@@ -7,6 +7,7 @@ import (
 	"sort"
 	"strings"
 	"sync"
+	"time"
 
 	"github.com/podlifecycle/pleg/runtime"
 	"k8s.io/apimachinery/pkg/types"
@@ -21,6 +22,8 @@ type fakeRuntime struct {
 	fail     map[types.UID]error              // PodStatus fails for these pods
 	statuses map[types.UID]*runtime.PodStatus // overrides
 	hang     map[types.UID]chan struct{}      // PodStatus blocks until closed or ctx done
+	hangList map[types.UID]chan struct{}      // ListPod blocks until closed or ctx done
+	nilPods  bool                             // ListPods answers a nil pod
 	ips      map[types.UID][]string
 	calls    map[string]int
 	statusOf []types.UID // PodStatus calls in order
@@ -28,7 +31,7 @@ type fakeRuntime struct {
 
 func newFakeRuntime() *fakeRuntime {
 	return &fakeRuntime{fail: map[types.UID]error{}, statuses: map[types.UID]*runtime.PodStatus{},
-		hang: map[types.UID]chan struct{}{}, ips: map[types.UID][]string{}, calls: map[string]int{}}
+		hang: map[types.UID]chan struct{}{}, hangList: map[types.UID]chan struct{}{}, ips: map[types.UID][]string{}, calls: map[string]int{}}
 }
 
 func (f *fakeRuntime) setPods(pods ...*runtime.Pod) {
@@ -50,13 +53,30 @@ func (f *fakeRuntime) ListPods(ctx context.Context) ([]*runtime.Pod, error) {
 	if f.listErr != nil {
 		return nil, f.listErr
 	}
+	if f.nilPods {
+		return append(clonePods(f.pods), nil), nil
+	}
 	return clonePods(f.pods), nil
 }
 
 func (f *fakeRuntime) ListPod(ctx context.Context, uid types.UID) (*runtime.Pod, error) {
 	f.mu.Lock()
-	defer f.mu.Unlock()
 	f.calls["ListPod"]++
+	hang := f.hangList[uid]
+	f.mu.Unlock()
+	if hang != nil {
+		if t := runtime.CallTracerFrom(ctx); t != nil {
+			done := t.StartCall("list_containers", "")
+			defer done(0, nil)
+		}
+		select {
+		case <-hang:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
 	if f.listErr != nil {
 		return nil, f.listErr
 	}
@@ -196,3 +216,18 @@ func drain(ch <-chan *Event) []Event {
 }
 
 var errStatus = errors.New("status failed")
+
+// step does what the relist goroutine does when it wakes, on the calling
+// goroutine: the global relist if due is not after now, then every queued
+// single-pod relist to the end. It returns when the next global relist is
+// due.
+func (g *Generator) step(ctx context.Context, due time.Time) time.Time {
+	if !g.clock.Now().Before(due) {
+		g.relist(ctx)
+		due = g.clock.Now().Add(g.opts.RelistPeriod)
+	}
+	if err := g.settlePodRelists(ctx); err != nil {
+		panic(err)
+	}
+	return due
+}

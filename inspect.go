@@ -4,27 +4,42 @@ import (
 	"context"
 	"fmt"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/podlifecycle/pleg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 )
 
-// inspection is one fetch of a pod's status, running on its own goroutine.
-// A relist waits for it at most the pod inspection timeout; an inspection
-// that outlives that wait is abandoned but tracked until its runtime calls
-// return, so a pod that keeps hanging never has more than one inspection
-// out.
+// inspection is one runtime call made for one pod, running on its own
+// goroutine: a fetch of its status, or (for a single-pod relist) a list call
+// filtered to it. Whoever started it waits for it at most the pod inspection
+// timeout; an inspection that outlives that wait is abandoned but tracked
+// until its runtime calls return, so a pod that keeps hanging never has more
+// than one call out.
 type inspection struct {
-	pod     *runtime.Pod
+	uid     types.UID
+	pod     *runtime.Pod // the listing whose status is fetched; for a list call, the last one known (it names the pod), or nil
+	list    bool         // a single-pod relist's filtered list call (ListPod)
 	started time.Time
 	done    chan struct{}
 	status  *runtime.PodStatus
+	listed  *runtime.Pod // the result of a list call
 	err     error
 	calls   callTracker
+
+	// Single-pod relists only (set and read on the relist goroutine).
+	gen      uint64    // the global relist generation it started in
+	at       time.Time // the single-pod relist's start: its cache time
+	events   []Event   // the events of the listing whose status is fetched
+	timedOut bool      // the pod inspection timeout expired first
+
+	abandoned atomic.Bool // nobody waits for it any more
 }
 
-// inflightSet tracks abandoned inspections that have not returned yet.
+// inflightSet tracks the inspections nobody waits for synchronously: the
+// abandoned ones that have not returned yet, and the single-pod relists'
+// calls. A pod in it gets no second call.
 type inflightSet struct {
 	mu   sync.Mutex
 	pods map[types.UID]*inspection
@@ -54,7 +69,13 @@ func (s *inflightSet) remove(uid types.UID, in *inspection) {
 func (s *inflightSet) Len() int {
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	return len(s.pods)
+	n := 0
+	for _, in := range s.pods {
+		if in.abandoned.Load() {
+			n++
+		}
+	}
+	return n
 }
 
 // callTracker remembers the runtime calls an inspection is waiting on
@@ -203,28 +224,11 @@ func (g *Generator) inspectAll(ctx context.Context, todo []work, apply func(work
 }
 
 // inspect fetches the status of one listed pod, waiting at most the pod
-// inspection timeout.
+// inspection timeout. When a single-pod relist has a call out for the pod,
+// it makes no second call until that one returns, and the wait counts
+// against the same timeout.
 func (g *Generator) inspect(ctx context.Context, w work) (*runtime.PodStatus, error) {
 	pod := w.rec.current
-	if prev := g.inflight.get(w.uid); prev != nil {
-		// An abandoned call for this pod is still out: make no other.
-		op, id := prev.calls.outstanding()
-		return nil, &InspectionTimeoutError{Pod: podRef(pod), UID: w.uid, Operation: op, ID: id,
-			Waited: g.clock.Since(prev.started), StillRunning: true}
-	}
-	in := &inspection{pod: pod, started: g.clock.Now(), done: make(chan struct{})}
-	g.m.InspectionsInFlight.Inc()
-	g.wg.Add(1)
-	go func() {
-		defer g.wg.Done()
-		defer g.m.InspectionsInFlight.Dec()
-		// The call runs under the generator's context, not the relist's, so
-		// that abandoning it does not cancel it: it ends by its own runtime
-		// request timeout, and a pod never has more than one call out.
-		in.status, in.err = g.rt.PodStatus(runtime.WithCallTracer(g.rootCtx, &in.calls), pod)
-		close(in.done)
-	}()
-
 	timeout := g.opts.PodInspectionTimeout
 	var expired <-chan time.Time
 	if timeout > 0 {
@@ -232,27 +236,81 @@ func (g *Generator) inspect(ctx context.Context, w work) (*runtime.PodStatus, er
 		defer t.Stop()
 		expired = t.C()
 	}
-	var err error
+	if prev := g.inflight.get(w.uid); prev != nil {
+		if prev.abandoned.Load() {
+			// An abandoned call for this pod is still out: make no other.
+			op, id := prev.calls.outstanding()
+			return nil, &InspectionTimeoutError{Pod: podRef(pod), UID: w.uid, Operation: op, ID: id,
+				Waited: g.clock.Since(prev.started), StillRunning: true}
+		}
+		wait, bound := expired, timeout
+		if wait == nil { // no pod inspection timeout: the single-pod relist's own bound
+			bound = g.podCallTimeout()
+			t := g.clock.NewTimer(bound)
+			defer t.Stop()
+			wait = t.C()
+		}
+		select {
+		case <-prev.done:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		case <-wait:
+			return nil, g.inspectionTimedOut(w.uid, pod, prev, bound)
+		}
+	}
+	in := &inspection{uid: w.uid, pod: pod, started: g.clock.Now(), done: make(chan struct{})}
+	g.call(in)
 	select {
 	case <-in.done:
 		return in.status, in.err
 	case <-ctx.Done():
-		err = ctx.Err()
+		g.abandon(w.uid, in)
+		return nil, ctx.Err()
 	case <-expired:
-		op, id := in.calls.outstanding()
-		g.m.InspectionTimeouts.WithLabelValues(op).Inc()
-		err = &InspectionTimeoutError{Pod: podRef(pod), UID: w.uid, Operation: op, ID: id, Waited: timeout}
-		g.log.Error(err, "Pod inspection exceeded the timeout; the relist goes on without it",
-			"pod", podRef(pod), "podUID", w.uid, "call", callName(op), "containerID", id, "after", timeout)
+		return nil, g.inspectionTimedOut(w.uid, pod, in, timeout)
 	}
-	g.abandon(w.uid, in)
-	return nil, err
+}
+
+// inspectionTimedOut gives up waiting for in after waited: it names the
+// call outstanding in the log, counts it, abandons in (tracked until it
+// returns, then the pod is relisted) and returns the error to cache.
+func (g *Generator) inspectionTimedOut(uid types.UID, pod *runtime.Pod, in *inspection, waited time.Duration) error {
+	op, id := in.calls.outstanding()
+	g.m.InspectionTimeouts.WithLabelValues(op).Inc()
+	err := &InspectionTimeoutError{Pod: podRef(pod), UID: uid, Operation: op, ID: id, Waited: waited}
+	g.log.Error(err, "Pod inspection exceeded the timeout; the relist goes on without it",
+		"pod", podRef(pod), "podUID", uid, "call", callName(op), "containerID", id, "after", waited)
+	g.abandon(uid, in)
+	return err
+}
+
+// call makes the runtime call of in on a goroutine of its own and closes
+// in.done when it returns. The call runs under the generator's context, not
+// a relist's, so that abandoning it does not cancel it: it ends by its own
+// runtime request timeout, and a pod never has more than one call out.
+func (g *Generator) call(in *inspection) {
+	g.m.InspectionsInFlight.Inc()
+	g.wg.Add(1)
+	go func() {
+		defer g.wg.Done()
+		defer g.m.InspectionsInFlight.Dec()
+		ctx := runtime.WithCallTracer(g.rootCtx, &in.calls)
+		if in.list {
+			in.listed, in.err = g.rt.ListPod(ctx, in.uid)
+		} else {
+			in.status, in.err = g.rt.PodStatus(ctx, in.pod)
+			if in.err == nil {
+				in.err = checkStatus(in.pod, in.status)
+			}
+		}
+		close(in.done)
+	}()
 }
 
 // abandon stops waiting for an inspection but tracks it until its call
 // returns; then the pod is relisted on its own.
 func (g *Generator) abandon(uid types.UID, in *inspection) {
-	pod := in.pod
+	in.abandoned.Store(true)
 	g.inflight.put(uid, in)
 	g.wg.Add(1)
 	go func() {
@@ -263,7 +321,7 @@ func (g *Generator) abandon(uid types.UID, in *inspection) {
 			return
 		}
 		g.log.V(2).Info("Abandoned pod inspection returned; relisting the pod",
-			"pod", podRef(pod), "podUID", uid, "after", g.clock.Since(in.started), "err", errString(in.err))
+			"pod", podRef(in.pod), "podUID", uid, "after", g.clock.Since(in.started), "err", errString(in.err))
 		g.RequestRelist(uid)
 	}()
 }

@@ -231,8 +231,18 @@ func TestEventsDeliverBetweenRelists(t *testing.T) {
 func TestEventStreamSurvivesRestarts(t *testing.T) {
 	n := startNode(t, churn, pleg.Options{RelistPeriod: 100 * time.Millisecond, Events: pleg.EventsOn})
 	waitUntil(t, func() bool { return n.gen.EventStream().State == pleg.StreamConnected })
+	// "Connected" is the client's view: the runtime may register the
+	// subscriber a moment later and miss the changes made before. Keep
+	// changing things until an event comes through.
+	last := time.Now()
 	n.sim.Step()
-	waitUntil(t, func() bool { return n.gen.EventStream().Events > 0 }, "no event through the stream")
+	waitUntil(t, func() bool {
+		if time.Since(last) > 200*time.Millisecond {
+			last = time.Now()
+			n.sim.Step()
+		}
+		return n.gen.EventStream().Events > 0
+	}, "no event through the stream")
 
 	n.sim.SetEvents(false) // the stream breaks
 	n.sim.Step()

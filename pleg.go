@@ -151,6 +151,16 @@ type Generator struct {
 	// Owned by the relist goroutine.
 	records   map[types.UID]*record
 	reinspect map[types.UID]struct{}
+	// generation counts successful global relists: a single-pod relist
+	// result from an earlier generation is older than the records.
+	generation uint64
+	// again: pods to relist on their own when their single-pod relist
+	// call returns (a hint or a global relist came while it was out).
+	again map[types.UID]struct{}
+	// podCalls is how many single-pod relist calls are out (not
+	// abandoned); podResults hands them back to the relist goroutine.
+	podCalls   int
+	podResults chan *inspection
 
 	// lastRelist is the start of the last successful global relist (the
 	// health timestamp), as Unix nanoseconds; 0 before the first.
@@ -191,12 +201,14 @@ func New(opts Options) (*Generator, error) {
 		m:            opts.Metrics,
 		records:      make(map[types.UID]*record),
 		reinspect:    make(map[types.UID]struct{}),
+		again:        make(map[types.UID]struct{}),
 		extReinspect: make(map[types.UID]struct{}),
 		rootCtx:      ctx,
 		cancel:       cancel,
 		done:         make(chan struct{}),
 	}
 	g.inflight.pods = make(map[types.UID]*inspection)
+	g.podResults = make(chan *inspection, max(1, opts.MaxParallelInspections))
 	g.requests.init(opts.PodRelistQueue)
 	g.stream.hints = make(map[types.UID]time.Time)
 	g.stream.status = EventStreamStatus{Mode: opts.Events, State: StreamOff}
@@ -278,7 +290,8 @@ func (g *Generator) RequestReinspect(uid types.UID) {
 }
 
 // Relist runs one global relist on the calling goroutine and returns the
-// listing error, if any. It is for generators that are driven by hand
+// listing error, if any; then it runs the single-pod relists requested so
+// far to the end. It is for generators that are driven by hand
 // (benchmarks, tools, tests) and fails if Start was called.
 func (g *Generator) Relist(ctx context.Context) error {
 	g.lifecycle.Lock()
@@ -286,7 +299,11 @@ func (g *Generator) Relist(ctx context.Context) error {
 	if g.started {
 		return errors.New("pleg: Relist called on a started generator")
 	}
-	return g.relist(ctx)
+	err := g.relist(ctx)
+	if serr := g.settlePodRelists(ctx); err == nil {
+		err = serr
+	}
+	return err
 }
 
 // RelistThreshold returns the health threshold in force.
@@ -296,52 +313,29 @@ func (g *Generator) RelistThreshold() time.Duration { return g.opts.RelistThresh
 // not returned yet.
 func (g *Generator) InspectionsOutstanding() int { return g.inflight.Len() }
 
-// run is the relist goroutine.
+// run is the relist goroutine: the global relist every period, and in
+// between, the single-pod relists' bookkeeping. It never waits for a
+// single-pod relist's runtime call (see podrelist.go), so hints, however
+// many and however slow their pods, delay a global relist by at most the
+// handling of one result.
 func (g *Generator) run(ctx context.Context) {
-	var next time.Time // zero: the first relist is immediate
-	for {
-		next = g.step(ctx, next)
-		if ctx.Err() != nil {
-			return
-		}
-		timer := g.clock.NewTimer(next.Sub(g.clock.Now()))
-		select {
-		case <-ctx.Done():
-			timer.Stop()
-			return
-		case <-timer.C():
-		case <-g.requests.wake:
-		}
-		timer.Stop()
-	}
-}
-
-// step does the work that is due: the global relist if its time has come
-// (due is the time it becomes due), then the queued single-pod relists,
-// letting a global relist that becomes due in between go first. It returns
-// when the next global relist is due.
-func (g *Generator) step(ctx context.Context, due time.Time) time.Time {
-	if !g.clock.Now().Before(due) {
-		g.relist(ctx)
-		due = g.clock.Now().Add(g.opts.RelistPeriod)
-	}
+	var due time.Time // zero: the first relist is immediate
 	for ctx.Err() == nil {
-		req, ok := g.requests.pop()
-		if !ok {
-			break
-		}
 		if !g.clock.Now().Before(due) {
 			g.relist(ctx)
 			due = g.clock.Now().Add(g.opts.RelistPeriod)
 		}
-		if last := g.lastRelist.Load(); last != 0 && req.at.Before(time.Unix(0, last)) {
-			g.log.V(6).Info("Skipping single-pod relist: a global relist already covered it", "podUID", req.uid)
-			g.takeHint(req.uid)
-			continue
+		g.dispatchPodRelists()
+		timer := g.clock.NewTimer(due.Sub(g.clock.Now()))
+		select {
+		case <-ctx.Done():
+		case <-timer.C():
+		case <-g.requests.wake:
+		case in := <-g.podResults:
+			g.podCallDone(in)
 		}
-		g.relistPod(ctx, req.uid)
+		timer.Stop()
 	}
-	return due
 }
 
 // Healthy reports whether a relist has succeeded recently enough: false

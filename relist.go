@@ -37,6 +37,9 @@ func (g *Generator) relist(ctx context.Context) error {
 	g.log.V(5).Info("GenericPLEG: Relisting")
 
 	pods, err := g.rt.ListPods(ctx)
+	if err == nil {
+		err = checkPods(pods)
+	}
 	if err != nil {
 		if ctx.Err() == nil {
 			g.log.Error(err, "GenericPLEG: Unable to retrieve pods")
@@ -45,6 +48,7 @@ func (g *Generator) relist(ctx context.Context) error {
 		return err
 	}
 	g.lastRelist.Store(t0.UnixNano())
+	g.generation++
 	g.m.LastSeen.Set(float64(t0.Unix()))
 	g.updateGauges(pods)
 
@@ -95,52 +99,6 @@ func (g *Generator) relist(ctx context.Context) error {
 	return nil
 }
 
-// relistPod does an on-demand relist of one pod: it lists only that pod,
-// reconciles its record and marks its cache entry observed at the list
-// time. It does not move the health timestamp.
-func (g *Generator) relistPod(ctx context.Context, uid types.UID) {
-	t := g.clock.Now()
-	defer func() { g.m.PodRelistDuration.Observe(g.clock.Since(t).Seconds()) }()
-	pod, err := g.rt.ListPod(ctx, uid)
-	if err != nil {
-		if ctx.Err() == nil {
-			g.log.Error(err, "GenericPLEG: Unable to relist pod", "podUID", uid)
-		}
-		return
-	}
-	r := g.records[uid]
-	if r == nil {
-		if pod == nil {
-			g.takeHint(uid)
-			g.cache.MarkObserved(uid, t)
-			return
-		}
-		r = &record{}
-		g.records[uid] = r
-	}
-	r.current = pod
-	events := Diff(uid, r.old, r.current)
-	_, flagged := g.reinspect[uid]
-	if !flagged {
-		flagged = g.takeOneReinspect(uid)
-	}
-	if len(events) == 0 && !flagged {
-		if r.old == nil && r.current == nil {
-			delete(g.records, uid)
-		}
-		g.takeHint(uid)
-		g.cache.MarkObserved(uid, t)
-		return
-	}
-	g.inspectAll(ctx, []work{{uid: uid, rec: r, events: events}}, func(w work, status *runtime.PodStatus, err error) {
-		if _, ok := g.apply(w, status, err, t); ok {
-			delete(g.reinspect, uid)
-		} else {
-			g.reinspect[uid] = struct{}{}
-		}
-	})
-}
-
 // apply records the outcome of inspecting one pod at time t: the cache
 // entry, and on success the record's advance and the events' delivery. It
 // returns how many events it delivered and whether the inspection
@@ -151,6 +109,9 @@ func (g *Generator) apply(w work, status *runtime.PodStatus, err error, t time.T
 		// Gone from the listing: no runtime call, the cache entry goes.
 		g.cache.Delete(w.uid)
 	} else {
+		if err != nil && status != nil && checkStatus(r.current, status) != nil {
+			status = nil // a partial status with nil entries: keep none of it
+		}
 		if err == nil {
 			status.IPs = g.carryIPs(w.uid, status)
 		} else if status == nil {

@@ -22,6 +22,12 @@ const (
 	OpVersion            = "version"
 )
 
+// Reasons of pleg_pod_relist_requests_skipped_total.
+const (
+	SkipCovered    = "covered"
+	SkipStaleEvent = "stale_event"
+)
+
 // Metrics is the set of collectors one generator (and its runtime client)
 // reports to. Create it with New; the zero value is not usable.
 type Metrics struct {
@@ -52,6 +58,7 @@ type Metrics struct {
 	EventDeliveryLatency  prometheus.Histogram
 	RuntimeEvents         *prometheus.CounterVec
 	PodRelistQueueDropped prometheus.Counter
+	PodRelistSkipped      *prometheus.CounterVec
 	EventStreamUp         prometheus.Gauge
 
 	progress atomic.Pointer[func() time.Duration]
@@ -161,6 +168,10 @@ func New(reg prometheus.Registerer) *Metrics {
 			Name: "pleg_pod_relist_requests_dropped_total",
 			Help: "Single-pod relist requests the bounded queue could not hold; the next global relist covers them.",
 		}),
+		PodRelistSkipped: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "pleg_pod_relist_requests_skipped_total",
+			Help: "Single-pod relist requests dropped without a runtime call, by reason: covered (a later global relist already listed the pod) or stale_event (the runtime event predates the last global relist, e.g. a replay after reconnecting).",
+		}, []string{"reason"}),
 		EventStreamUp: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "pleg_event_stream_connected",
 			Help: "1 while the runtime's container event stream is connected, 0 otherwise.",
@@ -189,7 +200,7 @@ func (m *Metrics) collectors() []prometheus.Collector {
 		m.EventedConnectionErrors, m.EventedConnectionSuccess, m.EventedConnectionLatency,
 		m.RelistInProgress, m.InspectionTimeouts, m.InspectionFailures, m.InspectionsInFlight,
 		m.SubscriberResyncs, m.EventsDelivered, m.EventDeliveryLatency, m.RuntimeEvents,
-		m.PodRelistQueueDropped, m.EventStreamUp,
+		m.PodRelistQueueDropped, m.PodRelistSkipped, m.EventStreamUp,
 	}
 }
 
