@@ -31,7 +31,7 @@ type inspection struct {
 	// Single-pod relists only (set and read on the relist goroutine).
 	gen      uint64    // the global relist generation it started in
 	at       time.Time // the single-pod relist's start: its cache time
-	events   []Event   // the events of the listing whose status is fetched
+	work     work      // for a status fetch: what the core asked for
 	timedOut bool      // the pod inspection timeout expired first
 
 	abandoned atomic.Bool // nobody waits for it any more
@@ -178,7 +178,7 @@ func (g *Generator) inspectAll(ctx context.Context, todo []work, apply func(work
 	}
 	var calls []work
 	for _, w := range todo {
-		if w.rec.current == nil {
+		if w.pod == nil {
 			apply(w, nil, nil)
 			continue
 		}
@@ -228,7 +228,7 @@ func (g *Generator) inspectAll(ctx context.Context, todo []work, apply func(work
 // it makes no second call until that one returns, and the wait counts
 // against the same timeout.
 func (g *Generator) inspect(ctx context.Context, w work) (*runtime.PodStatus, error) {
-	pod := w.rec.current
+	pod := w.pod
 	timeout := g.opts.PodInspectionTimeout
 	var expired <-chan time.Time
 	if timeout > 0 {

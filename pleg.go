@@ -148,12 +148,8 @@ type Generator struct {
 	log   logr.Logger
 	m     *metrics.Metrics
 
-	// Owned by the relist goroutine.
-	records   map[types.UID]*record
-	reinspect map[types.UID]struct{}
-	// generation counts successful global relists: a single-pod relist
-	// result from an earlier generation is older than the records.
-	generation uint64
+	// Owned by the relist goroutine: the kubelet's rules (core.go).
+	core *core
 	// again: pods to relist on their own when their single-pod relist
 	// call returns (a hint or a global relist came while it was out).
 	again map[types.UID]struct{}
@@ -199,8 +195,7 @@ func New(opts Options) (*Generator, error) {
 		clock:        opts.Clock,
 		log:          opts.Logger,
 		m:            opts.Metrics,
-		records:      make(map[types.UID]*record),
-		reinspect:    make(map[types.UID]struct{}),
+		core:         newCore(),
 		again:        make(map[types.UID]struct{}),
 		extReinspect: make(map[types.UID]struct{}),
 		rootCtx:      ctx,

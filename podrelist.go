@@ -6,12 +6,12 @@ import (
 
 	"github.com/podlifecycle/pleg/metrics"
 	"github.com/podlifecycle/pleg/runtime"
-	"k8s.io/apimachinery/pkg/types"
 )
 
 // Single-pod relists (docs/semantics.md, "Single-pod relists") never run on
 // the relist goroutine's time: the goroutine only starts their calls and
-// applies their results, so no pod, however slow, delays a global relist.
+// steps the core with their results, so no pod, however slow, delays a
+// global relist.
 //
 // A single-pod relist is two calls made one after the other, each on a
 // goroutine of its own and each bounded by the pod inspection timeout: the
@@ -42,7 +42,7 @@ func (g *Generator) dispatchPodRelists() {
 		if !ok {
 			return
 		}
-		if last := g.lastRelist.Load(); last != 0 && req.at.Before(time.Unix(0, last)) {
+		if covered(req.at, g.core.lastRelist) {
 			g.m.PodRelistSkipped.WithLabelValues(metrics.SkipCovered).Inc()
 			g.log.V(6).Info("Skipping single-pod relist: a global relist already covered it", "podUID", req.uid)
 			g.takeHint(req.uid)
@@ -55,7 +55,7 @@ func (g *Generator) dispatchPodRelists() {
 			continue
 		}
 		var last *runtime.Pod
-		if r := g.records[req.uid]; r != nil {
+		if r := g.core.records[req.uid]; r != nil {
 			last = r.pod()
 		}
 		g.startPodCall(&inspection{uid: req.uid, pod: last, list: true, at: g.clock.Now()})
@@ -68,7 +68,7 @@ func (g *Generator) dispatchPodRelists() {
 func (g *Generator) startPodCall(in *inspection) {
 	in.started = g.clock.Now()
 	in.done = make(chan struct{})
-	in.gen = g.generation
+	in.gen = g.core.gen
 	g.podCalls++
 	g.inflight.put(in.uid, in)
 	g.call(in)
@@ -92,8 +92,8 @@ func (g *Generator) startPodCall(in *inspection) {
 	}()
 }
 
-// podCallDone applies the outcome of one single-pod relist call, on the
-// relist goroutine.
+// podCallDone steps the core with the outcome of one single-pod relist
+// call, on the relist goroutine.
 func (g *Generator) podCallDone(in *inspection) {
 	g.podCalls--
 	uid := in.uid
@@ -108,81 +108,43 @@ func (g *Generator) podCallDone(in *inspection) {
 		return
 	}
 	g.inflight.remove(uid, in)
-	_, again := g.again[uid]
-	delete(g.again, uid)
-	if again {
+	if _, again := g.again[uid]; again {
 		// A hint came while the call was out; it may be about a later
 		// change than the call saw.
+		delete(g.again, uid)
 		g.RequestRelist(uid)
 	}
-	if in.gen != g.generation {
+	if !in.list {
+		g.m.PodRelistDuration.Observe(g.clock.Since(in.at).Seconds())
+		g.apply(in.work, in.status, in.err, in.at)
+		return
+	}
+	if in.err == nil {
+		in.err = checkPod(in.listed)
+	}
+	if in.err != nil {
+		if g.rootCtx.Err() == nil {
+			g.log.Error(in.err, "GenericPLEG: Unable to relist pod", "podUID", uid)
+		}
+		return
+	}
+	requested := !g.core.flagged(uid) && g.takeOneReinspect(uid)
+	w, inspect, stale := g.core.podListed(uid, in.listed, in.gen, requested)
+	switch {
+	case stale:
 		// A global relist started since the call did: its listing is
-		// newer, and it inspected the pod itself once this call returned.
-		return
-	}
-	if in.list {
-		if in.err == nil {
-			in.err = checkPod(in.listed)
-		}
-		if in.err != nil {
-			if g.rootCtx.Err() == nil {
-				g.log.Error(in.err, "GenericPLEG: Unable to relist pod", "podUID", uid)
-			}
-			return
-		}
-		g.podListed(uid, in.listed, in.at)
-		return
-	}
-	r := g.records[uid]
-	if r == nil || r.current != in.pod {
-		return // cannot happen while the pod has a call out; be safe
-	}
-	g.m.PodRelistDuration.Observe(g.clock.Since(in.at).Seconds())
-	if _, ok := g.apply(work{uid: uid, rec: r, events: in.events}, in.status, in.err, in.at); ok {
-		delete(g.reinspect, uid)
-	} else {
-		g.reinspect[uid] = struct{}{}
-	}
-}
-
-// podListed reconciles the record of uid with its fresh listing (nil: the
-// runtime has nothing for it) listed at t, and starts the status fetch if
-// the listing changed or the pod is flagged for reinspection.
-func (g *Generator) podListed(uid types.UID, pod *runtime.Pod, t time.Time) {
-	r := g.records[uid]
-	if r == nil {
-		if pod == nil {
-			g.takeHint(uid)
-			g.cache.MarkObserved(uid, t)
-			g.m.PodRelistDuration.Observe(g.clock.Since(t).Seconds())
-			return
-		}
-		r = &record{}
-		g.records[uid] = r
-	}
-	r.current = pod
-	events := Diff(uid, r.old, r.current)
-	_, flagged := g.reinspect[uid]
-	if !flagged {
-		flagged = g.takeOneReinspect(uid)
-	}
-	if len(events) == 0 && !flagged {
-		if r.old == nil && r.current == nil {
-			delete(g.records, uid)
-		}
+		// newer, and it inspected the pod itself.
+	case !inspect:
 		g.takeHint(uid)
-		g.cache.MarkObserved(uid, t)
-		g.m.PodRelistDuration.Observe(g.clock.Since(t).Seconds())
-		return
-	}
-	if r.current == nil {
+		g.cache.MarkObserved(uid, in.at)
+		g.m.PodRelistDuration.Observe(g.clock.Since(in.at).Seconds())
+	case w.pod == nil:
 		// Gone: no runtime call, the cache entry goes.
-		g.apply(work{uid: uid, rec: r, events: events}, nil, nil, t)
-		delete(g.reinspect, uid)
-		g.m.PodRelistDuration.Observe(g.clock.Since(t).Seconds())
-		return
+		g.apply(w, nil, nil, in.at)
+		g.m.PodRelistDuration.Observe(g.clock.Since(in.at).Seconds())
+	default:
+		g.startPodCall(&inspection{uid: uid, pod: w.pod, at: in.at, work: w})
 	}
-	g.startPodCall(&inspection{uid: uid, pod: r.current, at: t, events: events})
 }
 
 // podCallTimedOut handles a single-pod relist call that exceeded the
@@ -200,25 +162,16 @@ func (g *Generator) podCallTimedOut(in *inspection) {
 		"pod", podRef(in.pod), "podUID", uid, "call", callName(op), "containerID", id, "after", timeout)
 	g.abandon(uid, in)
 	delete(g.again, uid) // the abandoned call's return relists the pod
-	if in.gen != g.generation {
-		return // a global relist started since; it dealt with the pod
-	}
-	r := g.records[uid]
-	if r == nil {
-		return // a pod we never listed: nothing cached to mark
-	}
-	g.reinspect[uid] = struct{}{}
-	if in.list && r.current == nil {
+	if !in.list {
+		g.apply(in.work, nil, err, in.at)
 		return
 	}
-	if in.list {
+	if g.core.listTimedOut(uid, in.gen) {
 		// Keep what the cache knew of the pod, with the error.
 		status, _ := g.cache.Get(uid)
 		g.cache.Set(uid, status, err, in.at)
 		g.m.InspectionFailures.Inc()
-		return
 	}
-	g.apply(work{uid: uid, rec: r, events: in.events}, nil, err, in.at)
 }
 
 // settlePodRelists runs the queued single-pod relists to the end, waiting

@@ -4,24 +4,12 @@ import (
 	"sync"
 	"time"
 
-	"github.com/podlifecycle/pleg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 )
 
-// record is what the generator knows of one pod: old is the listing that
-// events have been emitted for, current the listing of this pass (nil: the
-// pod is not listed).
-type record struct {
-	old, current *runtime.Pod
-}
-
-// pod returns the most recent listing of the record.
-func (r *record) pod() *runtime.Pod {
-	if r.current != nil {
-		return r.current
-	}
-	return r.old
-}
+// The queue of single-pod relist requests (RequestRelist, runtime event
+// hints). Its rules for which requests make a call are the core's
+// (covered, in core.go) and the shell's (podrelist.go).
 
 // podRequest is a queued single-pod relist.
 type podRequest struct {
