@@ -1,38 +1,55 @@
 package pleg
 
 import (
-	"context"
 	"flag"
 	"fmt"
 	"os"
 	"path/filepath"
+	"slices"
 	"sort"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
 
+	"github.com/podlifecycle/pleg/podcache"
 	"github.com/podlifecycle/pleg/runtime"
 	"k8s.io/apimachinery/pkg/types"
-	testclock "k8s.io/utils/clock/testing"
 )
 
 var update = flag.Bool("update", false, "rewrite the expected output of testdata scripts")
 
-// TestScripts runs the relist scenarios in testdata/relist. Each file is a
-// sequence of blocks:
+// TestScripts runs the scenarios in testdata/core against the pure core
+// (core.go), with a small harness in place of the shell: it answers the
+// core's inspections from the listing, applies cache writes to a real
+// podcache and prints the events. Each file is a sequence of blocks:
 //
 //	command [args]
 //	input lines
 //	----
 //	expected output
 //
-// ending at a blank line. Commands:
+// ending at a blank line. Listings are one pod a line, "UID id=state ..."
+// ("s:id=state" for a sandbox; "id=exited:3" for an exit code). The clock
+// moves one second before every relist and podrelist. Commands:
 //
-//	relist [fail=A,B]   input: the complete listing, one pod a line:
-//	                    "UID id=state ..." ("s:id=state" for a sandbox).
-//	                    Output: "status: UIDs" (pods whose status was
-//	                    fetched, or -), then the events delivered, grouped
-//	                    by pod in delivery order.
+//	relist [fail=A,B] [timeout=C]
+//	                    a global relist with the complete listing as input
+//	                    (fail: those pods' status fetches fail; timeout:
+//	                    they exceed the pod inspection timeout). Output:
+//	                    "status: UIDs" (the pods whose status was fetched,
+//	                    or -), then the events delivered, grouped by pod.
+//	relist-fails        a global relist whose listing failed: the core is
+//	                    not stepped. Output: the events (none).
+//	podrelist UID [fail] [timeout] [stale]
+//	                    a single-pod relist with the pod's listing as input
+//	                    (no line: the runtime has nothing for it; stale: the
+//	                    listing predates the last global relist). Output:
+//	                    "stale", "observed", or "status: UID|-" and events.
+//	podlist-timeout UID a single-pod relist's list call timed out. Output:
+//	                    "cached" (the error is cached) or "-".
+//	hint UID at=DUR     a hint made DUR (e.g. -2s, +0s) from now. Output:
+//	                    "covered" (no call) or "call".
 //	reinspect UID       RequestReinspect(UID). No output.
 //	ips UID [ip...]     the IPs the runtime reports for UID from now on.
 //	cache               output: every cache entry.
@@ -40,13 +57,23 @@ var update = flag.Bool("update", false, "rewrite the expected output of testdata
 //
 // Run with -update to rewrite the expected output.
 func TestScripts(t *testing.T) {
-	files, err := filepath.Glob("testdata/relist/*.txt")
+	files, err := filepath.Glob("testdata/core/*.txt")
 	if err != nil || len(files) == 0 {
 		t.Fatalf("no scripts: %v", err)
 	}
 	for _, file := range files {
 		t.Run(filepath.Base(file), func(t *testing.T) { runScript(t, file) })
 	}
+}
+
+// harness is the scripts' stand-in for the shell.
+type harness struct {
+	c         *core
+	cache     *podcache.Cache
+	now       time.Time
+	ips       map[types.UID][]string
+	exit      map[string]int32 // container ID -> exit code in statuses
+	requested map[types.UID]struct{}
 }
 
 type block struct {
@@ -105,20 +132,14 @@ func parseScript(t *testing.T, file string) (blocks []block, preamble []string) 
 
 func runScript(t *testing.T, file string) {
 	blocks, preamble := parseScript(t, file)
-	rt := newFakeRuntime()
-	clk := testclock.NewFakeClock(time.Unix(1_700_000_000, 0))
-	g, err := New(Options{Runtime: rt, Clock: clk, MaxParallelInspections: 1})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ch := g.Watch()
-	ctx := context.Background()
+	h := &harness{c: newCore(), cache: podcache.New(), now: time.Unix(1_700_000_000, 0),
+		ips: map[types.UID][]string{}, exit: map[string]int32{}, requested: map[types.UID]struct{}{}}
 	var out strings.Builder
 	for _, l := range preamble {
 		out.WriteString(l + "\n")
 	}
 	for n, b := range blocks {
-		got := execBlock(t, g, rt, clk, ch, ctx, b)
+		got := h.exec(t, b)
 		if !*update && strings.Join(got, "\n") != strings.Join(b.want, "\n") {
 			t.Errorf("%s:%d: %s\n got:\n\t%s\nwant:\n\t%s", file, b.lineNo, b.cmd,
 				strings.Join(got, "\n\t"), strings.Join(b.want, "\n\t"))
@@ -145,59 +166,190 @@ func runScript(t *testing.T, file string) {
 	}
 }
 
-func execBlock(t *testing.T, g *Generator, rt *fakeRuntime, clk *testclock.FakeClock, ch <-chan *Event, ctx context.Context, b block) []string {
+// listing parses listing lines, noting exit codes ("c1=exited:3").
+func (h *harness) listing(lines []string) []*runtime.Pod {
+	var pods []*runtime.Pod
+	for _, l := range lines {
+		f := strings.Fields(l)
+		items := f[1:]
+		for i, it := range items {
+			prefix, rest := "", it
+			if r, ok := strings.CutPrefix(it, "s:"); ok {
+				prefix, rest = "s:", r
+			}
+			id, st, _ := strings.Cut(rest, "=")
+			st, code, ok := strings.Cut(st, ":")
+			if !ok {
+				continue
+			}
+			n, err := strconv.Atoi(code)
+			if err != nil {
+				panic("bad exit code in " + it)
+			}
+			h.exit[id] = int32(n)
+			items[i] = prefix + id + "=" + st
+		}
+		pods = append(pods, pod(f[0], items...))
+	}
+	return pods
+}
+
+// status answers an inspection from the listing, as the fake runtime does.
+func (h *harness) status(p *runtime.Pod) *runtime.PodStatus {
+	s := &runtime.PodStatus{UID: p.UID, Name: p.Name, Namespace: p.Namespace, IPs: slices.Clone(h.ips[p.UID])}
+	for _, c := range p.Containers {
+		s.ContainerStatuses = append(s.ContainerStatuses, &runtime.ContainerStatus{ID: c.ID, Name: c.Name, State: c.State, ExitCode: h.exit[c.ID]})
+	}
+	for _, sb := range p.Sandboxes {
+		s.SandboxStatuses = append(s.SandboxStatuses, &runtime.SandboxStatus{ID: sb.ID, State: sb.State})
+	}
+	return s
+}
+
+// inspect answers w (fail and timeout name the pods whose inspection
+// fails), steps the core and applies the outcome; it returns the events.
+func (h *harness) inspect(w work, fail, timeout map[types.UID]bool) []Event {
+	var status *runtime.PodStatus
+	var err error
+	switch {
+	case w.pod == nil:
+	case fail[w.uid]:
+		err = errStatus
+	case timeout[w.uid]:
+		err = &InspectionTimeoutError{Pod: podRef(w.pod), UID: w.uid, Operation: "container_status", Waited: 10 * time.Second}
+	default:
+		status = h.status(w.pod)
+	}
+	o := h.c.inspected(w, status, err, h.now)
+	switch {
+	case o.Stale:
+		return nil
+	case o.Delete:
+		h.cache.Delete(w.uid)
+	default:
+		h.cache.Set(w.uid, o.Status, o.Err, o.At)
+	}
+	return o.Events
+}
+
+func (h *harness) exec(t *testing.T, b block) []string {
 	fields := strings.Fields(b.cmd)
+	args := map[string]string{}
+	for _, a := range fields[1:] {
+		k, v, _ := strings.Cut(a, "=")
+		args[k] = v
+	}
+	set := func(v string) map[types.UID]bool {
+		m := map[types.UID]bool{}
+		for _, uid := range strings.Split(v, ",") {
+			if uid != "" {
+				m[types.UID(uid)] = true
+			}
+		}
+		return m
+	}
+	statusLine := func(uids []string) string {
+		sort.Strings(uids)
+		if len(uids) == 0 {
+			return "status: -"
+		}
+		return "status: " + strings.Join(uids, " ")
+	}
 	switch fields[0] {
 	case "relist":
-		var pods []*runtime.Pod
-		for _, l := range b.input {
-			f := strings.Fields(l)
-			pods = append(pods, pod(f[0], f[1:]...))
-		}
-		rt.setPods(pods...)
-		rt.mu.Lock()
-		clear(rt.fail)
-		for _, arg := range fields[1:] {
-			k, v, _ := strings.Cut(arg, "=")
-			if k != "fail" {
-				t.Fatalf("line %d: unknown relist argument %q", b.lineNo, arg)
-			}
-			for _, uid := range strings.Split(v, ",") {
-				rt.fail[types.UID(uid)] = errStatus
+		for k := range args {
+			if k != "fail" && k != "timeout" {
+				t.Fatalf("line %d: unknown relist argument %q", b.lineNo, k)
 			}
 		}
-		rt.statusOf = nil
-		rt.mu.Unlock()
-		clk.Step(time.Second)
-		g.relist(ctx)
-		rt.mu.Lock()
-		calls := make([]string, len(rt.statusOf))
-		for i, u := range rt.statusOf {
-			calls[i] = string(u)
+		h.now = h.now.Add(time.Second)
+		var requested []types.UID
+		for uid := range h.requested {
+			requested = append(requested, uid)
 		}
-		rt.mu.Unlock()
-		sort.Strings(calls)
-		line := "status: -"
-		if len(calls) > 0 {
-			line = "status: " + strings.Join(calls, " ")
+		clear(h.requested)
+		todo := h.c.listed(h.now, h.listing(b.input), requested)
+		fail, timeout := set(args["fail"]), set(args["timeout"])
+		var called []string
+		var events []Event
+		for _, w := range todo {
+			if w.pod != nil {
+				called = append(called, string(w.uid))
+			}
+			events = append(events, h.inspect(w, fail, timeout)...)
 		}
-		return append([]string{line}, formatEvents(drain(ch))...)
+		h.cache.UpdateTime(h.now)
+		return append([]string{statusLine(called)}, formatEvents(events)...)
+	case "relist-fails":
+		h.now = h.now.Add(time.Second)
+		return nil
+	case "podrelist":
+		h.now = h.now.Add(time.Second)
+		uid := types.UID(fields[1])
+		var p *runtime.Pod
+		if pods := h.listing(b.input); len(pods) == 1 {
+			p = pods[0]
+		}
+		gen := h.c.gen
+		if _, ok := args["stale"]; ok {
+			gen--
+		}
+		_, req := h.requested[uid]
+		requested := !h.c.flagged(uid) && req
+		if requested {
+			delete(h.requested, uid)
+		}
+		w, ok, stale := h.c.podListed(uid, p, gen, requested)
+		switch {
+		case stale:
+			return []string{"stale"}
+		case !ok:
+			h.cache.MarkObserved(uid, h.now)
+			return []string{"observed"}
+		}
+		fail, timeout := map[types.UID]bool{}, map[types.UID]bool{}
+		if _, ok := args["fail"]; ok {
+			fail[uid] = true
+		}
+		if _, ok := args["timeout"]; ok {
+			timeout[uid] = true
+		}
+		var called []string
+		if w.pod != nil {
+			called = []string{string(uid)}
+		}
+		return append([]string{statusLine(called)}, formatEvents(h.inspect(w, fail, timeout))...)
+	case "podlist-timeout":
+		uid := types.UID(fields[1])
+		if !h.c.listTimedOut(uid, h.c.gen) {
+			return []string{"-"}
+		}
+		st, _ := h.cache.Get(uid)
+		h.cache.Set(uid, st, &InspectionTimeoutError{Pod: "ns/name-" + string(uid), UID: uid, Operation: "list_containers", Waited: 10 * time.Second}, h.now)
+		return []string{"cached"}
+	case "hint":
+		d, err := time.ParseDuration(args["at"])
+		if err != nil {
+			t.Fatalf("line %d: %v", b.lineNo, err)
+		}
+		if covered(h.now.Add(d), h.c.lastRelist) {
+			return []string{"covered"}
+		}
+		return []string{"call"}
 	case "reinspect":
-		g.RequestReinspect(types.UID(fields[1]))
+		h.requested[types.UID(fields[1])] = struct{}{}
 		return nil
 	case "ips":
-		rt.mu.Lock()
-		rt.ips[types.UID(fields[1])] = fields[2:]
-		rt.mu.Unlock()
+		h.ips[types.UID(fields[1])] = fields[2:]
 		return nil
 	case "cache":
 		var out []string
-		for _, e := range g.Cache().List() {
+		for _, e := range h.cache.List() {
 			out = append(out, formatEntry(e.Status, e.Err))
 		}
 		return out
 	case "get":
-		s, err := g.Cache().Get(types.UID(fields[1]))
+		s, err := h.cache.Get(types.UID(fields[1]))
 		return []string{formatEntry(s, err)}
 	}
 	t.Fatalf("line %d: unknown command %q", b.lineNo, b.cmd)
