@@ -137,6 +137,31 @@ func (r *Readiness) CheckRuntime(ctx context.Context) {
 		}
 		return
 	}
+	r.runtimeErr, r.networkErr = runtimeConditions(conds)
+	if r.runtimeErr == nil {
+		r.lastSync = r.clock.Now()
+	}
+}
+
+// RuntimeConditionErrors returns what the runtime's status conditions
+// (CRI Status) say is wrong, as the kubelet words it for the node Ready
+// condition: "container runtime not ready: ..." for RuntimeReady, then
+// "container runtime network not ready: ..." for NetworkReady. None when
+// both are true.
+func RuntimeConditionErrors(conds []runtime.Condition) []error {
+	rtErr, netErr := runtimeConditions(conds)
+	var errs []error
+	for _, e := range []error{rtErr, netErr} {
+		if e != nil {
+			errs = append(errs, e)
+		}
+	}
+	return errs
+}
+
+// runtimeConditions is the rule of RuntimeConditionErrors, one error for
+// each condition.
+func runtimeConditions(conds []runtime.Condition) (runtimeErr, networkErr error) {
 	var rtReady, netReady *runtime.Condition
 	for i := range conds {
 		switch conds[i].Type {
@@ -146,16 +171,13 @@ func (r *Readiness) CheckRuntime(ctx context.Context) {
 			netReady = &conds[i]
 		}
 	}
-	r.networkErr = nil
 	if netReady == nil || !netReady.Status {
-		r.networkErr = fmt.Errorf("container runtime network not ready: %s", formatCondition(runtime.NetworkReady, netReady))
+		networkErr = fmt.Errorf("container runtime network not ready: %s", formatCondition(runtime.NetworkReady, netReady))
 	}
 	if rtReady == nil || !rtReady.Status {
-		r.runtimeErr = fmt.Errorf("container runtime not ready: %s", formatCondition(runtime.RuntimeReady, rtReady))
-		return
+		runtimeErr = fmt.Errorf("container runtime not ready: %s", formatCondition(runtime.RuntimeReady, rtReady))
 	}
-	r.runtimeErr = nil
-	r.lastSync = r.clock.Now()
+	return runtimeErr, networkErr
 }
 
 func formatCondition(typ string, c *runtime.Condition) string {

@@ -7,6 +7,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/podlifecycle/pleg/metrics"
 	"github.com/podlifecycle/pleg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 )
@@ -151,19 +152,10 @@ func (e *InspectionTimeoutError) Error() string {
 
 // callName turns an operation type into the CRI method name.
 func callName(op string) string {
-	switch op {
-	case "podsandbox_status":
-		return "PodSandboxStatus"
-	case "container_status":
-		return "ContainerStatus"
-	case "list_podsandbox":
-		return "ListPodSandbox"
-	case "list_containers":
-		return "ListContainers"
-	case "":
+	if op == "" {
 		return "no runtime call"
 	}
-	return op
+	return metrics.Method(op)
 }
 
 // inspectAll inspects the pods of todo, at most MaxParallelInspections at

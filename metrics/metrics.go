@@ -22,6 +22,27 @@ const (
 	OpVersion            = "version"
 )
 
+// methods maps each operation type to its CRI method: the one table of it.
+var methods = map[string]string{
+	OpListPodSandbox:     "ListPodSandbox",
+	OpListContainers:     "ListContainers",
+	OpPodSandboxStatus:   "PodSandboxStatus",
+	OpContainerStatus:    "ContainerStatus",
+	OpGetContainerEvents: "GetContainerEvents",
+	OpStatus:             "Status",
+	OpVersion:            "Version",
+}
+
+// Method returns the CRI method of an operation type (the operation_type
+// label), e.g. "ContainerStatus" for "container_status"; an unknown
+// operation type is returned as is.
+func Method(op string) string {
+	if m, ok := methods[op]; ok {
+		return m
+	}
+	return op
+}
+
 // Reasons of pleg_pod_relist_requests_skipped_total.
 const (
 	SkipCovered    = "covered"

@@ -15,7 +15,7 @@ import (
 	"github.com/go-logr/logr"
 	"github.com/spf13/cobra"
 
-	"github.com/podlifecycle/pleg/runtime"
+	"github.com/podlifecycle/pleg"
 	"github.com/podlifecycle/pleg/runtime/cri"
 )
 
@@ -197,26 +197,8 @@ func checkRuntime(ctx context.Context, endpoint string, timeout time.Duration) (
 	if err != nil {
 		return checkProblem, "container runtime status check failed: " + callCause(err, timeout)
 	}
-	var problems []string
-	for _, want := range []struct{ typ, prefix string }{
-		{runtime.RuntimeReady, "container runtime not ready"},
-		{runtime.NetworkReady, "container runtime network not ready"},
-	} {
-		var c *runtime.Condition
-		for i := range conds {
-			if conds[i].Type == want.typ {
-				c = &conds[i]
-			}
-		}
-		switch {
-		case c == nil:
-			problems = append(problems, fmt.Sprintf("%s: %s condition is missing", want.prefix, want.typ))
-		case !c.Status:
-			problems = append(problems, fmt.Sprintf("%s: %s=%t reason:%s message:%s", want.prefix, c.Type, c.Status, c.Reason, c.Message))
-		}
-	}
-	if len(problems) > 0 {
-		return checkProblem, strings.Join(problems, ", ")
+	if errs := pleg.RuntimeConditionErrors(conds); len(errs) > 0 {
+		return checkProblem, pleg.JoinErrors(errs)
 	}
 	start := time.Now()
 	pods, err := client.ListPods(ctx)
@@ -230,9 +212,9 @@ func checkRuntime(ctx context.Context, endpoint string, timeout time.Duration) (
 // callCause describes a failed runtime call, a timeout as such.
 func callCause(err error, timeout time.Duration) string {
 	if errors.Is(err, context.DeadlineExceeded) {
-		msg := err.Error()
-		if i := strings.Index(msg, ": "); i > 0 {
-			return fmt.Sprintf("%s did not answer within %v", msg[:i], timeout)
+		var ce *cri.CallError
+		if errors.As(err, &ce) {
+			return fmt.Sprintf("%s did not answer within %v", ce.Method, timeout)
 		}
 		return fmt.Sprintf("no answer within %v", timeout)
 	}

@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"os/signal"
-	"strings"
 	"sync"
 	"syscall"
 	"time"
@@ -14,8 +13,6 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/collectors"
 	"github.com/spf13/cobra"
-	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/status"
 	"k8s.io/klog/v2"
 
 	"github.com/podlifecycle/pleg"
@@ -71,7 +68,7 @@ func newDaemon(rf *runtimeFlags, o daemonOptions) (*daemon, error) {
 		cri.WithLogger(d.log.WithName("cri")),
 	)
 	if err != nil {
-		return nil, usageErrorf("invalid --container-runtime-endpoint %q: %v", rf.endpoint, trimEndpointPrefix(err, rf.endpoint))
+		return nil, usageErrorf("invalid --container-runtime-endpoint %q: %v", rf.endpoint, endpointReason(err))
 	}
 	d.client = client
 	opts := rf.generatorOptions()
@@ -126,35 +123,11 @@ func signalContext(cmd *cobra.Command) (context.Context, context.CancelFunc) {
 // reachError is the one-line error of a runtime that cannot be reached at
 // start within timeout.
 func reachError(endpoint string, timeout time.Duration, err error) error {
-	cause := rootCause(err)
+	cause := cri.Cause(err)
 	if errors.Is(err, context.DeadlineExceeded) {
 		cause = fmt.Sprintf("no answer within %v", timeout)
 	}
 	return fmt.Errorf("cannot reach the container runtime at %s: %s", endpoint, cause)
-}
-
-// rootCause returns the part of a runtime call error that says what went
-// wrong, without gRPC's wrapping: for a missing socket,
-// "dial unix /run/x.sock: connect: no such file or directory".
-func rootCause(err error) string {
-	// status.FromError keeps the whole message of a wrapped error: look
-	// for the gRPC status itself.
-	var se interface{ GRPCStatus() *status.Status }
-	if !errors.As(err, &se) || se.GRPCStatus() == nil {
-		return err.Error()
-	}
-	st := se.GRPCStatus()
-	msg := st.Message()
-	if st.Code() == codes.Unavailable {
-		if m, ok := strings.CutPrefix(msg, "connection error: desc = "); ok {
-			msg = strings.Trim(m, `"`)
-		}
-		for _, p := range []string{"transport: Error while dialing: ", "transport: error while dialing: "} {
-			msg = strings.TrimPrefix(msg, p)
-		}
-		return msg
-	}
-	return st.Code().String() + ": " + msg
 }
 
 // spawn runs f on a goroutine that stop waits for; f must return once the
@@ -177,7 +150,7 @@ func (d *daemon) logRuntimeVersion(ctx context.Context, timeout time.Duration) {
 	case ctx.Err() != nil:
 	case err != nil:
 		d.log.Info("The container runtime is not reachable yet; relisting keeps retrying",
-			"endpoint", d.client.Endpoint(), "err", rootCause(err))
+			"endpoint", d.client.Endpoint(), "err", cri.Cause(err))
 	default:
 		d.log.Info("Connected to the container runtime", "endpoint", d.client.Endpoint(),
 			"runtimeName", name, "runtimeVersion", version)

@@ -96,7 +96,7 @@ func runDiagnose(cmd *cobra.Command, rf *runtimeFlags, of *outputFlag, o *diagno
 	client, err := cri.Dial(rf.endpoint, cri.WithTimeout(o.probeTimeout), cri.WithStatusConcurrency(1),
 		cri.WithLogger(logr.Discard()))
 	if err != nil {
-		return usageErrorf("invalid --container-runtime-endpoint %q: %v", rf.endpoint, trimEndpointPrefix(err, rf.endpoint))
+		return usageErrorf("invalid --container-runtime-endpoint %q: %v", rf.endpoint, endpointReason(err))
 	}
 	defer client.Close()
 

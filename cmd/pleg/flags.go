@@ -1,6 +1,7 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"net"
 	"os"
@@ -87,7 +88,7 @@ func (f *runtimeFlags) validate() error {
 	// Dial does no I/O: an error here is a malformed endpoint.
 	c, err := cri.Dial(f.endpoint)
 	if err != nil {
-		return usageErrorf("invalid --container-runtime-endpoint %q: %v", f.endpoint, trimEndpointPrefix(err, f.endpoint))
+		return usageErrorf("invalid --container-runtime-endpoint %q: %v", f.endpoint, endpointReason(err))
 	}
 	_ = c.Close()
 	for _, d := range []struct {
@@ -111,11 +112,14 @@ func (f *runtimeFlags) validate() error {
 	return nil
 }
 
-// trimEndpointPrefix drops the `runtime endpoint "x": ` prefix of cri's
-// errors, which the usage error already says.
-func trimEndpointPrefix(err error, endpoint string) string {
-	msg := err.Error()
-	return strings.TrimPrefix(msg, fmt.Sprintf("runtime endpoint %q: ", endpoint))
+// endpointReason is what is wrong with an endpoint Dial refused, without
+// the endpoint, which the usage error already names.
+func endpointReason(err error) string {
+	var ee *cri.EndpointError
+	if errors.As(err, &ee) {
+		return ee.Reason
+	}
+	return err.Error()
 }
 
 // generatorOptions returns the generator options the flags set.

@@ -58,6 +58,7 @@ import (
 	"sync"
 	"time"
 
+	"github.com/podlifecycle/pleg/metrics"
 	"github.com/podlifecycle/pleg/runtime"
 )
 
@@ -556,7 +557,7 @@ func lastFailed(calls []Call) *Call {
 func (d *diagnoser) calls(traced []tracedCall) []Call {
 	out := make([]Call, 0, len(traced))
 	for _, t := range traced {
-		c := Call{Call: MethodName(t.op), Operation: t.op, ID: t.id, Seconds: t.d.Seconds()}
+		c := Call{Call: metrics.Method(t.op), Operation: t.op, ID: t.id, Seconds: t.d.Seconds()}
 		if t.err != nil {
 			c.Error = t.err.Error()
 		}
@@ -591,28 +592,6 @@ func (d *diagnoser) untraced(name string, took time.Duration, err error) Call {
 // (the client bounds every call by the probe timeout).
 func hung(err error, outstanding bool) bool {
 	return outstanding || errors.Is(err, context.DeadlineExceeded)
-}
-
-// MethodName turns an operation type (the operation_type label of
-// kubelet_runtime_operations_*) into the CRI method name.
-func MethodName(op string) string {
-	switch op {
-	case "list_podsandbox":
-		return "ListPodSandbox"
-	case "list_containers":
-		return "ListContainers"
-	case "podsandbox_status":
-		return "PodSandboxStatus"
-	case "container_status":
-		return "ContainerStatus"
-	case "status":
-		return "Status"
-	case "version":
-		return "Version"
-	case "get_container_events":
-		return "GetContainerEvents"
-	}
-	return op
 }
 
 // tracer records the runtime calls made under one context.

@@ -141,7 +141,7 @@ func Dial(endpoint string, opts ...Option) (*Client, error) {
 		}),
 	)
 	if err != nil {
-		return nil, fmt.Errorf("runtime endpoint %q: %w", endpoint, err)
+		return nil, &EndpointError{Endpoint: endpoint, Reason: err.Error()}
 	}
 	return &Client{
 		endpoint:          endpoint,
@@ -159,7 +159,7 @@ func Dial(endpoint string, opts ...Option) (*Client, error) {
 func socketPath(endpoint string) (string, error) {
 	const hint = "want unix:///absolute/path/to/socket"
 	if endpoint == "" {
-		return "", fmt.Errorf("runtime endpoint is empty; %s", hint)
+		return "", &EndpointError{Reason: hint}
 	}
 	rest := endpoint
 	if r, ok := strings.CutPrefix(rest, "passthrough:///"); ok {
@@ -172,14 +172,14 @@ func socketPath(endpoint string) (string, error) {
 			rest = r
 		}
 	} else if i := strings.Index(rest, "://"); i >= 0 {
-		return "", fmt.Errorf("runtime endpoint %q: unsupported scheme %q, only unix sockets are supported; %s",
-			endpoint, rest[:i], hint)
+		return "", &EndpointError{Endpoint: endpoint,
+			Reason: fmt.Sprintf("unsupported scheme %q, only unix sockets are supported; %s", rest[:i], hint)}
 	}
 	if rest == "" {
-		return "", fmt.Errorf("runtime endpoint %q: no socket path; %s", endpoint, hint)
+		return "", &EndpointError{Endpoint: endpoint, Reason: "no socket path; " + hint}
 	}
 	if !strings.HasPrefix(rest, "/") {
-		return "", fmt.Errorf("runtime endpoint %q: socket path %q is not absolute; %s", endpoint, rest, hint)
+		return "", &EndpointError{Endpoint: endpoint, Reason: fmt.Sprintf("socket path %q is not absolute; %s", rest, hint)}
 	}
 	return filepath.Clean(rest), nil
 }
@@ -236,42 +236,13 @@ func (c *Client) call(ctx context.Context, op, method, id string, f func(context
 	d := time.Since(start)
 	cancel()
 	if err != nil {
-		err = &callError{method: method, id: id, err: err}
+		err = newCallError(method, id, c.endpoint, c.path, err)
 	}
 	c.metrics.ObserveRuntimeOperation(op, d, err)
 	if done != nil {
 		done(d, err)
 	}
 	return err
-}
-
-// callError is the error of one CRI call: it names the call and the ID it
-// was about, and wraps the gRPC error, so status.Code and status.FromError
-// still see the gRPC status. A DeadlineExceeded or Canceled status also
-// matches context.DeadlineExceeded or context.Canceled under errors.Is.
-type callError struct {
-	method string
-	id     string
-	err    error
-}
-
-func (e *callError) Error() string {
-	if e.id == "" {
-		return e.method + ": " + e.err.Error()
-	}
-	return fmt.Sprintf("%s %q: %v", e.method, e.id, e.err)
-}
-
-func (e *callError) Unwrap() error { return e.err }
-
-func (e *callError) Is(target error) bool {
-	switch status.Code(e.err) {
-	case codes.DeadlineExceeded:
-		return target == context.DeadlineExceeded
-	case codes.Canceled:
-		return target == context.Canceled
-	}
-	return false
 }
 
 // isNotFound reports whether err is a gRPC NotFound.

@@ -3,10 +3,12 @@ package cri
 import (
 	"context"
 	"errors"
+	"net"
 	"path/filepath"
 	"reflect"
 	"sort"
 	"strings"
+	"syscall"
 	"testing"
 	"time"
 
@@ -125,6 +127,16 @@ func TestVersionNoSocket(t *testing.T) {
 	}
 	if status.Code(err) != codes.Unavailable {
 		t.Errorf("status.Code = %v, want Unavailable", status.Code(err))
+	}
+	// The typed error says why, without gRPC's wrapping.
+	var ce *CallError
+	var oe *net.OpError
+	if !errors.As(err, &ce) || ce.Method != "Version" || ce.Endpoint != endpoint || ce.Code != codes.Unavailable {
+		t.Errorf("error %#v is not a CallError for Version at %s", err, endpoint)
+	} else if !errors.As(ce.Unreachable, &oe) || !errors.Is(ce.Unreachable, syscall.ENOENT) {
+		t.Errorf("Unreachable = %v, want the dial's *net.OpError with ENOENT", ce.Unreachable)
+	} else if got, want := Cause(err), "dial unix "+filepath.Join(strings.TrimPrefix(endpoint, "unix://"))+": connect: no such file or directory"; got != want {
+		t.Errorf("Cause = %q, want %q", got, want)
 	}
 	if n := testutil.ToFloat64(m.RuntimeOperationErrors.WithLabelValues(metrics.OpVersion)); n != 1 {
 		t.Errorf("version errors = %v, want 1", n)

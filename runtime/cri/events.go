@@ -81,7 +81,7 @@ func (c *Client) streamError(ctx context.Context, err error) error {
 	case status.Code(err) == codes.Unimplemented:
 		return fmt.Errorf("%w: GetContainerEvents: %w", runtime.ErrEventsUnsupported, err)
 	default:
-		return &callError{method: "GetContainerEvents", err: err}
+		return newCallError("GetContainerEvents", "", c.endpoint, c.path, err)
 	}
 }
 
