@@ -9,7 +9,7 @@ import (
 )
 
 func TestTransitionTable(t *testing.T) {
-	// The full state table of semantics.md §2.
+	// The full state table of docs/semantics.md, "States and transitions".
 	R, E, U, N := stateRunning, stateExited, stateUnknown, stateNonExistent
 	tests := []struct {
 		old, new state

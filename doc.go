@@ -9,10 +9,11 @@
 // event or cache rule:
 //   - changed pods are inspected in parallel (Options.MaxParallelInspections),
 //     so relist time no longer grows with churn;
-//   - a pod whose status call hangs is abandoned after
-//     Options.PodInspectionTimeout and reinspected later, so it cannot stall
-//     the relist and turn the node NotReady; it is named in the logs and
-//     counted in pleg_pod_inspection_timeouts_total;
+//   - every runtime call made for one pod is bounded by
+//     Options.PodInspectionTimeout: a pod whose calls hang is left behind
+//     and reinspected later, so it cannot stall the relist and turn the
+//     node NotReady; it is named in the logs and counted in
+//     pleg_pod_inspection_timeouts_total;
 //   - subscriptions (Subscribe) never lose an event silently: a subscriber
 //     that falls behind gets a resync with the state of every pod;
 //   - the runtime's container event stream, when it has one, triggers
@@ -49,11 +50,22 @@
 //   - Give it a clock.WithTicker in tests (k8s.io/utils/clock/testing) to
 //     drive every timing rule without sleeping.
 //
+// # Specification
+//
+// docs/semantics.md in the repository states the behaviour reproduced (the
+// kubelet v1.36 PLEG) and the per-pod bounds; docs/differences.md lists
+// every deliberate difference from the kubelet, with its reason.
+//
 // # Layout
 //
-// The diff of two listings is a pure function (Diff); the relist is the
-// thin shell that lists, diffs, inspects and delivers. The runtime
-// interface and its types are in package runtime, the CRI client in
-// runtime/cri, a simulated CRI runtime in runtime/sim, the pod status cache
-// in podcache and the Prometheus collectors in metrics.
+// The kubelet's rules are one pure state machine (core.go): listings,
+// inspection outcomes and times go in; the pods to inspect, cache writes
+// and events come out. The relist loop is its thin shell: relist.go (the
+// global relist), podrelist.go (single-pod relists), inspect.go (bounded
+// status fetches), stream.go (the runtime event stream as hints),
+// deliver.go (the Watch channel and subscriptions). The diff of two
+// listings is the pure function Diff. The runtime interface and its types
+// are in package runtime, the CRI client in runtime/cri, a simulated CRI
+// runtime in runtime/sim, the pod status cache in podcache and the
+// Prometheus collectors in metrics.
 package pleg
