@@ -64,16 +64,8 @@ func (f *fakeRuntime) ListPod(ctx context.Context, uid types.UID) (*runtime.Pod,
 	f.calls["ListPod"]++
 	hang := f.hangList[uid]
 	f.mu.Unlock()
-	if hang != nil {
-		if t := runtime.CallTracerFrom(ctx); t != nil {
-			done := t.StartCall("list_containers", "")
-			defer done(0, nil)
-		}
-		select {
-		case <-hang:
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		}
+	if err := hangOn(ctx, hang, "list_containers", ""); err != nil {
+		return nil, err
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -88,22 +80,32 @@ func (f *fakeRuntime) ListPod(ctx context.Context, uid types.UID) (*runtime.Pod,
 	return nil, nil
 }
 
+// hangOn blocks until hang is closed (a nil hang does not block) or ctx
+// ends, reporting the call to the context's tracer as op about id.
+func hangOn(ctx context.Context, hang chan struct{}, op, id string) error {
+	if hang == nil {
+		return nil
+	}
+	if t := runtime.CallTracerFrom(ctx); t != nil {
+		done := t.StartCall(op, id)
+		defer done(0, nil)
+	}
+	select {
+	case <-hang:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+}
+
 func (f *fakeRuntime) PodStatus(ctx context.Context, pod *runtime.Pod) (*runtime.PodStatus, error) {
 	f.mu.Lock()
 	f.calls["PodStatus"]++
 	f.statusOf = append(f.statusOf, pod.UID)
 	hang := f.hang[pod.UID]
 	f.mu.Unlock()
-	if hang != nil {
-		if t := runtime.CallTracerFrom(ctx); t != nil {
-			done := t.StartCall("container_status", "hung-container")
-			defer done(0, nil)
-		}
-		select {
-		case <-hang:
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		}
+	if err := hangOn(ctx, hang, "container_status", "hung-container"); err != nil {
+		return nil, err
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
