@@ -99,13 +99,10 @@ func (g *Generator) onRuntimeEvent(e runtime.Event) {
 	if !e.CreatedAt.IsZero() {
 		g.m.EventedConnectionLatency.Observe(g.clock.Since(e.CreatedAt).Seconds())
 	}
-	stale := false
-	if last := g.lastRelist.Load(); last != 0 && !e.CreatedAt.IsZero() && e.CreatedAt.Before(time.Unix(0, last)) {
-		// The last global relist started after the event: its listing
-		// already shows what the event says (containerd 2.x replays
-		// events kept while nobody subscribed, minutes old).
-		stale = true
-	}
+	// The last global relist started after the event: its listing already
+	// shows what the event says (containerd 2.x replays events kept while
+	// nobody subscribed, minutes old). The rule is the core's (covered).
+	stale := !e.CreatedAt.IsZero() && covered(e.CreatedAt, g.LastRelist())
 	g.stream.mu.Lock()
 	g.stream.status.Events++
 	g.stream.status.LastEvent = g.clock.Now()
