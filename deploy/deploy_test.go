@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"os"
 	"reflect"
 	"regexp"
@@ -313,16 +314,26 @@ func TestDaemonSet(t *testing.T) {
 		t.Errorf("volume %v is not the runtime's socket", vol)
 	}
 
-	// One port everywhere: --listen-address, the container port, the
-	// probes, the scrape annotations and the Service.
+	// The pod API (names, IPs, errors, no authentication) stays on the
+	// node's loopback; the node's addresses get only what probes and
+	// Prometheus need, on --metrics-address.
 	listen, ok := flagValue(args, "listen-address")
 	if !ok {
-		t.Fatal("no --listen-address")
+		t.Fatal("no --listen-address: the default is loopback, but say it")
 	}
-	_, port, _ := strings.Cut(listen, ":")
+	if host, _, err := net.SplitHostPort(listen); err != nil || !net.ParseIP(host).IsLoopback() {
+		t.Errorf("--listen-address %q serves the pod API beyond the node's loopback", listen)
+	}
+	metricsAddr, ok := flagValue(args, "metrics-address")
+	if !ok {
+		t.Fatal("no --metrics-address: nothing for Prometheus and the probes on the node's address")
+	}
+	_, port, _ := net.SplitHostPort(metricsAddr)
+	// One port everywhere else: the container port, the probes, the scrape
+	// annotations and the Service.
 	ports := list(t, c, "ports")
 	if len(ports) != 1 || fmt.Sprint(num(t, ports[0], "containerPort")) != port {
-		t.Errorf("container ports %v, want %s", ports, port)
+		t.Errorf("container ports %v, want only %s", ports, port)
 	}
 	portName := str(t, ports[0], "name")
 	for probe, path := range map[string]string{"livenessProbe": "/healthz", "readinessProbe": "/readyz"} {

@@ -122,6 +122,34 @@ func endpointReason(err error) string {
 	return err.Error()
 }
 
+// validateAddress checks a host:port flag.
+func validateAddress(flag, addr string) error {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return usageErrorf("invalid --%s %q: %v", flag, addr, err)
+	}
+	if n, err := strconv.ParseUint(port, 10, 16); err != nil || (n == 0 && port != "0") {
+		return usageErrorf("invalid --%s %q: port must be a number from 0 to 65535", flag, addr)
+	}
+	if host != "" && net.ParseIP(host) == nil && strings.ContainsAny(host, " /") {
+		return usageErrorf("invalid --%s %q: bad host %q", flag, addr, host)
+	}
+	return nil
+}
+
+// loopbackOnly reports whether a listen address serves loopback only.
+func loopbackOnly(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false
+	}
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
+
 // generatorOptions returns the generator options the flags set.
 func (f *runtimeFlags) generatorOptions() pleg.Options {
 	o := pleg.Options{
@@ -145,27 +173,28 @@ func (f *runtimeFlags) dialTimeout() time.Duration {
 
 // listenFlags are the flags of commands that serve HTTP.
 type listenFlags struct {
-	address  string
-	nodeName string
+	address        string
+	metricsAddress string
+	nodeName       string
 }
 
 func (f *listenFlags) addFlags(fs *pflag.FlagSet) {
 	fs.StringVar(&f.address, "listen-address", defaultListenAddress,
-		"host:port to serve /healthz, /readyz, /metrics and /api/v1/ on (port 0 picks a free port)")
+		"host:port to serve everything on: /healthz, /readyz, /metrics, the pod API /api/v1/ and the dashboard (port 0 picks a free port); keep it on loopback, the pod API has no authentication")
+	fs.StringVar(&f.metricsAddress, "metrics-address", "",
+		"host:port to serve only /healthz, /readyz and /metrics on, e.g. 0.0.0.0:10266 for Prometheus and the kubelet's probes (empty: none)")
 	fs.StringVar(&f.nodeName, "node-name", "",
 		"node name for the kubelet_node_name metric (default: the hostname, lower-cased)")
 }
 
 func (f *listenFlags) validate() error {
-	host, port, err := net.SplitHostPort(f.address)
-	if err != nil {
-		return usageErrorf("invalid --listen-address %q: %v", f.address, err)
+	if err := validateAddress("listen-address", f.address); err != nil {
+		return err
 	}
-	if n, err := strconv.ParseUint(port, 10, 16); err != nil || (n == 0 && port != "0") {
-		return usageErrorf("invalid --listen-address %q: port must be a number from 0 to 65535", f.address)
-	}
-	if host != "" && net.ParseIP(host) == nil && strings.ContainsAny(host, " /") {
-		return usageErrorf("invalid --listen-address %q: bad host %q", f.address, host)
+	if f.metricsAddress != "" {
+		if err := validateAddress("metrics-address", f.metricsAddress); err != nil {
+			return err
+		}
 	}
 	if f.nodeName == "" {
 		h, err := os.Hostname()

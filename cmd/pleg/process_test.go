@@ -337,6 +337,7 @@ func TestBadFlags(t *testing.T) {
 		{[]string{"run", "--runtime-endpoint", "run/x.sock"}, `pleg: invalid --container-runtime-endpoint "run/x.sock": socket path "run/x.sock" is not absolute; want unix:///absolute/path/to/socket`},
 		{[]string{"run", "--listen-address", "10265"}, `pleg: invalid --listen-address "10265": address 10265: missing port in address`},
 		{[]string{"run", "--listen-address", "127.0.0.1:http"}, `pleg: invalid --listen-address "127.0.0.1:http": port must be a number from 0 to 65535`},
+		{[]string{"run", "--metrics-address", "0.0.0.0"}, `pleg: invalid --metrics-address "0.0.0.0": address 0.0.0.0: missing port in address`},
 		{[]string{"watch", "extra"}, `pleg: unknown command "extra" for "pleg watch"`},
 	}
 	for _, tc := range tests {
@@ -579,5 +580,47 @@ func TestRunWaitsForRuntime(t *testing.T) {
 	})
 	if code := p.stop(); code != 0 {
 		t.Errorf("exit code after SIGTERM = %d, want 0", code)
+	}
+}
+
+var publicRE = regexp.MustCompile(`"serving /healthz, /readyz and /metrics on (http://[^"]+)"`)
+
+// --metrics-address serves what probes and Prometheus need and no pod data;
+// the full API stays on --listen-address.
+func TestRunMetricsAddress(t *testing.T) {
+	r := serveSim(t, sim.Config{Seed: 7, Pods: 2})
+	p := startPleg(t, "run", "-r", r.Endpoint(), "--listen-address", "127.0.0.1:0",
+		"--metrics-address", "127.0.0.1:0", "--relist-period", "100ms")
+	base, _ := p.waitListening()
+	var public string
+	poll(t, patience, "the --metrics-address line", func() bool {
+		for _, l := range strings.Split(p.stderr(), "\n") {
+			if m := publicRE.FindStringSubmatch(l); m != nil {
+				public = m[1]
+				return true
+			}
+		}
+		return false
+	})
+	poll(t, patience, "/healthz 200 on --metrics-address", func() bool {
+		code, body := httpGet(t, public+"/healthz")
+		return code == 200 && body == "ok"
+	})
+	if code, body := httpGet(t, public+"/metrics"); code != 200 || !strings.Contains(body, "kubelet_pleg_relist_duration_seconds_bucket") {
+		t.Errorf("GET /metrics on --metrics-address = %d", code)
+	}
+	for _, path := range []string{"/api/v1/pods", "/api/v1/events", "/api/v1/relists", "/"} {
+		if code, _ := httpGet(t, public+path); code != 404 {
+			t.Errorf("GET %s on --metrics-address = %d, want 404", path, code)
+		}
+	}
+	if code, _ := httpGet(t, base+"/api/v1/pods"); code != 200 {
+		t.Errorf("GET /api/v1/pods on --listen-address = %d, want 200", code)
+	}
+	if strings.Contains(p.stderr(), "WARNING") {
+		t.Errorf("a loopback --listen-address was warned about:\n%s", p.stderr())
+	}
+	if code := p.stop(); code != 0 {
+		t.Errorf("exit code %d", code)
 	}
 }

@@ -30,6 +30,11 @@ keeps the pod status cache fresh and serves on --listen-address:
   GET /api/v1/relists  the recent relists (durations, pods inspected)
   GET /                a live dashboard
 
+--listen-address should stay on loopback (the default): the pod API and the
+dashboard show pod names, IPs and errors without authentication.
+--metrics-address serves only /healthz, /readyz and /metrics, for
+Prometheus and the kubelet's probes on the node's address.
+
 A runtime that is down at start or restarts later is retried on every relist
 forever; /healthz and /readyz say why meanwhile. With -v=2 every event is
 logged as the kubelet does ("SyncLoop (PLEG): event for pod").
@@ -64,6 +69,18 @@ func runDaemon(cmd *cobra.Command, rf *runtimeFlags, lf *listenFlags) error {
 		_ = d.client.Close()
 		return fmt.Errorf("cannot listen on --listen-address %s: %w", lf.address, err)
 	}
+	var public net.Listener
+	if lf.metricsAddress != "" {
+		if public, err = net.Listen("tcp", lf.metricsAddress); err != nil {
+			ln.Close()
+			_ = d.client.Close()
+			return fmt.Errorf("cannot listen on --metrics-address %s: %w", lf.metricsAddress, err)
+		}
+	}
+	if !loopbackOnly(lf.address) {
+		d.log.Info("WARNING: --listen-address is not loopback: the pod API (/api/v1/) and the dashboard, which show pod names, IPs and errors, are served without authentication; keep it on 127.0.0.1 and use --metrics-address for Prometheus and probes",
+			"listenAddress", lf.address)
+	}
 	srv := httpapi.New(httpapi.Config{
 		Generator: d.gen,
 		Readiness: d.ready,
@@ -80,6 +97,15 @@ func runDaemon(cmd *cobra.Command, rf *runtimeFlags, lf *listenFlags) error {
 	d.start(ctx)
 	d.spawn(func() { d.logRuntimeVersion(ctx, rf.dialTimeout()) })
 
+	if public != nil {
+		d.log.Info("serving /healthz, /readyz and /metrics on http://"+public.Addr().String(), "metricsAddress", lf.metricsAddress)
+		d.spawn(func() {
+			if err := srv.ServePublic(ctx, public); err != nil {
+				d.log.Error(err, "Serving --metrics-address failed; stopping", "metricsAddress", lf.metricsAddress)
+				cancel()
+			}
+		})
+	}
 	serveErr := srv.Serve(ctx, ln)
 	cancel()
 	d.stop()

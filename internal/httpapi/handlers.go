@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"net/http"
 	"slices"
 	"time"
@@ -227,7 +228,26 @@ func PodsFromCache(entries []podcache.Entry) []Pod {
 // ": heartbeat" comment every heartbeat interval. The stream ends when the
 // client goes away, the generator stops or the server shuts down.
 func (s *Server) events(w http.ResponseWriter, r *http.Request) {
+	select {
+	case s.streamSlots <- struct{}{}:
+		defer func() { <-s.streamSlots }()
+	default:
+		w.Header().Set("Retry-After", "10")
+		http.Error(w, fmt.Sprintf("too many event streams (at most %d at once)", s.cfg.MaxStreams), http.StatusServiceUnavailable)
+		return
+	}
 	rc := http.NewResponseController(w)
+	// A client that stops reading must not hold its subscription: every
+	// write has a deadline.
+	write := func(b []byte) error {
+		if err := rc.SetWriteDeadline(time.Now().Add(s.cfg.StreamWriteTimeout)); err != nil && !errors.Is(err, http.ErrNotSupported) {
+			return err
+		}
+		if _, err := w.Write(b); err != nil {
+			return err
+		}
+		return rc.Flush()
+	}
 	ctx, cancel := context.WithCancel(r.Context())
 	defer cancel()
 	stop := context.AfterFunc(s.streams, cancel)
@@ -241,7 +261,7 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 	h.Set("Cache-Control", "no-cache")
 	h.Set("X-Accel-Buffering", "no")
 	w.WriteHeader(http.StatusOK)
-	if err := rc.Flush(); err != nil {
+	if err := write(nil); err != nil {
 		return
 	}
 
@@ -273,10 +293,8 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 		default: // client gone, shutdown, or the generator stopped
 			return
 		}
-		if _, err := w.Write(buf.Bytes()); err != nil {
-			return
-		}
-		if err := rc.Flush(); err != nil {
+		if err := write(buf.Bytes()); err != nil {
+			s.cfg.Logger.V(2).Info("Event stream client gone or not reading; closing its stream", "remote", r.RemoteAddr, "err", err.Error())
 			return
 		}
 	}

@@ -32,6 +32,15 @@ const DefaultHeartbeat = 15 * time.Second
 // once its context ends.
 const DefaultShutdownTimeout = 5 * time.Second
 
+// DefaultMaxStreams is how many event streams (/api/v1/events) are served
+// at once; more get 503.
+const DefaultMaxStreams = 64
+
+// DefaultStreamWriteTimeout bounds each write to an event stream: a client
+// that stops reading is disconnected when its socket buffers are full and
+// a write has waited this long.
+const DefaultStreamWriteTimeout = 10 * time.Second
+
 // Generator is what the server needs from a *pleg.Generator.
 type Generator interface {
 	Healthy() (bool, error)
@@ -64,12 +73,23 @@ type Config struct {
 	// ShutdownTimeout bounds the graceful shutdown of Serve (default
 	// DefaultShutdownTimeout).
 	ShutdownTimeout time.Duration
+	// MaxStreams caps the event streams served at once (default
+	// DefaultMaxStreams). Each holds one subscription, whose memory is
+	// bounded by the generator's SubscriberBuffer.
+	MaxStreams int
+	// StreamWriteTimeout bounds each write to an event stream (default
+	// DefaultStreamWriteTimeout).
+	StreamWriteTimeout time.Duration
 }
 
 // Server is the HTTP API. Its zero value is not usable; create it with New.
 type Server struct {
 	cfg Config
 	mux *http.ServeMux
+	// public serves what Prometheus and probes need, and nothing else.
+	public *http.ServeMux
+	// streamSlots holds one token per open event stream.
+	streamSlots chan struct{}
 
 	// streams is cancelled when the server shuts down, ending every open
 	// event stream so that the graceful shutdown does not wait for them.
@@ -89,18 +109,27 @@ func New(cfg Config) *Server {
 	if cfg.Logger.GetSink() == nil {
 		cfg.Logger = logr.Discard()
 	}
+	if cfg.MaxStreams <= 0 {
+		cfg.MaxStreams = DefaultMaxStreams
+	}
+	if cfg.StreamWriteTimeout <= 0 {
+		cfg.StreamWriteTimeout = DefaultStreamWriteTimeout
+	}
 	if cfg.Readiness == nil {
 		// The Ready condition of the generator's health alone.
 		cfg.Readiness = pleg.NewReadiness(cfg.Generator, pleg.ReadinessOptions{})
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	s := &Server{cfg: cfg, mux: http.NewServeMux(), streams: ctx, cancelStream: cancel}
-	s.mux.HandleFunc("GET /healthz", s.healthz)
-	s.mux.HandleFunc("GET /readyz", s.readyz)
-	if cfg.Gatherer != nil {
-		s.mux.Handle("GET /metrics", promhttp.HandlerFor(cfg.Gatherer, promhttp.HandlerOpts{
-			ErrorLog: promLogger{cfg.Logger},
-		}))
+	s := &Server{cfg: cfg, mux: http.NewServeMux(), public: http.NewServeMux(),
+		streamSlots: make(chan struct{}, cfg.MaxStreams), streams: ctx, cancelStream: cancel}
+	for _, mux := range []*http.ServeMux{s.mux, s.public} {
+		mux.HandleFunc("GET /healthz", s.healthz)
+		mux.HandleFunc("GET /readyz", s.readyz)
+		if cfg.Gatherer != nil {
+			mux.Handle("GET /metrics", promhttp.HandlerFor(cfg.Gatherer, promhttp.HandlerOpts{
+				ErrorLog: promLogger{cfg.Logger},
+			}))
+		}
 	}
 	s.mux.HandleFunc("GET /api/v1/pods", s.pods)
 	s.mux.HandleFunc("GET /api/v1/events", s.events)
@@ -116,6 +145,11 @@ func (s *Server) Handle(pattern string, h http.Handler) { s.mux.Handle(pattern, 
 // Handler returns the server's handler, for tests and custom servers.
 func (s *Server) Handler() http.Handler { return s.mux }
 
+// PublicHandler serves only /healthz, /readyz and /metrics: what probes and
+// Prometheus need, without the pod API (pod names, IPs, errors), the event
+// stream or the dashboard. It is what to expose on a node's address.
+func (s *Server) PublicHandler() http.Handler { return s.public }
+
 // Close ends every open event stream. Serve calls it on shutdown.
 func (s *Server) Close() { s.once.Do(s.cancelStream) }
 
@@ -123,8 +157,17 @@ func (s *Server) Close() { s.once.Do(s.cancelStream) }
 // streams end at once, other requests get up to the shutdown timeout. It
 // returns nil after a shutdown caused by ctx.
 func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
+	return s.serve(ctx, ln, s.mux)
+}
+
+// ServePublic is Serve with PublicHandler.
+func (s *Server) ServePublic(ctx context.Context, ln net.Listener) error {
+	return s.serve(ctx, ln, s.public)
+}
+
+func (s *Server) serve(ctx context.Context, ln net.Listener, h http.Handler) error {
 	srv := &http.Server{
-		Handler:           s.mux,
+		Handler:           h,
 		ReadHeaderTimeout: 10 * time.Second,
 		IdleTimeout:       2 * time.Minute,
 		ErrorLog:          nil,
