@@ -7,7 +7,7 @@
 #   sudo test/fresh-machine.sh [-n RUNS] [--warm-go] [--keep]
 #
 # Before every run it removes:
-#   - the Debian packages the suites install (runc, chromium and the
+#   - the Debian packages the suites install (runc, chromium, prometheus and the
 #     packages only they pulled in, via autoremove);
 #   - .cache/e2e (containerd, test images) - the clone has none;
 #   - unless --warm-go: the Go build and module caches, by pointing GOCACHE
@@ -43,7 +43,7 @@ echo "fresh-machine: $runs run(s) of .ci/run on fresh clones of $repo at $head; 
 
 # What the suites install. chromium-common and chromium-sandbox come with
 # chromium; autoremove then drops the libraries only they needed.
-packages=(runc chromium chromium-common chromium-sandbox chromium-driver)
+packages=(runc chromium chromium-common chromium-sandbox chromium-driver prometheus)
 
 unprovision() {
 	local present=() p
@@ -55,7 +55,7 @@ unprovision() {
 		DEBIAN_FRONTEND=noninteractive apt-get -q -o DPkg::Lock::Timeout=600 purge -y "${present[@]}" >"$work/apt-remove.log" 2>&1
 		DEBIAN_FRONTEND=noninteractive apt-get -q -o DPkg::Lock::Timeout=600 autoremove --purge -y >>"$work/apt-remove.log" 2>&1
 	fi
-	for p in runc chromium; do
+	for p in runc chromium promtool; do
 		if command -v "$p" >/dev/null; then
 			echo "fresh-machine: $p is still on PATH ($(command -v $p)) after removing the packages" >&2
 			exit 1
