@@ -155,10 +155,21 @@ func (l logEvent) MarshalLog() any {
 	}{l.e.PodUID, l.e.Type, data}
 }
 
-// snapshotLocked returns the state of every pod, sorted by namespace/name.
-func (h *hub) snapshotLocked() []PodState {
-	out := make([]PodState, 0, len(h.pods))
+// snapshotLocked returns the listings of every pod, for snapshot.
+func (h *hub) snapshotLocked() []*runtime.Pod {
+	pods := make([]*runtime.Pod, 0, len(h.pods))
 	for _, p := range h.pods {
+		pods = append(pods, p)
+	}
+	return pods
+}
+
+// snapshot returns the state of every pod, sorted by namespace/name. It
+// runs without the hub's lock: the listings it reads are never changed once
+// published.
+func snapshot(pods []*runtime.Pod) []PodState {
+	out := make([]PodState, 0, len(pods))
+	for _, p := range pods {
 		ps := PodState{UID: p.UID, Name: p.Name, Namespace: p.Namespace,
 			Containers: make([]ContainerState, 0, len(p.Containers)+len(p.Sandboxes))}
 		for _, s := range p.Sandboxes {
@@ -282,15 +293,18 @@ func (s *Subscription) next() (Update, bool, error) {
 		// subscription's lock inside keeps pushes from slipping between.
 		s.h.mu.Lock()
 		s.mu.Lock()
-		defer s.h.mu.Unlock()
-		defer s.mu.Unlock()
 		if s.closed {
+			s.mu.Unlock()
+			s.h.mu.Unlock()
 			return Update{}, false, ErrClosed
 		}
 		s.resync = false
 		s.queue = nil
 		s.seen = s.h.seq
-		return Update{Resync: true, Pods: s.h.snapshotLocked()}, true, nil
+		pods := s.h.snapshotLocked()
+		s.mu.Unlock()
+		s.h.mu.Unlock()
+		return Update{Resync: true, Pods: snapshot(pods)}, true, nil
 	}
 	defer s.mu.Unlock()
 	if len(s.queue) > 0 {
