@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"fmt"
+	"io"
 	"os/signal"
 	"path/filepath"
 	"strings"
@@ -10,6 +11,7 @@ import (
 	"time"
 
 	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 	"k8s.io/klog/v2"
 
 	"github.com/podlifecycle/pleg/runtime/sim"
@@ -28,9 +30,16 @@ type simulateOptions struct {
 	latencyJitter    time.Duration
 	latencyPerItem   time.Duration
 	hangPods         int
+	hangPodLists     bool
+	hungPodEvents    time.Duration
+	hangAfter        time.Duration
 	errorRate        float64
 	events           bool
 	eventDropRate    float64
+	eventStorm       int
+	keepEvents       time.Duration
+	replayEvents     int
+	replayEventAge   time.Duration
 }
 
 func newSimulateCmd() *cobra.Command {
@@ -43,13 +52,28 @@ on a unix socket, so pleg (or any CRI client) can run against it anywhere.
 Its node holds --pods pods of --containers-per-pod containers; every
 --step-interval the workload makes --churn changes (crash loops, completing
 batch jobs, rolling updates), deterministically from --seed. Faults can be
-injected: call latency, hung status calls, errors, lost events.
+injected: call latency, hung status calls (and, with --hang-pod-lists, hung
+list calls filtered to the hung pods), errors, lost events, events streamed
+continuously for the hung pods (--events-for-hung-pods) or for every pod
+(--event-storm), and old events sent first to every new subscriber
+(--keep-events, --replay-events). --hang-after applies the hung pods'
+faults some time after the start, so that a client has seen the pods
+answer first.
+
+To reproduce a hung pod whose container keeps flapping, as a PLEG sees it:
+
+  pleg simulate --listen unix:///tmp/sim.sock --pods 110 --containers-per-pod 5 \
+    --churn 0 --latency 1ms --hang-pods 1 --hang-pod-lists --events-for-hung-pods 20ms
 
 It runs until SIGINT or SIGTERM, then removes its socket.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error { return runSimulate(cmd, o) },
 	}
-	f := cmd.Flags()
+	o.addFlags(cmd.Flags())
+	return cmd
+}
+
+func (o *simulateOptions) addFlags(f *pflag.FlagSet) {
 	f.StringVar(&o.listen, "listen", "", "unix socket to serve on: unix:///absolute/path or /absolute/path (required)")
 	f.IntVar(&o.pods, "pods", 10, "number of pods at start")
 	f.IntVar(&o.containersPerPod, "containers-per-pod", 2, "containers per pod")
@@ -60,10 +84,16 @@ It runs until SIGINT or SIGTERM, then removes its socket.`,
 	f.DurationVar(&o.latencyJitter, "latency-jitter", 0, "extra latency drawn uniformly from [0, jitter)")
 	f.DurationVar(&o.latencyPerItem, "latency-per-item", 0, "extra latency per item returned by list calls")
 	f.IntVar(&o.hangPods, "hang-pods", 0, "number of pods (the first ones) whose status calls never answer")
+	f.BoolVar(&o.hangPodLists, "hang-pod-lists", false, "the list calls filtered to a hung pod (by its UID label, sandbox or container ID) never answer either; unfiltered lists do")
+	f.DurationVar(&o.hungPodEvents, "events-for-hung-pods", 0, "stream a container event (stopped, started, ...) for each hung pod at this interval, the pod unchanged (0: none)")
+	f.DurationVar(&o.hangAfter, "hang-after", 0, "apply --hang-pods, --hang-pod-lists and --events-for-hung-pods this long after starting, to the first pods then (0: from the start)")
 	f.Float64Var(&o.errorRate, "error-rate", 0, "fraction of calls failing with Unavailable or Internal, in [0,1]")
 	f.BoolVar(&o.events, "events", true, "serve GetContainerEvents (false: Unimplemented)")
 	f.Float64Var(&o.eventDropRate, "event-drop-rate", 0, "fraction of container events not sent, in [0,1]")
-	return cmd
+	f.IntVar(&o.eventStorm, "event-storm", 0, "stream this many container events per second, spread over every pod in turn, the pods unchanged (0: none)")
+	f.DurationVar(&o.keepEvents, "keep-events", 0, "keep the events emitted while nobody subscribes for this long and send them to the next subscriber first, as containerd 2.x does for 5m (0: none)")
+	f.IntVar(&o.replayEvents, "replay-events", 0, "send every new event subscriber this many old events first, about the containers there are (0: none)")
+	f.DurationVar(&o.replayEventAge, "replay-event-age", sim.DefaultReplayAge, "how old the events of --replay-events are")
 }
 
 // simSocketPath turns --listen into a socket path.
@@ -88,7 +118,8 @@ func (o *simulateOptions) config() (sim.Config, error) {
 	for _, c := range []struct {
 		name string
 		v    int
-	}{{"--pods", o.pods}, {"--containers-per-pod", o.containersPerPod}, {"--churn", o.churn}, {"--hang-pods", o.hangPods}} {
+	}{{"--pods", o.pods}, {"--containers-per-pod", o.containersPerPod}, {"--churn", o.churn}, {"--hang-pods", o.hangPods},
+		{"--event-storm", o.eventStorm}, {"--replay-events", o.replayEvents}} {
 		if c.v < 0 {
 			return sim.Config{}, usageErrorf("%s must not be negative, got %d", c.name, c.v)
 		}
@@ -99,10 +130,20 @@ func (o *simulateOptions) config() (sim.Config, error) {
 	for _, d := range []struct {
 		name string
 		v    time.Duration
-	}{{"--latency", o.latency}, {"--latency-jitter", o.latencyJitter}, {"--latency-per-item", o.latencyPerItem}} {
+	}{{"--latency", o.latency}, {"--latency-jitter", o.latencyJitter}, {"--latency-per-item", o.latencyPerItem},
+		{"--events-for-hung-pods", o.hungPodEvents}, {"--hang-after", o.hangAfter}, {"--keep-events", o.keepEvents}} {
 		if d.v < 0 {
 			return sim.Config{}, usageErrorf("%s must not be negative, got %v", d.name, d.v)
 		}
+	}
+	if o.replayEventAge <= 0 {
+		return sim.Config{}, usageErrorf("--replay-event-age must be positive, got %v", o.replayEventAge)
+	}
+	if (o.hangPodLists || o.hungPodEvents > 0 || o.hangAfter > 0) && o.hangPods == 0 {
+		return sim.Config{}, usageErrorf("--hang-pod-lists, --events-for-hung-pods and --hang-after need --hang-pods")
+	}
+	if !o.events && (o.hungPodEvents > 0 || o.eventStorm > 0 || o.keepEvents > 0 || o.replayEvents > 0) {
+		return sim.Config{}, usageErrorf("--events-for-hung-pods, --event-storm, --keep-events and --replay-events need --events")
 	}
 	if o.stepInterval <= 0 {
 		return sim.Config{}, usageErrorf("--step-interval must be positive, got %v", o.stepInterval)
@@ -122,9 +163,15 @@ func (o *simulateOptions) config() (sim.Config, error) {
 		ChurnPerStep:     o.churn,
 		Latency:          sim.Latency{Base: o.latency, Jitter: o.latencyJitter, PerItem: o.latencyPerItem},
 		HangPods:         o.hangPods,
+		HangLists:        o.hangPodLists,
+		HungPodEvents:    o.hungPodEvents,
 		ErrorRate:        o.errorRate,
 		DisableEvents:    !o.events,
 		EventDropRate:    o.eventDropRate,
+		EventStorm:       o.eventStorm,
+		KeepEvents:       o.keepEvents,
+		ReplayEvents:     o.replayEvents,
+		ReplayAge:        o.replayEventAge,
 	}, nil
 }
 
@@ -144,17 +191,66 @@ func runSimulate(cmd *cobra.Command, o *simulateOptions) error {
 	ctx, stop := signal.NotifyContext(parent, syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 
+	// With --hang-after, the runtime starts without the hung pods' faults
+	// and applies them later, to the same pods.
+	hang := cfg
+	if o.hangAfter > 0 {
+		cfg.HangPods, cfg.HangLists, cfg.HungPodEvents = 0, false, 0
+	}
 	r := sim.New(cfg)
 	if err := r.Serve(path); err != nil {
 		return fmt.Errorf("serving on %s: %w", path, err)
 	}
 	defer r.Stop()
-	fmt.Fprintf(cmd.OutOrStdout(), "simulated CRI runtime listening on %s\n", r.Endpoint())
+	out := cmd.OutOrStdout()
+	fmt.Fprintf(out, "simulated CRI runtime listening on %s\n", r.Endpoint())
 	klog.V(2).InfoS("Simulated runtime started", "endpoint", r.Endpoint(), "pods", cfg.Pods,
 		"containersPerPod", cfg.ContainersPerPod, "seed", cfg.Seed, "churn", cfg.ChurnPerStep, "stepInterval", o.stepInterval)
+	hangDone := make(chan struct{})
+	if o.hangAfter > 0 {
+		go func() {
+			defer close(hangDone)
+			t := time.NewTimer(o.hangAfter)
+			defer t.Stop()
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C:
+			}
+			pods := r.Pods()
+			for _, p := range pods[:min(hang.HangPods, len(pods))] {
+				r.SetHung(p.UID, true)
+				if hang.HangLists {
+					r.SetHungLists(p.UID, true)
+				}
+				if hang.HungPodEvents > 0 {
+					r.EmitEvents(p.UID, hang.HungPodEvents)
+				}
+			}
+			announceHung(out, r, hang)
+		}()
+	} else {
+		announceHung(out, r, cfg)
+		close(hangDone)
+	}
 	r.Run(ctx, o.stepInterval)
 	<-ctx.Done()
 	r.Stop()
+	<-hangDone
 	klog.V(2).InfoS("Simulated runtime stopped", "steps", r.StepCount(), "calls", r.Calls())
 	return nil
+}
+
+// announceHung prints one line per hung pod.
+func announceHung(out io.Writer, r *sim.Runtime, cfg sim.Config) {
+	for _, uid := range r.Hung() {
+		what := "status calls hang"
+		if cfg.HangLists {
+			what = "status calls and filtered list calls hang"
+		}
+		if cfg.HungPodEvents > 0 {
+			what += fmt.Sprintf("; an event every %v", cfg.HungPodEvents)
+		}
+		fmt.Fprintf(out, "hung pod %s: %s\n", uid, what)
+	}
 }

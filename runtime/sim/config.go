@@ -47,6 +47,15 @@ type Config struct {
 	// server goes away or stops.
 	HangPods int
 	HangUIDs []string
+	// HangLists makes the list calls filtered to the pods of HangPods and
+	// HangUIDs hang too (see Runtime.SetHungLists); unfiltered list calls
+	// keep answering.
+	HangLists bool
+	// HungPodEvents, when positive, makes the runtime stream a container
+	// event for each pod of HangPods and HangUIDs every HungPodEvents (see
+	// Runtime.EmitEvents), as a runtime does for a crash-looping or
+	// flapping container.
+	HungPodEvents time.Duration
 	// ErrorRate is the fraction of calls (in [0, 1]) that fail at once
 	// with codes.Unavailable or codes.Internal.
 	ErrorRate float64
@@ -59,7 +68,27 @@ type Config struct {
 	// EventBuffer is the number of events buffered per subscriber before
 	// further events are dropped (0 means 1000).
 	EventBuffer int
+	// EventStorm, when positive, is a number of container events per
+	// second streamed over every pod in turn (see Runtime.SetEventStorm).
+	EventStorm int
+	// KeepEvents, when positive, keeps the events emitted while nobody
+	// subscribes, for that long (of Clock time, at most EventBuffer of
+	// them), and sends them first to the next subscriber, with their own
+	// CreatedAt, as containerd 2.x does (for 5 minutes). See
+	// Runtime.SetKeepEvents.
+	KeepEvents time.Duration
+	// ReplayEvents, when positive, sends every new subscriber that many
+	// old events first, about the containers there are, with CreatedAt
+	// ReplayAge in the past (0 means DefaultReplayAge). See
+	// Runtime.SetReplay.
+	ReplayEvents int
+	ReplayAge    time.Duration
 }
+
+// DefaultReplayAge is the age of replayed events when Config.ReplayAge or
+// SetReplay's age is not positive: 4 minutes, within the 5 minutes
+// containerd 2.x keeps events while nobody subscribes.
+const DefaultReplayAge = 4 * time.Minute
 
 // Behaviour is what the workload does with a pod.
 type Behaviour int

@@ -28,10 +28,16 @@
 // subscriber; a slow subscriber loses events rather than blocking the model.
 //
 // Faults are knobs of Config and of setters usable while serving: latency
-// (base, jitter, per listed item), hung status calls for chosen pods, an
+// (base, jitter, per listed item), hung status calls for chosen pods
+// (SetHung) and hung list calls filtered to chosen pods (SetHungLists), an
 // error rate, events off or dropped, a not-ready runtime, and the runtime
-// going away (GoAway) and coming back (ComeBack) on the same socket. Calls
-// counts calls per method.
+// going away (GoAway) and coming back (ComeBack) on the same socket. The
+// event stream has faults of its own: a pod whose container flaps streams
+// events continuously (EmitEvents), thousands of events a second spread
+// over every pod (SetEventStorm), and a new subscriber first receives old
+// events, those kept while nobody subscribed (SetKeepEvents, as containerd
+// 2.x) or replayed minutes old (SetReplay). Calls counts calls per method,
+// PodCalls the calls for one pod.
 //
 // A typical test:
 //

@@ -90,12 +90,23 @@ func (r *Runtime) sleep(ctx context.Context, d time.Duration) error {
 	}
 }
 
-// waitHung blocks while pod uid is hung.
+// waitHung blocks while pod uid's status calls are hung.
 func (r *Runtime) waitHung(ctx context.Context, uid string) error {
+	return r.waitWhile(ctx, r.hung, uid)
+}
+
+// waitHungLists blocks while pod uid's filtered list calls are hung.
+func (r *Runtime) waitHungLists(ctx context.Context, uid string) error {
+	return r.waitWhile(ctx, r.hungLists, uid)
+}
+
+// waitWhile blocks while set (r.hung or r.hungLists, read under kmu) holds
+// uid.
+func (r *Runtime) waitWhile(ctx context.Context, set map[string]bool, uid string) error {
 	quit := r.quitChan()
 	for {
 		r.kmu.Lock()
-		hung, changed := r.hung[uid], r.hungChanged
+		hung, changed := set[uid], r.hungChanged
 		r.kmu.Unlock()
 		if !hung {
 			return nil
@@ -168,6 +179,47 @@ func labelsMatch(labels, selector map[string]string) bool {
 	return true
 }
 
+// listTarget returns the pod a list filter selects (by the pod UID label,
+// by a sandbox ID, or by a container ID), "" when it selects none in
+// particular; and the pods whose items can match the filter (every pod,
+// only the selected one, or none when the selected pod is unknown). uid is
+// set even for a pod the model does not know, so that a hung UID hangs
+// whether or not its pod exists. Called with mu held.
+func (r *Runtime) listTargetLocked(id, sandboxID string, labels map[string]string) (uid string, pods []*pod) {
+	var p *pod
+	switch {
+	case labels[runtime.LabelPodUID] != "":
+		uid = labels[runtime.LabelPodUID]
+		p = r.pods[uid]
+	case sandboxID != "":
+		if sb := r.sandboxes[sandboxID]; sb != nil {
+			p = sb.pod
+		}
+	case id != "":
+		if sb := r.sandboxes[id]; sb != nil {
+			p = sb.pod
+		} else if c := r.containers[id]; c != nil {
+			p = c.pod
+		}
+	default:
+		return "", r.order
+	}
+	if p == nil {
+		return uid, nil
+	}
+	return p.uid, []*pod{p}
+}
+
+// holdList makes a list call filtered to pod uid wait while that pod's
+// lists are hung (SetHungLists), after counting it for the pod.
+func (r *Runtime) holdList(ctx context.Context, method, uid string) error {
+	if uid == "" {
+		return nil
+	}
+	r.countPodCall(uid, method)
+	return r.waitHungLists(ctx, uid)
+}
+
 func (s *service) ListPodSandbox(ctx context.Context, req *runtimeapi.ListPodSandboxRequest) (*runtimeapi.ListPodSandboxResponse, error) {
 	r := s.r
 	if err := r.begin(ctx, "ListPodSandbox"); err != nil {
@@ -175,9 +227,16 @@ func (s *service) ListPodSandbox(ctx context.Context, req *runtimeapi.ListPodSan
 	}
 	defer r.end()
 	f := req.GetFilter()
+	r.mu.Lock()
+	uid, _ := r.listTargetLocked(f.GetId(), "", f.GetLabelSelector())
+	r.mu.Unlock()
+	if err := r.holdList(ctx, "ListPodSandbox", uid); err != nil {
+		return nil, err
+	}
 	var items []*runtimeapi.PodSandbox
 	r.mu.Lock()
-	for _, p := range r.order {
+	_, pods := r.listTargetLocked(f.GetId(), "", f.GetLabelSelector())
+	for _, p := range pods {
 		for _, sb := range p.sandboxes {
 			if f != nil {
 				if f.Id != "" && f.Id != sb.id ||
@@ -203,9 +262,16 @@ func (s *service) ListContainers(ctx context.Context, req *runtimeapi.ListContai
 	}
 	defer r.end()
 	f := req.GetFilter()
+	r.mu.Lock()
+	uid, _ := r.listTargetLocked(f.GetId(), f.GetPodSandboxId(), f.GetLabelSelector())
+	r.mu.Unlock()
+	if err := r.holdList(ctx, "ListContainers", uid); err != nil {
+		return nil, err
+	}
 	var items []*runtimeapi.Container
 	r.mu.Lock()
-	for _, p := range r.order {
+	_, pods := r.listTargetLocked(f.GetId(), f.GetPodSandboxId(), f.GetLabelSelector())
+	for _, p := range pods {
 		for _, c := range p.containers {
 			if f != nil {
 				if f.Id != "" && f.Id != c.id ||
@@ -240,6 +306,9 @@ func (s *service) PodSandboxStatus(ctx context.Context, req *runtimeapi.PodSandb
 			return nil, status.Errorf(codes.NotFound, "sim: pod sandbox %q not found", id)
 		}
 		uid := sb.pod.uid
+		if first {
+			r.countPodCall(uid, "PodSandboxStatus")
+		}
 		if !first || !r.isHung(uid) {
 			resp := &runtimeapi.PodSandboxStatusResponse{
 				Status:             r.sandboxStatus(sb),
@@ -271,6 +340,9 @@ func (s *service) ContainerStatus(ctx context.Context, req *runtimeapi.Container
 			return nil, status.Errorf(codes.NotFound, "sim: container %q not found", id)
 		}
 		uid := c.pod.uid
+		if first {
+			r.countPodCall(uid, "ContainerStatus")
+		}
 		if !first || !r.isHung(uid) {
 			resp := &runtimeapi.ContainerStatusResponse{Status: containerStatus(c)}
 			r.mu.Unlock()
@@ -302,8 +374,16 @@ func (s *service) GetContainerEvents(_ *runtimeapi.GetEventsRequest, stream grpc
 	if !on {
 		return status.Error(codes.Unimplemented, "sim: container events are disabled")
 	}
-	sub := r.subscribe()
+	sub, first := r.subscribe()
 	defer r.unsubscribe(sub)
+	// What a runtime sends a new subscriber before the live events: the
+	// events kept while nobody subscribed, and replayed old ones. Live
+	// events emitted meanwhile wait in the subscriber's queue.
+	for _, ev := range first {
+		if err := stream.Send(ev); err != nil {
+			return err
+		}
+	}
 	quit := r.quitChan()
 	for {
 		select {

@@ -11,6 +11,7 @@ import (
 	"sort"
 	"sync"
 	"sync/atomic"
+	"time"
 
 	"google.golang.org/grpc"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
@@ -34,6 +35,7 @@ type Runtime struct {
 	containers map[string]*container
 	ipNext     uint32
 	subs       []*subscriber
+	kept       []*runtimeapi.ContainerEventResponse // events emitted while nobody subscribed (SetKeepEvents)
 	churn      int
 	mix        Mix
 	keepExited int
@@ -46,13 +48,20 @@ type Runtime struct {
 	events         bool
 	dropRate       float64
 	hung           map[string]bool
-	hungChanged    chan struct{} // closed and replaced when hung changes
+	hungLists      map[string]bool
+	hungChanged    chan struct{}         // closed and replaced when hung or hungLists changes
+	emitters       map[string]*generator // EmitEvents, by pod UID
+	storm          *generator            // SetEventStorm (nil: none)
+	keepEvents     time.Duration         // SetKeepEvents
+	replayN        int                   // SetReplay
+	replayAge      time.Duration
 	runtimeReady   bool
 	notReadyReason string
 	notReadyMsg    string
 
-	callsMu sync.Mutex
-	calls   map[string]int64
+	callsMu  sync.Mutex
+	calls    map[string]int64
+	podCalls map[string]map[string]int64 // pod UID -> method -> calls
 
 	evEmitted, evQueued, evDroppedFull, evDroppedRandom atomic.Int64
 
@@ -93,9 +102,15 @@ func New(cfg Config) *Runtime {
 		events:       !cfg.DisableEvents,
 		dropRate:     clamp01(cfg.EventDropRate),
 		hung:         map[string]bool{},
+		hungLists:    map[string]bool{},
 		hungChanged:  make(chan struct{}),
+		emitters:     map[string]*generator{},
+		keepEvents:   max(cfg.KeepEvents, 0),
+		replayN:      max(cfg.ReplayEvents, 0),
+		replayAge:    cfg.ReplayAge,
 		runtimeReady: true,
 		calls:        map[string]int64{},
+		podCalls:     map[string]map[string]int64{},
 		stopCh:       make(chan struct{}),
 	}
 	if r.eventBuffer <= 0 {
@@ -114,6 +129,9 @@ func New(cfg Config) *Runtime {
 	if perPod <= 0 {
 		perPod = 1
 	}
+	if r.replayAge <= 0 {
+		r.replayAge = DefaultReplayAge
+	}
 	r.mu.Lock()
 	for i := 0; i < cfg.Pods; i++ {
 		p := r.newWorkloadPodLocked(r.pickBehaviourLocked(), perPod, "", "")
@@ -124,6 +142,22 @@ func New(cfg Config) *Runtime {
 	r.mu.Unlock()
 	for _, uid := range cfg.HangUIDs {
 		r.hung[uid] = true
+	}
+	if cfg.HangLists {
+		for uid := range r.hung {
+			r.hungLists[uid] = true
+		}
+	}
+	// The event generators start with the runtime (they emit whether or
+	// not anyone serves or subscribes, as a runtime's containers flap
+	// whether or not anyone watches).
+	if cfg.HungPodEvents > 0 {
+		for _, uid := range r.Hung() {
+			r.EmitEvents(uid, cfg.HungPodEvents)
+		}
+	}
+	if cfg.EventStorm > 0 {
+		r.SetEventStorm(cfg.EventStorm)
 	}
 	return r
 }
@@ -169,25 +203,54 @@ func (r *Runtime) SetEvents(on bool) {
 func (r *Runtime) SetHung(uid string, hung bool) {
 	r.kmu.Lock()
 	defer r.kmu.Unlock()
-	if r.hung[uid] == hung {
+	r.setHungLocked(r.hung, uid, hung)
+}
+
+// SetHungLists makes the list calls filtered to pod uid hang (or answer
+// again): ListPodSandbox and ListContainers whose filter selects the pod by
+// its UID label (io.kubernetes.pod.uid), by the ID of one of its sandboxes
+// (Id, or PodSandboxId for containers) or by the ID of one of its
+// containers. Unfiltered list calls, and list calls filtered otherwise (by
+// state, by other labels), keep answering. It is independent of SetHung;
+// a runtime whose pod is stuck (a blocked shim, say) typically has both.
+func (r *Runtime) SetHungLists(uid string, hung bool) {
+	r.kmu.Lock()
+	defer r.kmu.Unlock()
+	r.setHungLocked(r.hungLists, uid, hung)
+}
+
+func (r *Runtime) setHungLocked(set map[string]bool, uid string, hung bool) {
+	if set[uid] == hung {
 		return
 	}
 	if hung {
-		r.hung[uid] = true
+		set[uid] = true
 	} else {
-		delete(r.hung, uid)
+		delete(set, uid)
 	}
 	close(r.hungChanged)
 	r.hungChanged = make(chan struct{})
 }
 
-// Hung returns the UIDs of the hung pods, sorted.
+// Hung returns the UIDs of the pods whose status calls hang, sorted.
 func (r *Runtime) Hung() []string {
 	r.kmu.Lock()
 	defer r.kmu.Unlock()
-	out := make([]string, 0, len(r.hung))
-	for uid := range r.hung {
-		out = append(out, uid)
+	return sortedKeys(r.hung)
+}
+
+// HungLists returns the UIDs of the pods whose filtered list calls hang,
+// sorted.
+func (r *Runtime) HungLists() []string {
+	r.kmu.Lock()
+	defer r.kmu.Unlock()
+	return sortedKeys(r.hungLists)
+}
+
+func sortedKeys(m map[string]bool) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
 	}
 	sort.Strings(out)
 	return out
@@ -220,10 +283,27 @@ func (r *Runtime) Calls() map[string]int64 {
 	return out
 }
 
-// ResetCalls sets every call counter back to zero.
+// PodCalls returns the number of calls received for pod uid per CRI
+// method name: PodSandboxStatus and ContainerStatus calls for its sandboxes
+// and containers, and ListPodSandbox and ListContainers calls whose filter
+// selects it (see SetHungLists). Calls are counted when they reach the
+// model, hung or not; calls failed by the error rate or for IDs the model
+// does not know are not counted here (they are in Calls).
+func (r *Runtime) PodCalls(uid string) map[string]int64 {
+	r.callsMu.Lock()
+	defer r.callsMu.Unlock()
+	out := make(map[string]int64, len(r.podCalls[uid]))
+	for k, v := range r.podCalls[uid] {
+		out[k] = v
+	}
+	return out
+}
+
+// ResetCalls sets every call counter back to zero (Calls and PodCalls).
 func (r *Runtime) ResetCalls() {
 	r.callsMu.Lock()
 	clear(r.calls)
+	clear(r.podCalls)
 	r.callsMu.Unlock()
 }
 
@@ -231,6 +311,32 @@ func (r *Runtime) countCall(method string) {
 	r.callsMu.Lock()
 	r.calls[method]++
 	r.callsMu.Unlock()
+}
+
+func (r *Runtime) countPodCall(uid, method string) {
+	r.callsMu.Lock()
+	m := r.podCalls[uid]
+	if m == nil {
+		m = map[string]int64{}
+		r.podCalls[uid] = m
+	}
+	m[method]++
+	r.callsMu.Unlock()
+}
+
+// goOwned runs f on a goroutine the runtime owns (Stop waits for it),
+// unless the runtime is stopped.
+func (r *Runtime) goOwned(f func()) {
+	r.smu.Lock()
+	defer r.smu.Unlock()
+	if r.stopped {
+		return
+	}
+	r.wg.Add(1)
+	go func() {
+		defer r.wg.Done()
+		f()
+	}()
 }
 
 // Serving.
