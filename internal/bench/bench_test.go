@@ -260,6 +260,26 @@ func TestServeChildProtocol(t *testing.T) {
 	if got := say("cpu"); !strings.HasPrefix(got, "ok ") {
 		t.Errorf("cpu: %q", got)
 	}
+	// The live scenarios' commands.
+	got := say("hang-live lists")
+	uid, ok := strings.CutPrefix(got, "ok ")
+	if !ok || uid == "" {
+		t.Fatalf("hang-live: %q", got)
+	}
+	for _, c := range []struct{ send, want string }{
+		{"emit " + uid + " 10ms", "ok"},
+		{"emit " + uid + " 0s", "ok"},
+		{"emit " + uid + " soon", "error"},
+		{"storm 100", "ok"},
+		{"storm 0", "ok"},
+		{"storm many", "error"},
+		{"podcalls " + uid, "ok {"},
+		{"eventstats", `ok {"Emitted":`},
+	} {
+		if got := say(c.send); !strings.HasPrefix(got, c.want) {
+			t.Errorf("%q: answer %q, want %q...", c.send, got, c.want)
+		}
+	}
 	io.WriteString(inW, "quit\n")
 	if err := <-done; err != nil {
 		t.Fatal(err)
@@ -276,7 +296,7 @@ func TestChildFailureIsReported(t *testing.T) {
 
 func TestLookup(t *testing.T) {
 	all, err := Lookup("all")
-	if err != nil || len(all) != 4 {
+	if err != nil || len(all) != 6 {
 		t.Fatalf("all: %d, %v", len(all), err)
 	}
 	two, err := Lookup("500x10, 110x5-hung")
@@ -287,12 +307,22 @@ func TestLookup(t *testing.T) {
 		t.Fatalf("unknown: %v", err)
 	}
 	// The issue's scenarios.
-	want := map[string][4]int{"66x7": {66, 7, 10, 0}, "500x10": {500, 10, 50, 0}, "1000x10-idle": {1000, 10, 0, 0}, "110x5-hung": {110, 5, 0, 1}}
+	want := map[string][4]int{"66x7": {66, 7, 10, 0}, "500x10": {500, 10, 50, 0}, "1000x10-idle": {1000, 10, 0, 0}, "110x5-hung": {110, 5, 0, 1},
+		"hung-pod-events": {110, 5, 0, 1}, "hint-storm": {500, 5, 0, 0}}
 	for _, s := range all {
 		w := want[s.Name]
 		if [4]int{s.Pods, s.Containers, s.Changed, s.HungPods} != w {
 			t.Errorf("%s: %d x %d, %d changed, %d hung; want %v", s.Name, s.Pods, s.Containers, s.Changed, s.HungPods, w)
 		}
+	}
+	// The live scenarios: the issue's case and the storm.
+	hung, storm := all[4].Live, all[5].Live
+	if hung == nil || !hung.HangLists || hung.HungPodEvents != 20*time.Millisecond || hung.RelistPeriod != 20*time.Millisecond ||
+		all[4].InspectionTimeout != time.Second || all[4].RequestTimeout != 2*time.Minute || all[4].Latency != time.Millisecond {
+		t.Errorf("hung-pod-events: %+v %+v", all[4], hung)
+	}
+	if storm == nil || storm.EventStorm < 1000 || storm.RelistPeriod != 100*time.Millisecond {
+		t.Errorf("hint-storm: %+v %+v", all[5], storm)
 	}
 }
 
@@ -367,5 +397,194 @@ func TestEvaluate(t *testing.T) {
 	p.RelistP99Ms = 259
 	if ts := evaluate(Scenario{Name: "110x5-hung"}, p, s, false); ts[0].Met {
 		t.Errorf("hung over the bound: %+v", ts)
+	}
+}
+
+func TestLiveScenariosQuick(t *testing.T) {
+	scs, err := Lookup("hung-pod-events,hint-storm")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if raceEnabled {
+		// The race detector slows the generator and the simulated runtime
+		// several times over: 500 pods and 3,000 events a second saturate
+		// two CPUs, and a listing alone then takes longer than the
+		// threshold. The same storm per pod on a fifth of the node.
+		storm := *scs[1].Live
+		storm.EventStorm /= 5
+		scs[1].Live = &storm
+		scs[1].Pods /= 5
+		t.Logf("race detector on: hint-storm with %d pods and %d events per second", scs[1].Pods, storm.EventStorm)
+	}
+	rep, err := Run(context.Background(), Options{Scenarios: scs, Serial: true, Quick: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(rep.Scenarios) != 2 {
+		t.Fatalf("%d scenarios, want 2", len(rep.Scenarios))
+	}
+	for _, res := range rep.Scenarios {
+		sc, r := res.Scenario, res.Live
+		if r == nil || res.PLEG != nil || res.Serial != nil {
+			t.Fatalf("%s: live %v, pleg %v, serial %v", sc.Name, r, res.PLEG, res.Serial)
+		}
+		t.Logf("%s: %d relists in %.0fms, interval p50 %.1fms p99 %.1fms max %.1fms, relist p99 %.1fms, list p99 %.1fms, unhealthy %d of %d, events %d/%d, ListPod %d, skipped %v, hung pod calls %v",
+			sc.Name, r.Relists, r.WindowMs, r.IntervalP50Ms, r.IntervalP99Ms, r.IntervalMaxMs, r.RelistP99Ms, r.ListP99Ms,
+			r.Unhealthy, r.HealthChecks, r.EventsEmitted, r.EventsReceived, r.PodLists, r.Skipped, r.HungCallsWindow)
+		// What matters: relists keep coming and health never fails. A
+		// relist goroutine held by the hung pod's list call would relist
+		// once or twice in the window and go unhealthy after the
+		// threshold.
+		if r.Relists < 5 {
+			t.Errorf("%s: %d global relists in %.0fms, want them to keep coming", sc.Name, r.Relists, r.WindowMs)
+		}
+		if r.HealthChecks < 5 || r.EverUnhealthy {
+			t.Errorf("%s: Healthy() false %d of %d checks (%s)", sc.Name, r.Unhealthy, r.HealthChecks, r.FirstUnhealthy)
+		}
+		if r.RelistErrors != 0 || r.EventsReceived == 0 || !r.StreamConnected {
+			t.Errorf("%s: %d relist errors, %d events received, stream connected throughout %v", sc.Name, r.RelistErrors, r.EventsReceived, r.StreamConnected)
+		}
+		// The targets, with twice their margin: this is a busy machine's
+		// test, not the measurement.
+		var bound float64
+		if sc.HungPods > 0 {
+			bound = r.RelistPeriodMs + r.PodInspectionTimeoutMs + r.ListP99Ms
+		} else {
+			bound = 2*r.RelistPeriodMs + r.RelistP99Ms
+		}
+		if r.IntervalP99Ms > 2*bound {
+			t.Errorf("%s: relist interval p99 %.1fms, more than twice the target %.1fms", sc.Name, r.IntervalP99Ms, bound)
+		}
+		if rb := r.PodInspectionTimeoutMs + r.ListP99Ms; r.RelistP99Ms > 2*rb {
+			t.Errorf("%s: relist p99 %.1fms, more than twice the target %.1fms", sc.Name, r.RelistP99Ms, rb)
+		}
+		if len(res.Targets) != 3 {
+			t.Errorf("%s: %d targets, want 3: %+v", sc.Name, len(res.Targets), res.Targets)
+		}
+	}
+
+	hung := rep.Scenarios[0].Live
+	// The fault was exercised, and one call for the pod was out at a
+	// time: its filtered list call, which never returns (the runtime
+	// request timeout is 2 minutes).
+	if hung.HungPod == "" || hung.HungCallsWindow["ListPodSandbox"] != 1 || hung.HungPodCallsTotal != 1 || hung.HungPodLists != 1 {
+		t.Errorf("hung pod %q: runtime calls %v (%d in all), ListPod %d; want one ListPodSandbox", hung.HungPod, hung.HungCallsWindow, hung.HungPodCallsTotal, hung.HungPodLists)
+	}
+	if hung.InspectionTimeouts < 1 {
+		t.Errorf("hung pod: %v inspection timeouts, want its list call timed out", hung.InspectionTimeouts)
+	}
+	storm := rep.Scenarios[1].Live
+	if storm.PodLists == 0 || storm.EventsEmitted < 500 {
+		t.Errorf("hint storm: %d events emitted, %d single-pod lists", storm.EventsEmitted, storm.PodLists)
+	}
+
+	var text bytes.Buffer
+	if err := rep.WriteText(&text); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"== hung-pod-events: 110 pods x 5 containers, 1 pod whose status calls and filtered list calls hang",
+		"== hint-storm: ", " runtime events per second spread over every pod", "serial (kubelet algorithm): not applicable",
+		"relist interval p99", "Healthy() false (checks every 50ms)", "hung pod: runtime calls received (window)",
+		"target: global relists keep coming every period", "target: relist p99 at most the pod inspection timeout plus one list round trip",
+		"target: Healthy() never false"} {
+		if !strings.Contains(text.String(), want) {
+			t.Errorf("text report lacks %q:\n%s", want, text.String())
+		}
+	}
+	if strings.Contains(text.String(), "Relists are driven by hand") {
+		t.Errorf("notes of the hand-driven scenarios in a live-only report:\n%s", text.String())
+	}
+	var js bytes.Buffer
+	if err := rep.WriteJSON(&js); err != nil {
+		t.Fatal(err)
+	}
+	var back Report
+	if err := json.Unmarshal(js.Bytes(), &back); err != nil || back.Scenarios[0].Live == nil || back.Scenarios[0].Live.Relists != hung.Relists {
+		t.Errorf("JSON report does not round-trip (%v): %s", err, js.String())
+	}
+}
+
+func TestLiveIntervals(t *testing.T) {
+	t0 := time.Unix(100, 0)
+	at := func(ms int) time.Time { return t0.Add(time.Duration(ms) * time.Millisecond) }
+	got := liveIntervals(t0, at(100), []time.Time{at(10), at(40), at(70)})
+	want := []time.Duration{10 * time.Millisecond, 30 * time.Millisecond, 30 * time.Millisecond, 30 * time.Millisecond}
+	if !slices.Equal(got, want) {
+		t.Errorf("intervals %v, want %v", got, want)
+	}
+	// No relist: the whole window is one interval.
+	if got := liveIntervals(t0, at(4000), nil); !slices.Equal(got, []time.Duration{4 * time.Second}) {
+		t.Errorf("no relist: %v", got)
+	}
+}
+
+func TestEvaluateLive(t *testing.T) {
+	hung := Scenario{HungPods: 1}
+	r := &LiveResult{Relists: 100, WindowMs: 4000, RelistPeriodMs: 20, PodInspectionTimeoutMs: 1000, ListP99Ms: 20,
+		IntervalP99Ms: 1040, RelistP99Ms: 1020, HealthChecks: 80}
+	ts := evaluateLive(hung, r)
+	if len(ts) != 3 || !ts[0].Met || !ts[1].Met || !ts[2].Met {
+		t.Fatalf("at the bounds: %+v", ts)
+	}
+	r.IntervalP99Ms, r.RelistP99Ms, r.Unhealthy, r.EverUnhealthy = 1041, 1021, 1, true
+	for i, tg := range evaluateLive(hung, r) {
+		if tg.Met || !tg.Checked {
+			t.Errorf("target %d over its bound: %+v", i, tg)
+		}
+	}
+	// The storm's interval bound: 2 periods plus the relist p99.
+	storm := &LiveResult{Relists: 30, RelistPeriodMs: 100, RelistP99Ms: 50, IntervalP99Ms: 250, PodInspectionTimeoutMs: 1000, HealthChecks: 80}
+	if ts := evaluateLive(Scenario{}, storm); !ts[0].Met {
+		t.Errorf("storm at the bound: %+v", ts[0])
+	}
+	storm.IntervalP99Ms = 251
+	if ts := evaluateLive(Scenario{}, storm); ts[0].Met || !strings.Contains(ts[0].Figure, ">") {
+		t.Errorf("storm over the bound: %+v", ts[0])
+	}
+	// No relist at all is never met.
+	if ts := evaluateLive(hung, &LiveResult{IntervalP99Ms: 10, HealthChecks: 80}); ts[0].Met || ts[1].Met {
+		t.Errorf("no relist: %+v", ts)
+	}
+}
+
+func TestLocalDriverLiveFaults(t *testing.T) {
+	d, err := startLocal(simConfig{Seed: 2, Pods: 3, Containers: 2, EventBuffer: 100})
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer d.Close()
+	uid, err := d.HangLive(true)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !slices.Equal(d.r.Hung(), []string{uid}) || !slices.Equal(d.r.HungLists(), []string{uid}) {
+		t.Errorf("hung %v, hung lists %v, want [%s]", d.r.Hung(), d.r.HungLists(), uid)
+	}
+	if err := d.EmitEvents(uid, time.Millisecond); err != nil || !slices.Equal(d.r.Emitting(), []string{uid}) {
+		t.Errorf("EmitEvents: %v, emitting %v", err, d.r.Emitting())
+	}
+	// Nobody subscribes: the events are counted all the same.
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		st, err := d.EventStats()
+		if err != nil {
+			t.Fatal(err)
+		}
+		if st.Emitted > 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("no event emitted for the hung pod")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if err := d.EventStorm(100); err != nil {
+		t.Fatal(err)
+	}
+	if err := d.EventStorm(0); err != nil {
+		t.Fatal(err)
+	}
+	if calls, err := d.PodCalls(uid); err != nil || len(calls) != 0 {
+		t.Errorf("PodCalls = %v, %v; want none yet", calls, err)
 	}
 }

@@ -59,6 +59,12 @@ func DefaultChildCommand() (*exec.Cmd, error) {
 //	change <n>           change n distinct pods; answers the number changed
 //	hang                 hang one pod's status calls and change it; answers its UID
 //	cpu                  answers the child's CPU time (user + system) in ns
+//	hang-live [lists]    hang one pod's status calls (and its filtered list
+//	                     calls with "lists") without changing it; answers its UID
+//	emit <uid> <every>   stream an event for the pod every interval
+//	storm <n>            stream n events per second over every pod
+//	podcalls <uid>       answers the calls received for the pod, as JSON
+//	eventstats           answers the event counters, as JSON
 //	quit                 stop; the child exits (as it does on end of input)
 
 // ServeChild runs the child side of the protocol until quit or the end of
@@ -117,6 +123,30 @@ func ServeChild(in io.Reader, out io.Writer) error {
 			}
 		case "cpu":
 			err = reply("ok %d", int64(processCPU()))
+		case "hang-live":
+			var uid string
+			if uid, err = w.hangLive(arg == "lists"); err == nil {
+				err = reply("ok %s", uid)
+			}
+		case "emit":
+			uid, every, _ := strings.Cut(arg, " ")
+			var d time.Duration
+			if d, err = time.ParseDuration(every); err == nil {
+				r.EmitEvents(uid, d)
+				err = reply("ok")
+			}
+		case "storm":
+			var n int
+			if n, err = strconv.Atoi(arg); err == nil {
+				r.SetEventStorm(n)
+				err = reply("ok")
+			}
+		case "podcalls":
+			js, _ := json.Marshal(r.PodCalls(arg))
+			err = reply("ok %s", js)
+		case "eventstats":
+			js, _ := json.Marshal(r.EventStats())
+			err = reply("ok %s", js)
 		case "quit":
 			return nil
 		default:
@@ -228,6 +258,42 @@ func (d *childDriver) CPU() (time.Duration, error) {
 	}
 	ns, err := strconv.ParseInt(got, 10, 64)
 	return time.Duration(ns), err
+}
+
+func (d *childDriver) HangLive(lists bool) (string, error) {
+	line := "hang-live"
+	if lists {
+		line += " lists"
+	}
+	return d.request(line, "ok")
+}
+
+func (d *childDriver) EmitEvents(uid string, every time.Duration) error {
+	_, err := d.request("emit "+uid+" "+every.String(), "ok")
+	return err
+}
+
+func (d *childDriver) EventStorm(perSecond int) error {
+	_, err := d.request("storm "+strconv.Itoa(perSecond), "ok")
+	return err
+}
+
+func (d *childDriver) PodCalls(uid string) (map[string]int64, error) {
+	got, err := d.request("podcalls "+uid, "ok")
+	if err != nil {
+		return nil, err
+	}
+	var calls map[string]int64
+	return calls, json.Unmarshal([]byte(got), &calls)
+}
+
+func (d *childDriver) EventStats() (sim.EventStats, error) {
+	got, err := d.request("eventstats", "ok")
+	if err != nil {
+		return sim.EventStats{}, err
+	}
+	var st sim.EventStats
+	return st, json.Unmarshal([]byte(got), &st)
 }
 
 func (d *childDriver) Close() error {

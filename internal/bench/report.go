@@ -7,6 +7,7 @@ import (
 	"io"
 	"os"
 	goruntime "runtime"
+	"slices"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -33,9 +34,12 @@ type Report struct {
 type ScenarioResult struct {
 	Scenario    Scenario   `json:"scenario"`
 	Description string     `json:"description"`
-	PLEG        *RunResult `json:"pleg"`
+	PLEG        *RunResult `json:"pleg,omitempty"`
 	Serial      *RunResult `json:"serial,omitempty"`
-	Targets     []Target   `json:"targets,omitempty"`
+	// Live holds the figures of a live scenario (instead of PLEG and
+	// Serial).
+	Live    *LiveResult `json:"live,omitempty"`
+	Targets []Target    `json:"targets,omitempty"`
 	// Reference is the kubelet's figure for this scenario, as given in the
 	// project's issue (measured separately, not by this run).
 	Reference string `json:"kubeletReference,omitempty"`
@@ -203,10 +207,24 @@ func newReport(o Options) *Report {
 		r.Notes = append(r.Notes,
 			"The simulated CRI runtime (runtime/sim, real gRPC on a unix socket) runs in a child process: CPU time and allocations are the generator's own (generator, CRI client, Go runtime and GC), measured around each relist; the simulator's CPU is shown apart.")
 	}
-	r.Notes = append(r.Notes,
-		fmt.Sprintf("Relists are driven by hand (Generator.Relist) after %d warm-up relists without latency; between two relists exactly N pods change (one container restarted with a new ID, its old attempt removed: 3 events, 1+C status calls per pod).", warmupRelists),
-		"pleg: the library's algorithm (bounded parallel inspection, pod inspection timeout). serial: the kubelet's (MaxParallelInspections 1, no pod inspection timeout), same run, same simulated node.",
-		"ratio = pleg / serial. Percentiles are nearest-rank over the measured relists.")
+	driven, live := false, false
+	for _, sc := range o.Scenarios {
+		if sc.Live != nil {
+			live = true
+		} else {
+			driven = true
+		}
+	}
+	if driven {
+		r.Notes = append(r.Notes,
+			fmt.Sprintf("Relists are driven by hand (Generator.Relist) after %d warm-up relists without latency; between two relists exactly N pods change (one container restarted with a new ID, its old attempt removed: 3 events, 1+C status calls per pod).", warmupRelists),
+			"pleg: the library's algorithm (bounded parallel inspection, pod inspection timeout). serial: the kubelet's (MaxParallelInspections 1, no pod inspection timeout), same run, same simulated node.",
+			"ratio = pleg / serial. Percentiles are nearest-rank over the measured relists.")
+	}
+	if live {
+		r.Notes = append(r.Notes,
+			"Live scenarios (hung-pod-events, hint-storm) run a started generator (Generator.Start: real clock, relist goroutine, runtime events on) for a fixed wall time, after its first relists; the relist figures are those of Generator.RecentRelists whose start falls in the window, read every "+healthEvery.String()+" together with Healthy(). Percentiles are nearest-rank. They have no serial baseline: the kubelet makes no single-pod relists from runtime events.")
+	}
 	return r
 }
 
@@ -249,6 +267,10 @@ func (r *Report) WriteText(w io.Writer) error {
 }
 
 func writeScenario(w io.Writer, s ScenarioResult) {
+	if s.Live != nil {
+		writeLive(w, s)
+		return
+	}
 	p, b := s.PLEG, s.Serial
 	fmt.Fprintf(w, "\n== %s: %s\n", s.Scenario.Name, s.Description)
 	line := fmt.Sprintf("   runtime request timeout %s; pleg: MaxParallelInspections %d, pod inspection timeout %s",
@@ -366,7 +388,11 @@ func writeScenario(w io.Writer, s ScenarioResult) {
 	if s.Reference != "" {
 		fmt.Fprintf(w, "   kubelet v1.36 reference (from the issue, not measured here): %s\n", s.Reference)
 	}
-	for _, t := range s.Targets {
+	writeTargets(w, s.Targets)
+}
+
+func writeTargets(w io.Writer, targets []Target) {
+	for _, t := range targets {
 		verdict := "not checked"
 		if t.Checked {
 			verdict = "MET"
@@ -376,6 +402,82 @@ func writeScenario(w io.Writer, s ScenarioResult) {
 		}
 		fmt.Fprintf(w, "   target: %s: %s  [%s]\n", t.Goal, t.Figure, verdict)
 	}
+}
+
+// writeLive writes the table of a live scenario.
+func writeLive(w io.Writer, s ScenarioResult) {
+	r := s.Live
+	fmt.Fprintf(w, "\n== %s: %s\n", s.Scenario.Name, s.Description)
+	fmt.Fprintf(w, "   live: Generator.Start (real clock, relist goroutine, runtime events on) measured for %s after its first %d relists (startup %s, not measured)\n",
+		fmtMs(r.WindowMs), liveWarmupRelists, fmtMs(r.StartupMs))
+	fmt.Fprintf(w, "   relist period %s; pod inspection timeout %s; runtime request timeout %s; relist threshold %s; MaxParallelInspections %d\n",
+		fmtMs(r.RelistPeriodMs), fmtMs(r.PodInspectionTimeoutMs), fmtMs(r.RequestTimeoutMs), fmtMs(r.RelistThresholdMs), r.MaxParallelInspections)
+	fmt.Fprintln(w, "   serial (kubelet algorithm): not applicable: the kubelet makes no single-pod relists from runtime events, so it has no baseline here")
+	t := &table{}
+	t.add("metric", "pleg")
+	t.add("global relists in the window", fmt.Sprintf("%d (%d failed)", r.Relists, r.RelistErrors))
+	t.add("relist interval p50 (start to start)", fmtMs(r.IntervalP50Ms))
+	t.add("relist interval p99", fmtMs(r.IntervalP99Ms))
+	t.add("relist interval max", fmtMs(r.IntervalMaxMs))
+	t.add("relist p50", fmtMs(r.RelistP50Ms))
+	t.add("relist p99", fmtMs(r.RelistP99Ms))
+	t.add("relist max", fmtMs(r.RelistMaxMs))
+	t.add("  list round trip p50 / p99", fmtMs(r.ListP50Ms)+" / "+fmtMs(r.ListP99Ms))
+	t.add(fmt.Sprintf("Healthy() false (checks every %v)", healthEvery), fmt.Sprintf("%d of %d", r.Unhealthy, r.HealthChecks))
+	t.add("event stream connected throughout", yesNo(r.StreamConnected))
+	t.add("runtime events emitted / received", fmtCount(float64(r.EventsEmitted))+" / "+fmtCount(float64(r.EventsReceived)))
+	if r.EventsDropped > 0 {
+		t.add("  dropped by the runtime (stream behind)", fmtCount(float64(r.EventsDropped)))
+	}
+	t.add("single-pod lists (ListPod)", fmtCount(float64(r.PodLists)))
+	t.add("pod status fetches (PodStatus)", fmtCount(float64(r.PodStatuses)))
+	for _, reason := range sortedKeys(r.Skipped) {
+		t.add("pod relist requests skipped: "+reason, fmtCount(r.Skipped[reason]))
+	}
+	if r.QueueDropped > 0 {
+		t.add("pod relist requests dropped (queue full)", fmtCount(r.QueueDropped))
+	}
+	t.add("pod inspection timeouts", fmtCount(r.InspectionTimeouts))
+	if r.HungPod != "" {
+		t.add("hung pod: ListPod / PodStatus by pleg", fmt.Sprintf("%d / %d", r.HungPodLists, r.HungPodStatuses))
+		t.add("hung pod: runtime calls received (window)", fmtCalls(r.HungCallsWindow))
+		t.add("hung pod: runtime calls received (whole run)", fmtCalls(r.HungCallsRun))
+	}
+	t.write(w, "   ")
+	if r.HungPod != "" {
+		fmt.Fprintf(w, "   hung pod %s\n", r.HungPod)
+	}
+	writeTargets(w, s.Targets)
+}
+
+func yesNo(b bool) string {
+	if b {
+		return "yes"
+	}
+	return "no"
+}
+
+func sortedKeys[V any](m map[string]V) []string {
+	out := make([]string, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	slices.Sort(out)
+	return out
+}
+
+// fmtCalls writes calls per CRI method, "none" when there are none.
+func fmtCalls(calls map[string]int64) string {
+	var parts []string
+	for _, k := range sortedKeys(calls) {
+		if calls[k] > 0 {
+			parts = append(parts, fmt.Sprintf("%s %d", k, calls[k]))
+		}
+	}
+	if len(parts) == 0 {
+		return "none"
+	}
+	return strings.Join(parts, ", ")
 }
 
 func fmtMs(v float64) string {

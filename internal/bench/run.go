@@ -30,11 +30,12 @@ type Options struct {
 	// Serial also runs every scenario with the kubelet's serial algorithm
 	// (MaxParallelInspections 1, no pod inspection timeout) as a baseline.
 	Serial bool
-	// Quick uses the scenarios' small relist counts (for tests and smoke
-	// runs).
+	// Quick uses the scenarios' small relist counts and the live
+	// scenarios' short windows (for tests and smoke runs).
 	Quick bool
 	// Relists, when positive, overrides the number of measured relists of
-	// every run (serial runs with a hung pod use at most 5).
+	// every run (serial runs with a hung pod use at most 5). Live
+	// scenarios run for a wall time instead.
 	Relists int
 	// MaxParallelInspections is pleg's inspection bound (0: the library's
 	// default).
@@ -63,6 +64,19 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	rep := newReport(o)
 	for _, sc := range o.Scenarios {
 		res := ScenarioResult{Scenario: sc, Description: sc.Description(), Reference: kubeletReference(sc.Name)}
+		if sc.Live != nil {
+			if o.Progress != nil {
+				fmt.Fprintf(o.Progress, "pleg bench: %s: live, %v...\n", sc.Name, sc.Live.window(o.Quick))
+			}
+			live, err := runLive(ctx, o, sc)
+			if err != nil {
+				return nil, fmt.Errorf("scenario %s (live): %w", sc.Name, err)
+			}
+			res.Live = live
+			res.Targets = evaluateLive(sc, live)
+			rep.Scenarios = append(rep.Scenarios, res)
+			continue
+		}
 		algs := []algorithm{plegAlgorithm(sc, o.MaxParallelInspections)}
 		if o.Serial {
 			algs = append(algs, serialAlgorithm())

@@ -10,6 +10,12 @@
 // relists the bench changes exactly Scenario.Changed pods in the simulated
 // runtime (see workload.changePod), outside the measured window.
 //
+// Live scenarios (Scenario.Live, live.go) instead start the generator and
+// watch its relist goroutine for a fixed wall time while the simulated
+// runtime streams events (for a hung pod, or a storm over every pod): what
+// single-pod relists, which only a started generator makes, do to the
+// global relists and to health. They have no serial baseline.
+//
 // By default the simulated runtime runs in a child process (the pleg
 // binary re-executed with ChildEnv set, see MaybeServeChild), so that the
 // CPU time and the allocations measured in this process are the
@@ -60,10 +66,47 @@ type Scenario struct {
 	// RelistThreshold, when positive, is the health threshold, and health
 	// is checked during the measured relists.
 	RelistThreshold time.Duration `json:"relistThreshold,omitempty"`
+
+	// Live, when set, makes this a live scenario (live.go): a started
+	// generator runs against the simulated runtime for a fixed wall time,
+	// instead of relists driven by hand. Changed, Relists and Pause do not
+	// apply to it; there is no serial baseline.
+	Live *LiveSpec `json:"live,omitempty"`
+}
+
+// LiveSpec is what a live scenario adds to a Scenario.
+type LiveSpec struct {
+	// Window is the measured wall time (Quick in quick mode), after the
+	// generator's first two global relists and the event stream's
+	// connection.
+	Window time.Duration `json:"window"`
+	Quick  time.Duration `json:"-"`
+	// RelistPeriod is the generator's relist period.
+	RelistPeriod time.Duration `json:"relistPeriod"`
+	// HangLists makes the list calls filtered to the hung pods hang too
+	// (their status calls hang: Scenario.HungPods).
+	HangLists bool `json:"hangLists,omitempty"`
+	// HungPodEvents, when positive, makes the runtime stream an event for
+	// each hung pod at this interval.
+	HungPodEvents time.Duration `json:"hungPodEvents,omitempty"`
+	// EventStorm, when positive, makes the runtime stream this many
+	// events per second, spread over every pod in turn.
+	EventStorm int `json:"eventStormPerSecond,omitempty"`
+}
+
+// window returns the measured wall time of a live run.
+func (l *LiveSpec) window(quick bool) time.Duration {
+	if quick && l.Quick > 0 {
+		return l.Quick
+	}
+	return l.Window
 }
 
 // Description is a one-line human description of the scenario.
 func (s Scenario) Description() string {
+	if s.Live != nil {
+		return s.liveDescription()
+	}
 	var b strings.Builder
 	fmt.Fprintf(&b, "%d pods x %d containers", s.Pods, s.Containers)
 	if s.HungPods == 1 {
@@ -138,6 +181,33 @@ func Scenarios() []Scenario {
 			RequestTimeout:    2 * time.Second,
 			InspectionTimeout: 250 * time.Millisecond,
 			RelistThreshold:   time.Second,
+		},
+		// Live scenarios (live.go).
+		{
+			// The issue's case: with single-pod relists on the relist
+			// goroutine, the hung pod's filtered list held it for the
+			// runtime request timeout.
+			Name: "hung-pod-events", Pods: 110, Containers: 5, HungPods: 1, Latency: time.Millisecond,
+			RequestTimeout:    2 * time.Minute,
+			InspectionTimeout: time.Second,
+			RelistThreshold:   2 * time.Second,
+			Live: &LiveSpec{
+				Window: 12 * time.Second, Quick: 4 * time.Second,
+				RelistPeriod:  20 * time.Millisecond,
+				HangLists:     true,
+				HungPodEvents: 20 * time.Millisecond,
+			},
+		},
+		{
+			Name: "hint-storm", Pods: 500, Containers: 5, Latency: time.Millisecond,
+			RequestTimeout:    2 * time.Minute,
+			InspectionTimeout: time.Second,
+			RelistThreshold:   time.Second,
+			Live: &LiveSpec{
+				Window: 12 * time.Second, Quick: 4 * time.Second,
+				RelistPeriod: 100 * time.Millisecond,
+				EventStorm:   3000,
+			},
 		},
 	}
 }

@@ -16,6 +16,9 @@ type simConfig struct {
 	Pods       int    `json:"pods"`
 	Containers int    `json:"containers"`
 	Socket     string `json:"socket"`
+	// EventBuffer is the per-subscriber event buffer (0: 1, for runs
+	// where nobody subscribes).
+	EventBuffer int `json:"eventBuffer,omitempty"`
 }
 
 func (c simConfig) sim() sim.Config {
@@ -26,8 +29,9 @@ func (c simConfig) sim() sim.Config {
 		// Pods never change by themselves: the bench changes them (Step
 		// is never called, so the behaviours would not matter anyway).
 		Mix: sim.Mix{Steady: 1},
-		// Nobody subscribes; keep the per-subscriber buffer small.
-		EventBuffer: 1,
+		// Nobody subscribes unless told; keep the per-subscriber buffer
+		// small then.
+		EventBuffer: max(c.EventBuffer, 1),
 	}
 }
 
@@ -47,6 +51,24 @@ type driver interface {
 	// CPU returns the CPU time (user + system) the simulated runtime's
 	// process has used, or -1 when it shares this process.
 	CPU() (time.Duration, error)
+
+	// For live scenarios (live.go):
+
+	// HangLive makes the status calls of one pod hang, and its filtered
+	// list calls too if lists, without changing it. It returns the pod's
+	// UID.
+	HangLive(lists bool) (string, error)
+	// EmitEvents makes the runtime stream an event for pod uid every
+	// interval (sim.Runtime.EmitEvents).
+	EmitEvents(uid string, every time.Duration) error
+	// EventStorm makes the runtime stream perSecond events per second
+	// over every pod (sim.Runtime.SetEventStorm).
+	EventStorm(perSecond int) error
+	// PodCalls returns the runtime calls received for pod uid, per CRI
+	// method (sim.Runtime.PodCalls).
+	PodCalls(uid string) (map[string]int64, error)
+	// EventStats returns the runtime's event counters.
+	EventStats() (sim.EventStats, error)
 	// Close stops the simulated runtime.
 	Close() error
 }
@@ -128,6 +150,23 @@ func (w *workload) hang() (string, error) {
 	return "", fmt.Errorf("no pod left to hang")
 }
 
+// hangLive hangs the status calls (and the filtered list calls, if lists)
+// of the first pod not hung yet, without changing it.
+func (w *workload) hangLive(lists bool) (string, error) {
+	for _, uid := range w.uids {
+		if w.hung[uid] {
+			continue
+		}
+		w.hung[uid] = true
+		w.r.SetHung(uid, true)
+		if lists {
+			w.r.SetHungLists(uid, true)
+		}
+		return uid, nil
+	}
+	return "", fmt.Errorf("no pod left to hang")
+}
+
 func contains(list []string, s string) bool {
 	for _, x := range list {
 		if x == s {
@@ -163,9 +202,20 @@ func (d *localDriver) SetLatency(l time.Duration) error {
 	d.r.SetLatency(sim.Latency{Base: l})
 	return nil
 }
-func (d *localDriver) Change(n int) (int, error)   { return d.w.change(n) }
-func (d *localDriver) Hang() (string, error)       { return d.w.hang() }
-func (d *localDriver) CPU() (time.Duration, error) { return -1, nil }
+func (d *localDriver) Change(n int) (int, error)           { return d.w.change(n) }
+func (d *localDriver) Hang() (string, error)               { return d.w.hang() }
+func (d *localDriver) CPU() (time.Duration, error)         { return -1, nil }
+func (d *localDriver) HangLive(lists bool) (string, error) { return d.w.hangLive(lists) }
+func (d *localDriver) EmitEvents(uid string, every time.Duration) error {
+	d.r.EmitEvents(uid, every)
+	return nil
+}
+func (d *localDriver) EventStorm(perSecond int) error {
+	d.r.SetEventStorm(perSecond)
+	return nil
+}
+func (d *localDriver) PodCalls(uid string) (map[string]int64, error) { return d.r.PodCalls(uid), nil }
+func (d *localDriver) EventStats() (sim.EventStats, error)           { return d.r.EventStats(), nil }
 func (d *localDriver) Close() error {
 	d.r.Stop()
 	return os.RemoveAll(d.dir)
