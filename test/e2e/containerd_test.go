@@ -126,6 +126,12 @@ func (e *env) configTemplate() string {
 // (1.7 and later; 1.6 answers Unimplemented).
 func (e *env) hasEvents() bool { return !strings.HasPrefix(e.version, "1.6.") }
 
+// sharedEvents reports whether e's containerd feeds every
+// GetContainerEvents subscriber from one shared channel, so that with
+// several subscribers each gets only part of the events (1.7:
+// containerd/containerd#7318; 2.x broadcasts).
+func (e *env) sharedEvents() bool { return strings.HasPrefix(e.version, "1.7.") }
+
 // name is the subtest name of e's runtime, e.g. "containerd-1.7.35".
 func (e *env) name() string { return "containerd-" + e.version }
 

@@ -552,6 +552,18 @@ func (v *libView) waitStreamConnected(t testing.TB) {
 	})
 }
 
+// waitStreamState waits until the generator's runtime event stream is in
+// state.
+func (v *libView) waitStreamState(t testing.TB, state string) {
+	t.Helper()
+	eventually(t, 10*time.Second, v.name+": event stream "+state, func() error {
+		if s := v.g.EventStream(); s.State != state {
+			return fmt.Errorf("state %q (last error %q)", s.State, s.LastError)
+		}
+		return nil
+	})
+}
+
 // histogramCount returns the sample count of a histogram of the view's
 // registry (0 if it has none).
 func (v *libView) histogramCount(t testing.TB, name string) (count uint64, sum float64) {
