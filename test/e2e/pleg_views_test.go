@@ -489,6 +489,9 @@ func startLib(t testing.TB, name string, opts pleg.Options) *libView {
 		t.Fatal(err)
 	}
 	opts.Runtime = client
+	if g, ok := opts.EventSource.(*gatedSource); ok && g.src == nil {
+		g.src = client // TestEventStreamReplay22's gate in front of this client's stream
+	}
 	opts.Metrics = v.m
 	opts.Logger = funcr.New(func(prefix, args string) {
 		v.logLine(time.Now().Format("15:04:05.000 ") + prefix + " " + args)
