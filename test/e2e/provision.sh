@@ -88,9 +88,15 @@ have_containerd() { # dir version
 	for b in containerd containerd-shim-runc-v2 ctr; do
 		[[ -x $d/$b ]] || return 1
 	done
-	"$d/containerd" --version 2>/dev/null | grep -q "[ v]$want\b" || return 1
-	"$d/ctr" --version 2>/dev/null | grep -q "[ v]$want\b" || return 1
-	"$d/containerd-shim-runc-v2" -v 2>/dev/null | grep -q "Version: *v\?$want\b" || return 1
+	# Outputs are captured first: grep -q exits at the first match, and a
+	# writer killed by SIGPIPE would fail the pipeline (pipefail).
+	local out
+	out=$("$d/containerd" --version 2>/dev/null) || true
+	grep -q "[ v]$want\b" <<<"$out" || return 1
+	out=$("$d/ctr" --version 2>/dev/null) || true
+	grep -q "[ v]$want\b" <<<"$out" || return 1
+	out=$("$d/containerd-shim-runc-v2" -v 2>/dev/null) || true
+	grep -q "Version: *v\?$want\b" <<<"$out" || return 1
 }
 
 build_containerd() { # version dir
