@@ -75,6 +75,101 @@ disabled_plugins = ['io.containerd.internal.v1.opt', 'io.containerd.nri.v1.nri',
     stream_server_port = '0'
 `
 
+// containerdConfigV2 is the containerd 1.6/1.7 (config version 2)
+// configuration, with the same private paths. Everything of the CRI plugin
+// is under [plugins."io.containerd.grpc.v1.cri"]: sandbox_image and
+// restrict_oom_score_adj (required here, as for 2.x) directly in it, the
+// snapshotter and runtimes under .containerd, CNI under .cni (bin_dir, one
+// dir). 1.x has no image verifier plugin; the restart monitor is
+// io.containerd.internal.v1.restart (1.6 has no NRI: disabling a plugin
+// that does not exist is harmless).
+const containerdConfigV2 = `version = 2
+root = {{dir}}/root
+state = {{dir}}/state
+temp = {{dir}}/tmp
+imports = []
+disabled_plugins = ["io.containerd.internal.v1.opt", "io.containerd.nri.v1.nri", "io.containerd.internal.v1.restart", "io.containerd.tracing.processor.v1.otlp"]
+
+[grpc]
+  address = {{sock}}
+
+[plugins]
+  [plugins."io.containerd.grpc.v1.cri"]
+    sandbox_image = {{pause}}
+    restrict_oom_score_adj = true
+    enable_cdi = false
+    stream_server_address = "127.0.0.1"
+    stream_server_port = "0"
+    [plugins."io.containerd.grpc.v1.cri".containerd]
+      snapshotter = {{snapshotter}}
+      default_runtime_name = "runc"
+      [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc]
+        runtime_type = "io.containerd.runc.v2"
+        [plugins."io.containerd.grpc.v1.cri".containerd.runtimes.runc.options]
+          BinaryName = {{runc}}
+          Root = {{dir}}/runc
+          SystemdCgroup = false
+    [plugins."io.containerd.grpc.v1.cri".cni]
+      bin_dir = {{dir}}/cni/bin
+      conf_dir = {{dir}}/cni/net.d
+`
+
+// configTemplate is the config of e's containerd version.
+func (e *env) configTemplate() string {
+	if strings.HasPrefix(e.version, "1.") {
+		return containerdConfigV2
+	}
+	return containerdConfig
+}
+
+// hasEvents reports whether e's containerd serves GetContainerEvents
+// (1.7 and later; 1.6 answers Unimplemented).
+func (e *env) hasEvents() bool { return !strings.HasPrefix(e.version, "1.6.") }
+
+// sharedEvents reports whether e's containerd feeds every
+// GetContainerEvents subscriber from one shared channel, so that with
+// several subscribers each gets only part of the events (1.7:
+// containerd/containerd#7318; 2.x broadcasts).
+func (e *env) sharedEvents() bool { return strings.HasPrefix(e.version, "1.7.") }
+
+// name is the subtest name of e's runtime, e.g. "containerd-1.7.35".
+func (e *env) name() string { return "containerd-" + e.version }
+
+// forEachRuntime runs f as a subtest per runtime of this run, named by
+// version (TestX/containerd-1.7.35), with suite set to that runtime.
+func forEachRuntime(t *testing.T, f func(t *testing.T, e *env)) {
+	t.Helper()
+	for _, e := range runtimes {
+		t.Run(e.name(), func(t *testing.T) {
+			useEnv(t, e)
+			f(t, e)
+		})
+	}
+}
+
+// useRuntime points suite at the runtime whose version starts with prefix
+// for the rest of t, and skips t (saying why) when this run has none,
+// i.e. when PLEG_E2E_RUNTIMES narrowed it away.
+func useRuntime(t *testing.T, prefix string) *env {
+	t.Helper()
+	for _, e := range runtimes {
+		if strings.HasPrefix(e.version, prefix) {
+			useEnv(t, e)
+			return e
+		}
+	}
+	t.Skipf("needs containerd %s, not in this run (%s=%q)", prefix, envRuntimes, os.Getenv(envRuntimes))
+	return nil
+}
+
+// useEnv sets suite to e until t and its cleanups are done (the cleanup
+// is registered first, so it runs last).
+func useEnv(t testing.TB, e *env) {
+	prev := suite
+	suite = e
+	t.Cleanup(func() { suite = prev })
+}
+
 func (e *env) writeConfig() error {
 	q := strconv.Quote // TOML basic strings accept Go's quoting of ASCII paths
 	r := strings.NewReplacer(
@@ -90,7 +185,7 @@ func (e *env) writeConfig() error {
 		"{{pause}}", q(pauseImage),
 		"{{runc}}", q(e.runcPath),
 	)
-	cfg := r.Replace(containerdConfig)
+	cfg := r.Replace(e.configTemplate())
 	if strings.Contains(cfg, "{{") {
 		return fmt.Errorf("unexpanded placeholder in containerd config")
 	}
@@ -184,15 +279,16 @@ func StopContainerd(t testing.TB) {
 
 func stopContainerd(t testing.TB, how string) {
 	t.Helper()
-	r, err := suite.sup.call(how, 30*time.Second)
+	e := suite
+	r, err := e.sup.call(how, 30*time.Second)
 	if err != nil {
 		t.Fatalf("stopping containerd: %v", err)
 	}
 	t.Logf("containerd stopped: %s", r)
 	t.Cleanup(func() {
-		if !suite.sup.running() {
+		if !e.sup.running() {
 			t.Logf("cleanup: containerd was left stopped; starting it again")
-			if err := suite.restart(); err != nil {
+			if err := e.restart(); err != nil {
 				t.Errorf("cleanup: starting containerd: %v", err)
 			}
 		}

@@ -1,13 +1,18 @@
-// Package e2e is the end-to-end suite that runs against a real containerd
-// 2.x (CRI plugin, runc) started privately by the suite itself. All of it
-// lives in _test.go files; this file only documents the package.
+// Package e2e is the end-to-end suite that runs against real containerds
+// — 1.6.20, 1.7.35 and 2.2.9 (CRI plugin, runc) — started privately by the
+// suite itself. All of it lives in _test.go files; this file only documents
+// the package.
 //
 // `go test ./test/e2e/` provisions what is missing (test/e2e/provision.sh:
-// runc from Debian, containerd built from source into .cache/e2e/bin, the
-// test images), starts containerd on a private root/state/socket under a
-// fresh temp dir, imports the images, runs the tests and tears everything
-// down again. Set PLEG_E2E_SKIP=1 to skip the suite; otherwise it fails (it
-// never skips) when it cannot provision or start containerd.
+// runc and containerd 1.6 from Debian, containerd 1.7 and 2.2 built from
+// source, each version into .cache/e2e/containerd-<version>/bin, the test
+// images), starts every containerd on its own private root/state/socket
+// under a fresh temp dir, imports the images, runs the tests (those about
+// pleg's behaviour once per version, as subtests named containerd-<version>)
+// and tears everything down again. PLEG_E2E_RUNTIMES=2.2 narrows the
+// versions (the run says which ran). Set PLEG_E2E_SKIP=1 to skip the suite;
+// otherwise it fails (it never skips) when it cannot provision or start
+// containerd.
 //
 // See README.md in this directory for the helper API and the containerd
 // configuration facts the harness depends on.

@@ -24,7 +24,15 @@ const (
 	// envSnapshotter forces a snapshotter (overlayfs or native) instead of
 	// probing whether overlayfs works.
 	envSnapshotter = "PLEG_E2E_SNAPSHOTTER"
+	// envRuntimes narrows the containerd versions the suite runs against
+	// (comma- or space-separated prefixes of allRuntimes, e.g. "2.2" or
+	// "1.7,2.2"); unset means all of them, as in CI.
+	envRuntimes = "PLEG_E2E_RUNTIMES"
 )
+
+// allRuntimes are the containerd versions the suite runs against, oldest
+// first; provision.sh provisions each into <cache>/containerd-<version>/bin.
+var allRuntimes = []string{"1.6.20", "1.7.35", "2.2.9"}
 
 // Images built by provision.sh and imported into containerd's k8s.io
 // namespace.
@@ -36,14 +44,21 @@ const (
 	podNamespace = "e2e"
 )
 
-// suite is the running environment, set up by TestMain before any test runs.
+// suite is the containerd the running test talks to: the newest of
+// runtimes unless the test runs a subtest per runtime (forEachRuntime) or
+// needs one version (useRuntime).
 var suite *env
 
-// env describes the private containerd the tests talk to.
+// runtimes are every private containerd of this run, oldest first, all
+// started by TestMain.
+var runtimes []*env
+
+// env describes one private containerd the tests talk to.
 type env struct {
+	version      string // e.g. "2.2.9"
 	repoRoot     string
 	cacheDir     string
-	binDir       string // containerd, containerd-shim-runc-v2, ctr
+	binDir       string // containerd, containerd-shim-runc-v2, ctr of this version
 	imageArchive string // OCI layout tar with both images
 	runcPath     string
 
@@ -82,21 +97,32 @@ func logf(format string, args ...any) {
 	fmt.Fprintf(os.Stderr, "e2e: "+format+"\n", args...)
 }
 
-// runSuite provisions, starts containerd, runs the tests and tears down.
+// runSuite provisions, starts every containerd, runs the tests and tears
+// down.
 func runSuite(m *testing.M) (code int) {
 	start := time.Now()
-	e, err := setup()
-	if e != nil {
-		suite = e
+	envs, err := setup()
+	if len(envs) > 0 {
+		runtimes = envs
+		suite = envs[len(envs)-1]
+		teardownAll := func() error {
+			var errs []error
+			for _, e := range envs {
+				if err := e.teardown(); err != nil {
+					errs = append(errs, fmt.Errorf("containerd %s: %w", e.version, err))
+				}
+			}
+			return errors.Join(errs...)
+		}
 		// Tear down on SIGINT/SIGTERM too: the default action would leave
-		// containerd, shims and mounts behind (the supervisor would still
+		// containerd, shims and mounts behind (the supervisors would still
 		// clean up, but less gracefully).
 		sigs := make(chan os.Signal, 1)
 		signal.Notify(sigs, syscall.SIGINT, syscall.SIGTERM)
 		go func() {
 			s := <-sigs
 			logf("got %v: tearing down", s)
-			if err := e.teardown(); err != nil {
+			if err := teardownAll(); err != nil {
 				logf("teardown: %v", err)
 			}
 			os.Exit(130)
@@ -107,9 +133,11 @@ func runSuite(m *testing.M) (code int) {
 				code = 1
 			}
 			if code != 0 {
-				e.dumpLogTail(40)
+				for _, e := range envs {
+					e.dumpLogTail(40)
+				}
 			}
-			if err := e.teardown(); err != nil {
+			if err := teardownAll(); err != nil {
 				logf("FAIL: teardown: %v", err)
 				code = 1
 			}
@@ -120,35 +148,126 @@ func runSuite(m *testing.M) (code int) {
 		logf("(the suite fails rather than skips; set %s=1 to skip it)", envSkip)
 		return 1
 	}
-	logf("containerd ready in %v (dir %s, snapshotter %s)", time.Since(start).Round(time.Millisecond), e.dir, e.snapshotter)
-	return m.Run()
+	for _, e := range envs {
+		logf("containerd %s ready (dir %s, snapshotter %s)", e.version, e.dir, e.snapshotter)
+	}
+	logf("all containerds ready in %v", time.Since(start).Round(time.Millisecond))
+	code = m.Run()
+	// Never silently fewer: say which runtimes ran (stdout, so that it is
+	// in the test log even when the package passes).
+	var names []string
+	for _, e := range envs {
+		names = append(names, e.version)
+	}
+	if v := os.Getenv(envRuntimes); v != "" {
+		fmt.Printf("e2e: ran against containerd %s only (%s=%q; all: %s)\n", strings.Join(names, ", "), envRuntimes, v, strings.Join(allRuntimes, ", "))
+	} else {
+		fmt.Printf("e2e: ran against containerd %s (all)\n", strings.Join(names, ", "))
+	}
+	return code
 }
 
-// setup provisions and starts everything. When it returns a non-nil env,
-// that env must be torn down, even if err is non-nil.
-func setup() (*env, error) {
+// selectRuntimes returns the versions of allRuntimes that envRuntimes
+// names (all when unset); each item is a version or a prefix of one
+// ("2.2", "1.7.35", "v1.6").
+func selectRuntimes() ([]string, error) {
+	v := os.Getenv(envRuntimes)
+	if strings.TrimSpace(v) == "" {
+		return allRuntimes, nil
+	}
+	want := map[string]bool{}
+	for _, item := range strings.FieldsFunc(v, func(r rune) bool { return r == ',' || r == ' ' }) {
+		item = strings.TrimPrefix(item, "v")
+		n := 0
+		for _, r := range allRuntimes {
+			if r == item || strings.HasPrefix(r, item+".") {
+				want[r] = true
+				n++
+			}
+		}
+		if n == 0 {
+			return nil, fmt.Errorf("%s=%q: %q names none of %s", envRuntimes, v, item, strings.Join(allRuntimes, ", "))
+		}
+	}
+	var out []string
+	for _, r := range allRuntimes {
+		if want[r] {
+			out = append(out, r)
+		}
+	}
+	return out, nil
+}
+
+// setup provisions and starts every containerd, in parallel. Every env it
+// returns must be torn down, even if err is non-nil.
+func setup() ([]*env, error) {
 	if uid := os.Geteuid(); uid != 0 {
 		return nil, fmt.Errorf("must run as root (containerd and runc need it), running as uid %d", uid)
 	}
-	e := &env{}
-	var err error
-	if e.repoRoot, err = findRepoRoot(); err != nil {
+	versions, err := selectRuntimes()
+	if err != nil {
 		return nil, err
 	}
-	e.cacheDir = os.Getenv(envCache)
-	if e.cacheDir == "" {
-		e.cacheDir = filepath.Join(e.repoRoot, ".cache", "e2e")
-	}
-	e.binDir = filepath.Join(e.cacheDir, "bin")
-	e.imageArchive = filepath.Join(e.cacheDir, "images", "e2e-images.tar")
-	if err := e.provision(); err != nil {
+	base := env{}
+	if base.repoRoot, err = findRepoRoot(); err != nil {
 		return nil, err
 	}
-	if e.runcPath, err = lookRunc(); err != nil {
+	base.cacheDir = os.Getenv(envCache)
+	if base.cacheDir == "" {
+		base.cacheDir = filepath.Join(base.repoRoot, ".cache", "e2e")
+	}
+	base.imageArchive = filepath.Join(base.cacheDir, "images", "e2e-images.tar")
+	if err := base.provision(versions); err != nil {
 		return nil, err
 	}
-
+	if base.runcPath, err = lookRunc(); err != nil {
+		return nil, err
+	}
 	sweepStale()
+
+	envs := make([]*env, len(versions))
+	errs := make([]error, len(versions))
+	var wg sync.WaitGroup
+	for i, v := range versions {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			start := time.Now()
+			envs[i], errs[i] = startEnv(&base, v)
+			if errs[i] != nil {
+				errs[i] = fmt.Errorf("containerd %s: %w", v, errs[i])
+			} else {
+				logf("containerd %s started in %v", v, time.Since(start).Round(time.Millisecond))
+			}
+		}()
+	}
+	wg.Wait()
+	var started []*env
+	for _, e := range envs {
+		if e != nil {
+			started = append(started, e)
+		}
+	}
+	return started, errors.Join(errs...)
+}
+
+// startEnv starts containerd version on a private dir. When it returns a
+// non-nil env, that env must be torn down, even if err is non-nil.
+func startEnv(base *env, version string) (*env, error) {
+	e := &env{
+		version:      version,
+		repoRoot:     base.repoRoot,
+		cacheDir:     base.cacheDir,
+		binDir:       filepath.Join(base.cacheDir, "containerd-"+version, "bin"),
+		imageArchive: base.imageArchive,
+		runcPath:     base.runcPath,
+	}
+	for _, f := range []string{"containerd", "containerd-shim-runc-v2", "ctr"} {
+		if !fileExists(filepath.Join(e.binDir, f)) {
+			return nil, fmt.Errorf("provisioning did not produce %s", filepath.Join(e.binDir, f))
+		}
+	}
+	var err error
 	if e.dir, err = os.MkdirTemp("", "pleg-e2e-"); err != nil {
 		return nil, err
 	}
@@ -220,12 +339,12 @@ func lookRunc() (string, error) {
 // provision runs provision.sh, which is idempotent and takes well under a
 // second when everything is already in place. Its output is shown only
 // when it did real work or failed.
-func (e *env) provision() error {
+func (e *env) provision(versions []string) error {
 	start := time.Now()
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, "bash", filepath.Join(e.repoRoot, "test", "e2e", "provision.sh"))
-	cmd.Env = append(os.Environ(), envCache+"="+e.cacheDir)
+	cmd.Env = append(os.Environ(), envCache+"="+e.cacheDir, envRuntimes+"="+strings.Join(versions, " "))
 	if os.Getenv("GO") == "" {
 		if goBin := filepath.Join(goRoot(), "bin", "go"); fileExists(goBin) {
 			cmd.Env = append(cmd.Env, "GO="+goBin)
@@ -239,11 +358,6 @@ func (e *env) provision() error {
 	if d := time.Since(start); d > 5*time.Second || testingVerbose() {
 		os.Stderr.Write(out)
 		logf("provisioning took %v", d.Round(time.Millisecond))
-	}
-	for _, f := range []string{"containerd", "containerd-shim-runc-v2", "ctr"} {
-		if !fileExists(filepath.Join(e.binDir, f)) {
-			return fmt.Errorf("provisioning did not produce %s", filepath.Join(e.binDir, f))
-		}
 	}
 	if !fileExists(e.imageArchive) {
 		return fmt.Errorf("provisioning did not produce %s", e.imageArchive)
@@ -289,7 +403,7 @@ func (e *env) dumpLogTail(n int) {
 	if len(lines) > n {
 		lines = lines[len(lines)-n:]
 	}
-	logf("last %d lines of %s:", len(lines), e.logPath)
+	logf("last %d lines of %s (containerd %s):", len(lines), e.logPath, e.version)
 	for _, l := range lines {
 		fmt.Fprintln(os.Stderr, "  | "+l)
 	}

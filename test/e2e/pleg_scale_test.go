@@ -41,13 +41,23 @@ func runLoad(t testing.TB, prefix string, pods, containers int) []loadPod {
 // event exactly once: one ContainerStarted, one ContainerDied and one
 // ContainerRemoved per sandbox and container ID, nothing else, no resync
 // (which would mean events were skipped), and caches equal to the runtime.
+//
+// On every runtime (TestPLEG50Pods/containerd-<version>).
 func TestPLEG50Pods(t *testing.T) {
+	forEachRuntime(t, testPLEG50Pods)
+}
+
+func testPLEG50Pods(t *testing.T, e *env) {
 	const nPods, nContainers = 50, 3
 	lib := startLib(t, "lib", pleg.Options{RelistPeriod: time.Second}) // the kubelet's period, events auto
 	watch := startWatch(t, "watch", "--relist-period", "100ms")
 	daemon := startDaemon(t, "daemon", "--relist-period", "100ms")
 	lib.waitFirstRelist(t)
-	lib.waitStreamConnected(t)
+	if e.hasEvents() {
+		lib.waitStreamConnected(t)
+	} else {
+		lib.waitStreamState(t, pleg.StreamUnsupported)
+	}
 	logs := []*eventLog{lib.log, watch.log, daemon.log}
 
 	start := time.Now()
@@ -134,9 +144,9 @@ func TestPLEG50Pods(t *testing.T) {
 				t.Errorf("%s: %s not exactly once for %d IDs: %v", l.name, typ, len(wrong), wrong[:min(len(wrong), 10)])
 			}
 		}
-		for _, e := range l.all() {
-			if uid, ok := owner[e.ContainerID]; !ok || e.PodUID != types.UID(uid) {
-				t.Errorf("%s: unexpected event %v for pod %s", l.name, e, e.PodUID)
+		for _, ev := range l.all() {
+			if uid, ok := owner[ev.ContainerID]; !ok || ev.PodUID != types.UID(uid) {
+				t.Errorf("%s: unexpected event %v for pod %s", l.name, ev, ev.PodUID)
 			}
 		}
 		if n := len(l.all()); n != 3*len(ids) {

@@ -489,6 +489,9 @@ func startLib(t testing.TB, name string, opts pleg.Options) *libView {
 		t.Fatal(err)
 	}
 	opts.Runtime = client
+	if g, ok := opts.EventSource.(*gatedSource); ok && g.src == nil {
+		g.src = client // TestEventStreamReplay22's gate in front of this client's stream
+	}
 	opts.Metrics = v.m
 	opts.Logger = funcr.New(func(prefix, args string) {
 		v.logLine(time.Now().Format("15:04:05.000 ") + prefix + " " + args)
@@ -546,6 +549,18 @@ func (v *libView) waitStreamConnected(t testing.TB) {
 	t.Helper()
 	eventually(t, 10*time.Second, v.name+": event stream connected", func() error {
 		if s := v.g.EventStream(); s.State != pleg.StreamConnected {
+			return fmt.Errorf("state %q (last error %q)", s.State, s.LastError)
+		}
+		return nil
+	})
+}
+
+// waitStreamState waits until the generator's runtime event stream is in
+// state.
+func (v *libView) waitStreamState(t testing.TB, state string) {
+	t.Helper()
+	eventually(t, 10*time.Second, v.name+": event stream "+state, func() error {
+		if s := v.g.EventStream(); s.State != state {
 			return fmt.Errorf("state %q (last error %q)", s.State, s.LastError)
 		}
 		return nil

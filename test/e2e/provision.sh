@@ -5,9 +5,11 @@
 #
 #   1. runc, from Debian, if not installed (through test/apt-install.sh,
 #      which serializes with the other suites' installs).
-#   2. containerd, containerd-shim-runc-v2 and ctr at $CONTAINERD_VERSION, built
-#      from source with the Go toolchain into $PLEG_E2E_CACHE/bin (default
-#      <repo>/.cache/e2e/bin), unless that version is already there.
+#   2. containerd, containerd-shim-runc-v2 and ctr for each version in
+#      $PLEG_E2E_RUNTIMES (default: 1.6.20 1.7.35 2.2.9) in
+#      $PLEG_E2E_CACHE/containerd-<version>/bin (default cache
+#      <repo>/.cache/e2e), unless that version is already there: 2.x with
+#      go install, 1.7.x built from its module source, 1.6.x Debian's package.
 #   3. The test images: the static workload binary and an OCI image-layout
 #      archive with docker.io/pleg/pause:e2e and docker.io/pleg/workload:e2e,
 #      at $PLEG_E2E_CACHE/images/e2e-images.tar.
@@ -18,7 +20,6 @@
 # cannot be provisioned.
 set -euo pipefail
 
-CONTAINERD_VERSION=v2.2.9
 CONTAINERD_TAGS="no_btrfs no_zfs no_devmapper no_aufs"
 
 say() { echo "provision: $*"; }
@@ -69,33 +70,92 @@ if [[ -z $runc_path ]]; then
 fi
 say "runc: $runc_path ($("$runc_path" --version | head -n1))"
 
-# --- 2. containerd -----------------------------------------------------------
-want=${CONTAINERD_VERSION#v}
-have_containerd() {
-	local b
+# --- 2. containerd, one build per version ------------------------------------
+# $PLEG_E2E_RUNTIMES: space- or comma-separated versions to provision
+# (default: all of $ALL_RUNTIMES). Each lands in $cache/containerd-<version>/bin
+# (containerd, containerd-shim-runc-v2, ctr), checked by version:
+#   2.x     go install ...@vX (its go.mod allows it)
+#   1.7.x   built from the module source (go install refuses it: its go.mod
+#           has exclude directives): go mod download, copy, go build
+#   1.6.20  Debian's containerd package (through test/apt-install.sh),
+#           symlinked into the per-version dir; never started as a service
+ALL_RUNTIMES="1.6.20 1.7.35 2.2.9"
+runtimes=${PLEG_E2E_RUNTIMES:-$ALL_RUNTIMES}
+runtimes=${runtimes//,/ }
+
+have_containerd() { # dir version
+	local d=$1 want=$2 b
 	for b in containerd containerd-shim-runc-v2 ctr; do
-		[[ -x $bin/$b ]] || return 1
+		[[ -x $d/$b ]] || return 1
 	done
-	"$bin/containerd" --version 2>/dev/null | grep -q " $want\b" || return 1
-	"$bin/ctr" --version 2>/dev/null | grep -q " $want\b" || return 1
-	"$bin/containerd-shim-runc-v2" -v 2>/dev/null | grep -q "Version: *$want\b" || return 1
+	# Outputs are captured first: grep -q exits at the first match, and a
+	# writer killed by SIGPIPE would fail the pipeline (pipefail).
+	local out
+	out=$("$d/containerd" --version 2>/dev/null) || true
+	grep -q "[ v]$want\b" <<<"$out" || return 1
+	out=$("$d/ctr" --version 2>/dev/null) || true
+	grep -q "[ v]$want\b" <<<"$out" || return 1
+	out=$("$d/containerd-shim-runc-v2" -v 2>/dev/null) || true
+	grep -q "Version: *v\?$want\b" <<<"$out" || return 1
 }
-if have_containerd; then
-	say "containerd $CONTAINERD_VERSION: present in $bin"
-else
-	say "building containerd $CONTAINERD_VERSION into $bin (takes 1-3 minutes)"
+
+build_containerd() { # version dir
+	local v=$1 d=$2 start
 	start=$(date +%s)
-	# Build outside the repository so its go.mod/go.work play no part.
-	(
-		cd "$cache"
-		GOBIN=$bin CGO_ENABLED=0 GOFLAGS= GOWORK=off "$gocmd" install -tags "$CONTAINERD_TAGS" \
-			"github.com/containerd/containerd/v2/cmd/containerd@$CONTAINERD_VERSION" \
-			"github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2@$CONTAINERD_VERSION" \
-			"github.com/containerd/containerd/v2/cmd/ctr@$CONTAINERD_VERSION"
-	) || fail "building containerd $CONTAINERD_VERSION failed (needs the Go module proxy)"
-	have_containerd || fail "containerd binaries in $bin do not report version $want after the build"
-	say "built containerd $CONTAINERD_VERSION in $(($(date +%s) - start))s"
-fi
+	rm -rf "$d" && mkdir -p "$d"
+	case $v in
+	2.*)
+		say "building containerd v$v into $d with go install (takes 1-3 minutes)"
+		# Build outside the repository so its go.mod/go.work play no part.
+		(
+			cd "$cache"
+			GOBIN=$d CGO_ENABLED=0 GOFLAGS= GOWORK=off "$gocmd" install -tags "$CONTAINERD_TAGS" \
+				"github.com/containerd/containerd/v2/cmd/containerd@v$v" \
+				"github.com/containerd/containerd/v2/cmd/containerd-shim-runc-v2@v$v" \
+				"github.com/containerd/containerd/v2/cmd/ctr@v$v"
+		) || fail "building containerd v$v failed (needs the Go module proxy)"
+		;;
+	1.7.*)
+		say "building containerd v$v into $d from its module source (takes 1-3 minutes)"
+		local src mod
+		src=$(cd "$cache" && GOFLAGS= GOWORK=off "$gocmd" mod download -json "github.com/containerd/containerd@v$v" |
+			sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p') || true
+		[[ -n $src && -d $src ]] || fail "go mod download github.com/containerd/containerd@v$v failed (needs the Go module proxy)"
+		mod=$cache/src/containerd-$v
+		rm -rf "$mod" && mkdir -p "$cache/src" && cp -r "$src" "$mod" && chmod -R u+w "$mod" ||
+			fail "copying the containerd v$v source to $mod failed"
+		(
+			cd "$mod"
+			CGO_ENABLED=0 GOFLAGS=-mod=mod GOWORK=off "$gocmd" build -tags "$CONTAINERD_TAGS" \
+				-ldflags "-X github.com/containerd/containerd/version.Version=v$v" \
+				-o "$d/" ./cmd/containerd ./cmd/containerd-shim-runc-v2 ./cmd/ctr
+		) || fail "building containerd v$v from $mod failed"
+		rm -rf "$mod"
+		;;
+	1.6.*)
+		say "installing Debian's containerd (expected $v) for $d"
+		bash "$repo_root/test/apt-install.sh" containerd || fail "installing Debian's containerd failed"
+		local b
+		for b in containerd containerd-shim-runc-v2 ctr; do
+			[[ -x /usr/bin/$b ]] || fail "Debian's containerd package has no /usr/bin/$b"
+			ln -sf "/usr/bin/$b" "$d/$b"
+		done
+		;;
+	*) fail "unknown containerd version $v (known: $ALL_RUNTIMES)" ;;
+	esac
+	have_containerd "$d" "$v" || fail "containerd binaries in $d do not report version $v ($("$d/containerd" --version 2>&1 | head -n1))"
+	say "provisioned containerd v$v in $(($(date +%s) - start))s"
+}
+
+for v in $runtimes; do
+	v=${v#v}
+	d=$cache/containerd-$v/bin
+	if have_containerd "$d" "$v"; then
+		say "containerd v$v: present in $d"
+	else
+		build_containerd "$v" "$d"
+	fi
+done
 
 # --- 3. test images ----------------------------------------------------------
 (
