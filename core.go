@@ -164,8 +164,9 @@ func (c *core) podListed(uid types.UID, pod *runtime.Pod, gen uint64, requested 
 }
 
 // inspected steps the outcome of inspecting w at t: status and err from the
-// runtime (nil, nil for a pod gone from the listing). single says whether
-// it was a single-pod relist's inspection, which must still be current.
+// runtime (nil, nil for a pod gone from the listing). An outcome for a
+// listing the records have moved past (a single-pod relist's, overtaken by
+// a global relist) is dropped as Stale.
 func (c *core) inspected(w work, status *runtime.PodStatus, err error, t time.Time) outcome {
 	r := c.records[w.uid]
 	if w.gen != c.gen || r == nil || r.current != w.pod {

@@ -33,9 +33,20 @@ type inspection struct {
 	gen      uint64    // the global relist generation it started in
 	at       time.Time // the single-pod relist's start: its cache time
 	work     work      // for a status fetch: what the core asked for
+	reqSeq   uint64    // the RequestReinspect it serves (0: none)
 	timedOut bool      // the pod inspection timeout expired first
 
 	abandoned atomic.Bool // nobody waits for it any more
+}
+
+// returned reports whether the call of in has returned.
+func (in *inspection) returned() bool {
+	select {
+	case <-in.done:
+		return true
+	default:
+		return false
+	}
 }
 
 // inflightSet tracks the inspections nobody waits for synchronously: the
@@ -52,10 +63,15 @@ func (s *inflightSet) get(uid types.UID) *inspection {
 	return s.pods[uid]
 }
 
+// put tracks in for uid. It never replaces a call that is still out: a pod
+// has one call out at a time, and the one tracked is the one that blocks it.
 func (s *inflightSet) put(uid types.UID, in *inspection) {
 	s.mu.Lock()
+	defer s.mu.Unlock()
+	if prev := s.pods[uid]; prev != nil && prev != in && !prev.returned() {
+		return
+	}
 	s.pods[uid] = in
-	s.mu.Unlock()
 }
 
 func (s *inflightSet) remove(uid types.UID, in *inspection) {

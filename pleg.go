@@ -171,7 +171,11 @@ type Generator struct {
 	stats    statsRing
 
 	extReinspectMu sync.Mutex
-	extReinspect   map[types.UID]struct{}
+	// extReinspect: RequestReinspect's pods, each with the number of its
+	// request (extSeq), so that a single-pod relist clears only a request
+	// it has served.
+	extReinspect map[types.UID]uint64
+	extSeq       uint64
 
 	lifecycle sync.Mutex
 	started   bool
@@ -197,7 +201,7 @@ func New(opts Options) (*Generator, error) {
 		m:            opts.Metrics,
 		core:         newCore(),
 		again:        make(map[types.UID]struct{}),
-		extReinspect: make(map[types.UID]struct{}),
+		extReinspect: make(map[types.UID]uint64),
 		rootCtx:      ctx,
 		cancel:       cancel,
 		done:         make(chan struct{}),
@@ -280,7 +284,8 @@ func (g *Generator) RequestRelist(uid types.UID) bool {
 // changed in its listing, emitting PodSync if no other event results.
 func (g *Generator) RequestReinspect(uid types.UID) {
 	g.extReinspectMu.Lock()
-	g.extReinspect[uid] = struct{}{}
+	g.extSeq++
+	g.extReinspect[uid] = g.extSeq
 	g.extReinspectMu.Unlock()
 }
 
@@ -293,6 +298,9 @@ func (g *Generator) Relist(ctx context.Context) error {
 	defer g.lifecycle.Unlock()
 	if g.started {
 		return errors.New("pleg: Relist called on a started generator")
+	}
+	if g.rootCtx.Err() != nil {
+		return errors.New("pleg: Relist called on a stopped generator")
 	}
 	err := g.relist(ctx)
 	if serr := g.settlePodRelists(ctx); err == nil {

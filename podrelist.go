@@ -101,12 +101,15 @@ func (g *Generator) podCallDone(in *inspection) {
 		// A global relist waited for this call, gave up and abandoned it:
 		// it counted and cached the timeout, and the call's return
 		// relists the pod.
+		delete(g.again, uid)
 		return
 	}
-	if in.timedOut {
+	if in.timedOut && !in.returned() {
 		g.podCallTimedOut(in)
 		return
 	}
+	// (A call that returned just after its timer fired is handled as
+	// returned: abandoning it would untrack whatever call is out now.)
 	g.inflight.remove(uid, in)
 	if _, again := g.again[uid]; again {
 		// A hint came while the call was out; it may be about a later
@@ -116,7 +119,9 @@ func (g *Generator) podCallDone(in *inspection) {
 	}
 	if !in.list {
 		g.m.PodRelistDuration.Observe(g.clock.Since(in.at).Seconds())
-		g.apply(in.work, in.status, in.err, in.at)
+		if o := g.apply(in.work, in.status, in.err, in.at); o.OK && in.reqSeq != 0 {
+			g.clearReinspect(uid, in.reqSeq)
+		}
 		return
 	}
 	if in.err == nil {
@@ -128,7 +133,9 @@ func (g *Generator) podCallDone(in *inspection) {
 		}
 		return
 	}
-	requested := !g.core.flagged(uid) && g.takeOneReinspect(uid)
+	// An outside reinspection request is served by this relist only if its
+	// inspection succeeds; until then the request stays for the next one.
+	reqSeq, requested := g.peekReinspect(uid)
 	w, inspect, stale := g.core.podListed(uid, in.listed, in.gen, requested)
 	switch {
 	case stale:
@@ -140,10 +147,16 @@ func (g *Generator) podCallDone(in *inspection) {
 		g.m.PodRelistDuration.Observe(g.clock.Since(in.at).Seconds())
 	case w.pod == nil:
 		// Gone: no runtime call, the cache entry goes.
-		g.apply(w, nil, nil, in.at)
+		if o := g.apply(w, nil, nil, in.at); o.OK && requested {
+			g.clearReinspect(uid, reqSeq)
+		}
 		g.m.PodRelistDuration.Observe(g.clock.Since(in.at).Seconds())
 	default:
-		g.startPodCall(&inspection{uid: uid, pod: w.pod, at: in.at, work: w})
+		in2 := &inspection{uid: uid, pod: w.pod, at: in.at, work: w}
+		if requested {
+			in2.reqSeq = reqSeq
+		}
+		g.startPodCall(in2)
 	}
 }
 

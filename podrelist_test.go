@@ -318,3 +318,132 @@ func (r *nilStatusRuntime) PodStatus(ctx context.Context, p *runtime.Pod) (*runt
 	}
 	return r.status, nil
 }
+
+// An outside reinspection request is served once: not lost when the
+// single-pod relist that saw it is overtaken by a global relist, and not
+// served twice when a single-pod relist already served it.
+func TestReinspectRequestServedOnce(t *testing.T) {
+	t.Run("not lost to a stale single-pod result", func(t *testing.T) {
+		rt := newFakeRuntime()
+		rt.setPods(pod("a", "c1=running"))
+		g, clk := newTestGenerator(t, rt, nil)
+		ch := g.Watch()
+		ctx := context.Background()
+		g.step(ctx, time.Time{})
+		drain(ch)
+		// A single-pod list call goes out; a global relist starts while it
+		// is out (a is unchanged: the relist does not wait for it); then
+		// the request comes and the stale list result returns.
+		release := make(chan struct{})
+		rt.mu.Lock()
+		rt.hangList["a"] = release
+		rt.mu.Unlock()
+		clk.Step(time.Second)
+		g.RequestRelist("a")
+		g.dispatchPodRelists()
+		waitFor(t, func() bool { return rt.count("ListPod") == 1 })
+		clk.Step(time.Second)
+		g.relist(ctx)
+		g.RequestReinspect("a")
+		close(release)
+		g.podCallDone(<-g.podResults)
+		if got := drain(ch); len(got) != 0 {
+			t.Fatalf("events from a stale result: %v", formatEvents(got))
+		}
+		clk.Step(time.Second)
+		g.step(ctx, clk.Now())
+		if got := formatEvents(drain(ch)); !reflect.DeepEqual(got, []string{"a PodSync"}) {
+			t.Fatalf("the reinspection request was lost: events %v", got)
+		}
+	})
+	t.Run("not served twice", func(t *testing.T) {
+		rt := newFakeRuntime()
+		rt.setPods(pod("a", "c1=running"))
+		g, clk := newTestGenerator(t, rt, nil)
+		ch := g.Watch()
+		ctx := context.Background()
+		rt.mu.Lock()
+		rt.fail["a"] = errStatus
+		rt.mu.Unlock()
+		g.step(ctx, time.Time{}) // a's inspection fails: flagged
+		rt.mu.Lock()
+		delete(rt.fail, "a")
+		rt.mu.Unlock()
+		g.RequestReinspect("a")
+		clk.Step(100 * time.Millisecond)
+		g.RequestRelist("a")
+		g.step(ctx, clk.Now().Add(time.Hour)) // the single-pod relist serves both
+		if got := formatEvents(drain(ch)); !reflect.DeepEqual(got, []string{"a ContainerStarted c1"}) {
+			t.Fatalf("events of the single-pod relist %v", got)
+		}
+		clk.Step(time.Second)
+		g.step(ctx, clk.Now())
+		if got := drain(ch); len(got) != 0 {
+			t.Fatalf("the served request was served again: %v", formatEvents(got))
+		}
+	})
+}
+
+// A single-pod call whose timer fired just as it returned is handled as
+// returned: it does not untrack a call that is still out for the pod, so
+// the pod never gets a second call.
+func TestTimedOutButReturnedCallKeepsOneCallPerPod(t *testing.T) {
+	rt := newFakeRuntime()
+	rt.setPods(pod("a", "c1=running"))
+	g, clk := newTestGenerator(t, rt, func(o *Options) { o.PodInspectionTimeout = time.Second })
+	ctx := context.Background()
+	g.step(ctx, time.Time{})
+
+	release := make(chan struct{})
+	rt.mu.Lock()
+	rt.hangList["a"] = release
+	rt.mu.Unlock()
+	clk.Step(100 * time.Millisecond)
+	g.RequestRelist("a")
+	g.dispatchPodRelists()
+	waitFor(t, func() bool { return rt.count("ListPod") == 1 })
+	clk.Step(time.Second) // the watcher's timer fires...
+	var in *inspection
+	select {
+	case in = <-g.podResults:
+	case <-time.After(20 * time.Second):
+		t.Fatal("the watcher did not report the timeout")
+	}
+	if !in.timedOut {
+		t.Fatal("not timed out")
+	}
+	close(release) // ...and the call returns just after
+	<-in.done
+	// Meanwhile a global relist made its own call for a, which hangs and
+	// is abandoned.
+	hang := make(chan struct{})
+	defer close(hang)
+	rt.mu.Lock()
+	rt.hang["a"] = hang
+	rt.mu.Unlock()
+	rt.setPods(pod("a", "c1=exited"))
+	clk.Step(time.Second)
+	relisted := make(chan struct{})
+	go func() { g.relist(ctx); close(relisted) }()
+	waitFor(t, func() bool { return rt.count("PodStatus") == 2 })
+	clk.Step(time.Second) // its timer was set before its call went out
+	select {
+	case <-relisted:
+	case <-time.After(20 * time.Second):
+		t.Fatal("the global relist did not give up on the hung status call")
+	}
+	g.podCallDone(in) // the stale, timed-out-but-returned list call
+	// (Were it abandoned now, its tracker would let go of the pod at once.)
+	waitFor(t, func() bool { return g.inflight.get("a") != in })
+	g.RequestRelist("a")
+	g.dispatchPodRelists()
+	if g.podCalls != 0 {
+		t.Fatalf("a second call for the pod while its status call is out (%d single-pod calls started)", g.podCalls)
+	}
+	if n := g.InspectionsOutstanding(); n != 1 {
+		t.Fatalf("outstanding inspections %d, want the hung status call", n)
+	}
+	if len(g.again) != 0 {
+		t.Fatalf("again %v", g.again)
+	}
+}

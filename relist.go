@@ -141,12 +141,23 @@ func (g *Generator) takeRequestedReinspections() []types.UID {
 	return out
 }
 
-func (g *Generator) takeOneReinspect(uid types.UID) bool {
+// peekReinspect says whether RequestReinspect asked for uid, and which
+// request it was, without consuming it: a single-pod relist consumes it only
+// once its inspection has succeeded (clearReinspect).
+func (g *Generator) peekReinspect(uid types.UID) (seq uint64, ok bool) {
 	g.extReinspectMu.Lock()
 	defer g.extReinspectMu.Unlock()
-	_, ok := g.extReinspect[uid]
-	delete(g.extReinspect, uid)
-	return ok
+	seq, ok = g.extReinspect[uid]
+	return seq, ok
+}
+
+// clearReinspect forgets the request seq for uid, unless a newer one came.
+func (g *Generator) clearReinspect(uid types.UID, seq uint64) {
+	g.extReinspectMu.Lock()
+	defer g.extReinspectMu.Unlock()
+	if g.extReinspect[uid] == seq {
+		delete(g.extReinspect, uid)
+	}
 }
 
 // podRef formats a pod as "namespace/name", the kubelet's pod= log form.
