@@ -128,13 +128,15 @@ func (r *Readiness) CheckRuntime(ctx context.Context) {
 	cctx, cancel := context.WithTimeout(ctx, r.timeout)
 	conds, err := r.rt.Status(cctx)
 	cancel()
+	if err != nil && ctx.Err() == nil {
+		// Logged before the lock: a blocked log writer must not block
+		// Condition().
+		r.log.Error(err, "Container runtime sanity check failed")
+	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	r.lastStatErr = err
 	if err != nil {
-		if ctx.Err() == nil {
-			r.log.Error(err, "Container runtime sanity check failed")
-		}
 		return
 	}
 	r.runtimeErr, r.networkErr = runtimeConditions(conds)

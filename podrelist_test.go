@@ -29,6 +29,19 @@ func advanceUntil(t *testing.T, clk *testclock.FakeClock, what string, cond func
 	}
 }
 
+// relistedOnePod returns a generator, driven by hand, that has relisted
+// pod a (one running container c1) once, and its drained Watch channel.
+func relistedOnePod(t *testing.T, mod func(*Options)) (*fakeRuntime, *Generator, *testclock.FakeClock, <-chan *Event) {
+	t.Helper()
+	rt := newFakeRuntime()
+	rt.setPods(pod("a", "c1=running"))
+	g, clk := newTestGenerator(t, rt, mod)
+	ch := g.Watch()
+	g.step(context.Background(), time.Time{})
+	drain(ch)
+	return rt, g, clk, ch
+}
+
 // The case, on the relist goroutine: a pod whose status calls and
 // whose filtered list calls hang, and whose runtime events keep coming.
 // Global relists keep their period, health holds, the pod gets one call at
@@ -205,13 +218,8 @@ func TestStaleRuntimeEventsMakeNoCall(t *testing.T) {
 // still covers every change before its start. The transition is delivered
 // once, and the single-pod relist's late result is dropped.
 func TestGlobalRelistWaitsForPodCallOut(t *testing.T) {
-	rt := newFakeRuntime()
-	rt.setPods(pod("a", "c1=running"))
-	g, clk := newTestGenerator(t, rt, nil)
-	ch := g.Watch()
+	rt, g, clk, ch := relistedOnePod(t, nil)
 	ctx := context.Background()
-	g.step(ctx, time.Time{})
-	drain(ch)
 
 	release := make(chan struct{})
 	rt.mu.Lock()
@@ -324,13 +332,8 @@ func (r *nilStatusRuntime) PodStatus(ctx context.Context, p *runtime.Pod) (*runt
 // served twice when a single-pod relist already served it.
 func TestReinspectRequestServedOnce(t *testing.T) {
 	t.Run("not lost to a stale single-pod result", func(t *testing.T) {
-		rt := newFakeRuntime()
-		rt.setPods(pod("a", "c1=running"))
-		g, clk := newTestGenerator(t, rt, nil)
-		ch := g.Watch()
+		rt, g, clk, ch := relistedOnePod(t, nil)
 		ctx := context.Background()
-		g.step(ctx, time.Time{})
-		drain(ch)
 		// A single-pod list call goes out; a global relist starts while it
 		// is out (a is unchanged: the relist does not wait for it); then
 		// the request comes and the stale list result returns.
