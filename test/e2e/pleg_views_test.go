@@ -591,20 +591,7 @@ func (v *libView) histogramCount(t testing.TB, name string) (count uint64, sum f
 // summed over its label values.
 func (v *libView) metric(t testing.TB, name string) float64 {
 	t.Helper()
-	mfs, err := v.reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var sum float64
-	for _, mf := range mfs {
-		if mf.GetName() != name {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			sum += m.GetCounter().GetValue() + m.GetGauge().GetValue()
-		}
-	}
-	return sum
+	return v.labelled(t, name, "", "")
 }
 
 // ---------------------------------------------------------------------------
