@@ -1,0 +1,12 @@
+// Package kubelet is a separate module that builds the real kubelet, and
+// programs made of its parts, for pleg's tests and benchmarks. It exists so
+// that pleg's own module never imports k8s.io/kubernetes, which is not a
+// library: only this module requires it, pinned to v1.36.3 with every staging
+// module at v0.36.3.
+//
+// Build the kubelet with
+//
+//	go build -o kubelet k8s.io/kubernetes/cmd/kubelet
+//
+// from this directory.
+package kubelet
