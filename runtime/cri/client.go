@@ -28,6 +28,10 @@ const (
 
 	// maxMsgSize bounds the messages sent to and received from the runtime.
 	maxMsgSize = 16 << 20
+	// windowSize is the HTTP/2 flow-control window of the connection and
+	// of each call; readBufferSize the connection's read buffer.
+	windowSize     = 16 << 20
+	readBufferSize = 256 << 10
 
 	// criAPIVersion is what Version sends as the client's API version.
 	criAPIVersion = "v1"
@@ -124,6 +128,12 @@ func Dial(endpoint string, opts ...Option) (*Client, error) {
 		grpc.WithContextDialer(dialer),
 		// The socket path is no valid :authority; runtimes ignore it.
 		grpc.WithAuthority("localhost"),
+		// A relist's two list replies are megabytes on a big node: a
+		// window that holds them whole spares the flow-control round
+		// trips, and a larger read buffer most of the read calls.
+		grpc.WithInitialWindowSize(windowSize),
+		grpc.WithInitialConnWindowSize(windowSize),
+		grpc.WithReadBufferSize(readBufferSize),
 		grpc.WithDefaultCallOptions(
 			grpc.MaxCallRecvMsgSize(maxMsgSize),
 			grpc.MaxCallSendMsgSize(maxMsgSize),

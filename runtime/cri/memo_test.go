@@ -99,17 +99,12 @@ func (n *node) change() string {
 		n.addContainer(uid, c.Labels[runtime.LabelPodName])
 		return uid
 	case k == 4:
-		// An annotation changes: the listing of the pod is the same, but
-		// its bytes are not, so it is decoded again.
-		i := n.rng.IntN(len(n.containers))
-		c := copyContainer(n.containers[i])
-		v := fmt.Sprint(n.rng.IntN(9))
-		if c.Annotations["io.kubernetes.container.restartCount"] == v {
-			return ""
-		}
-		c.Annotations["io.kubernetes.container.restartCount"] = v
-		n.containers[i] = c
-		return c.Labels[runtime.LabelPodUID]
+		// A pod goes: its sandbox and containers.
+		i := n.rng.IntN(len(n.sandboxes))
+		uid := n.sandboxes[i].Metadata.Uid
+		n.sandboxes = slices.Delete(n.sandboxes, i, i+1)
+		n.containers = slices.DeleteFunc(n.containers, func(c *runtimeapi.Container) bool { return c.Labels[runtime.LabelPodUID] == uid })
+		return uid
 	default:
 		i := n.rng.IntN(len(n.containers))
 		c := copyContainer(n.containers[i])
