@@ -42,15 +42,21 @@ type memo struct {
 // itemMemo maps the hash of an item's bytes to its decoded form, for the
 // previous listing (prev) and the one being decoded (next).
 type itemMemo struct {
-	// The entries are pointers: a value this large would be stored apart
-	// by the map anyway, allocated again on every insert.
-	prev, next map[uint64]*memoItem
-	decoded    int // items the listing being decoded did not find, and decoded
+	// items holds the entries of the previous listing and of the one being
+	// decoded, told apart by the listing they were last seen in: one map
+	// lookup per item, and a sweep after the listing instead of a second
+	// map. The entries are pointers: a value this large would be stored
+	// apart by the map anyway, allocated again on every insert.
+	items   map[uint64]*memoItem
+	gen     uint64 // the listing being decoded
+	decoded int    // items it did not find, and decoded
+	found   int    // items it found
 }
 
 type memoItem struct {
 	it   listed
-	size int // length of the item's bytes
+	size int    // length of the item's bytes
+	seen uint64 // the last listing that had it
 }
 
 type memoPod struct {
@@ -63,8 +69,11 @@ type memoPod struct {
 // the item are maps.
 func (m *itemMemo) lookup(seed maphash.Seed, b []byte, maps mapFields) (listed, uint64, bool) {
 	h, id := itemKey(seed, b, maps)
-	if e, ok := m.prev[h]; ok && e.size == len(b) && string(id) == e.it.id {
-		m.next[h] = e
+	if e, ok := m.items[h]; ok && e.size == len(b) && string(id) == e.it.id {
+		if e.seen != m.gen {
+			e.seen = m.gen
+			m.found++
+		}
 		it := e.it
 		it.reused = true
 		return it, h, true
@@ -136,24 +145,35 @@ func itemKey(seed maphash.Seed, b []byte, maps mapFields) (uint64, []byte) {
 
 // add notes a freshly decoded item for the next listing.
 func (m *itemMemo) add(h uint64, b []byte, it listed) {
-	m.next[h] = &memoItem{it: it, size: len(b)}
+	m.items[h] = &memoItem{it: it, size: len(b), seen: m.gen}
 	m.decoded++
 }
 
-// commit makes the listing just decoded the previous one.
+// commit makes the listing just decoded the previous one: the items it did
+// not have go.
 func (m *itemMemo) commit() {
-	m.prev, m.next = m.next, m.prev
-	clear(m.next)
+	if m.found+m.decoded == len(m.items) {
+		return // every entry was seen: the steady state
+	}
+	for h, e := range m.items {
+		if e.seen != m.gen {
+			delete(m.items, h)
+		}
+	}
 }
 
-// abort forgets a listing that failed half way.
-func (m *itemMemo) abort() { clear(m.next) }
+// abort ends a listing that failed half way. Its items stay until the next
+// complete listing's commit: every entry is what its bytes decode to,
+// whichever listing it came from.
+func (m *itemMemo) abort() {}
 
+// init starts decoding a listing.
 func (m *itemMemo) init() {
-	if m.prev == nil {
-		m.prev, m.next = map[uint64]*memoItem{}, map[uint64]*memoItem{}
+	if m.items == nil {
+		m.items = map[uint64]*memoItem{}
 	}
-	m.decoded = 0
+	m.gen++
+	m.decoded, m.found = 0, 0
 }
 
 // begin starts a listing with the memo; the caller holds m.mu.

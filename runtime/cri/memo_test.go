@@ -185,6 +185,13 @@ func TestListPodsMemo(t *testing.T) {
 				if !reflect.DeepEqual(sortedItems(got), sortedItems(fresh)) {
 					t.Fatalf("round %d: with the memo\n%s\nafresh\n%s", round, dump(got), dump(fresh))
 				}
+				// The memo holds what the node has, no more.
+				n.mu.Lock()
+				if len(c.memo.containers.items) != len(n.containers) || len(c.memo.sandboxes.items) != len(n.sandboxes) {
+					t.Fatalf("round %d: memo holds %d containers and %d sandboxes, the node %d and %d", round,
+						len(c.memo.containers.items), len(c.memo.sandboxes.items), len(n.containers), len(n.sandboxes))
+				}
+				n.mu.Unlock()
 				before := map[string]*runtime.Pod{}
 				for _, p := range prev {
 					before[string(p.UID)] = p
