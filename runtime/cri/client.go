@@ -57,6 +57,7 @@ type Client struct {
 	metrics           *metrics.Metrics
 	log               logr.Logger
 	memo              memo // what the last unfiltered listing keeps for the next
+	images            imageRefs
 }
 
 type options struct {
