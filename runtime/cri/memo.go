@@ -81,27 +81,33 @@ func (m *itemMemo) lookup(seed maphash.Seed, b []byte, maps mapFields) (listed, 
 	return listed{}, h, false
 }
 
-// mapFields are the field numbers of an item's label and annotation maps.
-type mapFields struct{ labels, annotations protowire.Number }
+// mapFields are the field numbers of an item's label and annotation maps,
+// and of its state.
+type mapFields struct{ labels, annotations, state protowire.Number }
 
 var (
-	sandboxMaps   = mapFields{labels: fieldSandboxLabels, annotations: fieldSandboxAnnotations}
-	containerMaps = mapFields{labels: fieldContainerLabels, annotations: fieldContainerAnnotations}
+	sandboxMaps   = mapFields{labels: fieldSandboxLabels, annotations: fieldSandboxAnnotations, state: fieldSandboxState}
+	containerMaps = mapFields{labels: fieldContainerLabels, annotations: fieldContainerAnnotations, state: fieldContainerState}
 )
 
-// itemKey hashes an encoded item and returns its ID (field 1). The label
-// and annotation maps are left out of the hash: CRI has no call that
-// changes them (they are set when the sandbox or container is created), so
-// they are the same for as long as the ID is, and a runtime may encode
-// their entries in any order (Go's encoder follows map iteration, which is
-// random), so their bytes differ from one listing to the next anyway. Their
-// size still counts: the caller compares the item's length. Everything
-// else is hashed, in order, in as few runs as the maps allow. Malformed
-// bytes hash as far as they can be read.
+// itemKey hashes an encoded item and returns its ID (field 1).
+//
+// CRI never changes an item's labels and annotations (they are set when the
+// sandbox or container is created), nor anything after them in the
+// encoding; of what a listing item holds, only the state changes. And a
+// runtime may encode map entries in any order (Go's encoder follows map
+// iteration, which is random), so their bytes differ from one listing to
+// the next anyway. So the key is the hash of the bytes before the first map
+// entry, once the ID and the state have been read there (Go encoders write
+// fields in number order: ID, metadata, image, state, creation time, then
+// the maps); the caller checks the item's whole length and its ID. An
+// encoder that writes the state after a map is hashed in full, maps left
+// out. Malformed bytes hash as far as they can be read.
 func itemKey(seed maphash.Seed, b []byte, maps mapFields) (uint64, []byte) {
 	var h maphash.Hash
 	h.SetSeed(seed)
 	var id []byte
+	stateSeen := false
 	run := 0 // start of the bytes not hashed yet
 	for off := 0; off < len(b); {
 		var num protowire.Number
@@ -126,16 +132,17 @@ func itemKey(seed maphash.Seed, b []byte, maps mapFields) (uint64, []byte) {
 				break
 			}
 		}
-		if typ == protowire.BytesType {
-			switch num {
-			case maps.labels, maps.annotations:
-				h.Write(b[run:off])
-				run = off + n + m
-			case fieldSandboxID: // the same number for containers
-				if id == nil {
-					id, _ = protowire.ConsumeBytes(b[off+n:])
-				}
+		switch {
+		case typ == protowire.BytesType && (num == maps.labels || num == maps.annotations):
+			h.Write(b[run:off])
+			if id != nil && stateSeen {
+				return h.Sum64(), id
 			}
+			run = off + n + m
+		case typ == protowire.BytesType && num == fieldSandboxID && id == nil: // the same number for containers
+			id, _ = protowire.ConsumeBytes(b[off+n:])
+		case typ == protowire.VarintType && num == maps.state:
+			stateSeen = true
 		}
 		off += n + m
 	}

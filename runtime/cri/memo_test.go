@@ -3,6 +3,7 @@ package cri
 import (
 	"context"
 	"fmt"
+	"hash/maphash"
 	"math/rand/v2"
 	"reflect"
 	"slices"
@@ -10,6 +11,7 @@ import (
 	"sync"
 	"testing"
 
+	"google.golang.org/protobuf/encoding/protowire"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/podlifecycle/pleg/runtime"
@@ -300,5 +302,48 @@ func TestListPodsIdleCost(t *testing.T) {
 	n.mu.Unlock()
 	if got := decoded(); got != 1 {
 		t.Fatalf("listing after one container exited decoded %d items, want 1", got)
+	}
+}
+
+// TestItemKey: the key changes with the state wherever an encoder puts it,
+// and not with the order of map entries.
+func TestItemKey(t *testing.T) {
+	seed := maphash.MakeSeed()
+	enc := func(stateLast bool, state uint64, labels ...string) []byte {
+		var b []byte
+		b = protowire.AppendTag(b, fieldContainerID, protowire.BytesType)
+		b = protowire.AppendString(b, "c1")
+		if !stateLast {
+			b = protowire.AppendTag(b, fieldContainerState, protowire.VarintType)
+			b = protowire.AppendVarint(b, state)
+		}
+		for _, l := range labels {
+			var e []byte
+			e = protowire.AppendTag(e, fieldMapKey, protowire.BytesType)
+			e = protowire.AppendString(e, l)
+			e = protowire.AppendTag(e, fieldMapValue, protowire.BytesType)
+			e = protowire.AppendString(e, "v")
+			b = protowire.AppendTag(b, fieldContainerLabels, protowire.BytesType)
+			b = protowire.AppendBytes(b, e)
+		}
+		if stateLast {
+			b = protowire.AppendTag(b, fieldContainerState, protowire.VarintType)
+			b = protowire.AppendVarint(b, state)
+		}
+		return b
+	}
+	for _, last := range []bool{false, true} {
+		k1, id := itemKey(seed, enc(last, 1, "a", "b"), containerMaps)
+		k2, _ := itemKey(seed, enc(last, 1, "b", "a"), containerMaps)
+		k3, _ := itemKey(seed, enc(last, 2, "a", "b"), containerMaps)
+		if string(id) != "c1" {
+			t.Errorf("state last=%v: id %q", last, id)
+		}
+		if k1 != k2 {
+			t.Errorf("state last=%v: the order of map entries changed the key", last)
+		}
+		if k1 == k3 {
+			t.Errorf("state last=%v: a new state kept the key", last)
+		}
 	}
 }
