@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -234,32 +233,7 @@ func (e *env) waitCRI(timeout time.Duration) error {
 // importImages imports the OCI archive with ctr into the CRI namespace,
 // unpacked for the CRI snapshotter, and checks that CRI sees both images.
 func (e *env) importImages() error {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, filepath.Join(e.binDir, "ctr"), "-n", criNamespace, "-a", e.sock,
-		"images", "import", "--snapshotter", e.snapshotter, e.imageArchive)
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return fmt.Errorf("ctr images import: %v\n%s", err, out)
-	}
-	// The CRI image store learns about imported images asynchronously, from
-	// containerd's image events: poll.
-	deadline := time.Now().Add(15 * time.Second)
-	for _, img := range []string{pauseImage, workloadImage} {
-		for {
-			resp, err := e.cri.img.ImageStatus(ctx, &runtimeapi.ImageStatusRequest{Image: &runtimeapi.ImageSpec{Image: img}})
-			if err != nil {
-				return fmt.Errorf("CRI ImageStatus %s: %w", img, err)
-			}
-			if resp.Image != nil {
-				break
-			}
-			if time.Now().After(deadline) {
-				return fmt.Errorf("image %s not visible through CRI 15s after the import", img)
-			}
-			time.Sleep(20 * time.Millisecond)
-		}
-	}
-	return nil
+	return e.importArchive(e.imageArchive, pauseImage, workloadImage)
 }
 
 // KillContainerd SIGKILLs containerd and waits until it is gone. Shims and
