@@ -434,8 +434,8 @@ func checkBuildInfo(t *testing.T, img *plegImage) {
 		t.Errorf("the image's binary has no Go build information: %v", err)
 		return
 	}
-	if want := "github.com/podlifecycle/pleg/" + strings.TrimPrefix(r.pkg, "./"); bi.Path != want {
-		t.Errorf("the image's binary is %s, the Dockerfile builds %s (%s)", bi.Path, r.pkg, want)
+	if want := "github.com/podlifecycle/pleg/cmd/pleg"; bi.Path != want {
+		t.Errorf("the image's binary is %s (the Dockerfile builds %s), want %s", bi.Path, r.pkg, want)
 	}
 	settings := map[string]string{}
 	for _, s := range bi.Settings {
