@@ -163,11 +163,13 @@ func (ds *daemonSet) container() k8sContainer { return ds.spec.Containers[0] }
 //  3. imagePullPolicy Never: there is no registry to pull from;
 //  4. the hostPath of the volume mounted at the runtime endpoint's socket:
 //     the kubelet's containerd socket (the container still sees it at the
-//     manifest's mountPath, so the flags are unchanged).
+//     manifest's mountPath, so the flags are unchanged);
+//  5. no serviceAccountName: the kubelet refuses static pods that name an
+//     API object ("static pods may not reference serviceaccounts"); pleg
+//     never uses it (automountServiceAccountToken: false stays).
 //
 // Everything else — command, args, env, ports, probes, resources,
-// securityContext, service account fields, priority class, tolerations —
-// is the manifest's.
+// securityContext, priority class, tolerations — is the manifest's.
 func (ds *daemonSet) staticPod(image, criSocket string) (map[string]any, error) {
 	tmpl, err := dig[map[string]any](ds.doc, "spec", "template")
 	if err != nil {
@@ -185,6 +187,7 @@ func (ds *daemonSet) staticPod(image, criSocket string) (map[string]any, error) 
 	pm := pod["metadata"].(map[string]any)
 	pm["name"], pm["namespace"] = ds.name, ds.ns
 	ps := pod["spec"].(map[string]any)
+	delete(ps, "serviceAccountName")
 
 	containers, err := dig[[]any](ps, "containers")
 	if err != nil {
