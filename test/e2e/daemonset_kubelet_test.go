@@ -11,66 +11,23 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
-	"strings"
 	"testing"
 	"time"
 
-	"github.com/prometheus/common/expfmt"
-	"github.com/prometheus/common/model"
-	"go.yaml.in/yaml/v3"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
 
-// kubeletSite is what TestDaemonSetOnKubelet needs of a running kubelet.
-type kubeletSite struct {
-	nodeName      string
-	staticPodDir  string
-	criSocket     string                                       // the socket of the kubelet's containerd
-	importArchive func(archive string, images ...string) error // into that containerd
-	get           func(path string) ([]byte, error)            // GET on the kubelet's server
-}
-
-// kubeletPodList is the part of the kubelet's /pods these tests read.
-type kubeletPodList struct {
-	Items []kubeletPod `json:"items"`
-}
-
-type kubeletPod struct {
-	Metadata struct {
-		Name      string `json:"name"`
-		Namespace string `json:"namespace"`
-		UID       string `json:"uid"`
-	} `json:"metadata"`
-	Status struct {
-		Phase      string `json:"phase"`
-		Conditions []struct {
-			Type   string `json:"type"`
-			Status string `json:"status"`
-		} `json:"conditions"`
-		ContainerStatuses []struct {
-			Name         string `json:"name"`
-			Ready        bool   `json:"ready"`
-			RestartCount int32  `json:"restartCount"`
-			ContainerID  string `json:"containerID"`
-			State        struct {
-				Running *struct{} `json:"running"`
-			} `json:"state"`
-		} `json:"containerStatuses"`
-	} `json:"status"`
-}
-
-func (p *kubeletPod) condition(typ string) string {
-	for _, c := range p.Status.Conditions {
-		if c.Type == typ {
-			return c.Status
-		}
-	}
-	return ""
-}
-
-// runDaemonSetOnKubelet runs the DaemonSet's pod as a static pod beside two
-// plain static pods and checks it as the kubelet reports it and through
-// the ports the manifest gives it.
-func runDaemonSetOnKubelet(t *testing.T, k kubeletSite) {
+// TestDaemonSetOnKubelet runs the DaemonSet's pod template
+// (deploy/kubernetes/pleg.yaml, made a static pod by daemonSet.staticPod)
+// on the image built from deploy/Dockerfile, on the real kubelet, beside
+// two plain static pods, and checks it as the kubelet reports it and
+// through the ports the manifest gives it: it starts; the kubelet's
+// liveness and readiness probes pass (/metrics/probes, /pods: ready,
+// restartCount 0); pleg inside it reports the other static pods with the
+// kubelet's container IDs; the probe paths answer on the probes' port,
+// which does not serve the pod API; the node name came through the
+// downward API.
+func TestDaemonSetOnKubelet(t *testing.T) {
 	img := PlegImage(t)
 	ds, err := loadDaemonSet(suite.repoRoot)
 	if err != nil {
@@ -107,78 +64,50 @@ func runDaemonSetOnKubelet(t *testing.T, k kubeletSite) {
 	api := "http://" + listen
 	probes := "http://" + net.JoinHostPort("127.0.0.1", metricsPort)
 
-	if err := k.importArchive(img.archive, plegImageName); err != nil {
+	k := startKubelet(t)
+	// /readyz is the node Ready condition, which needs the runtime's
+	// network ready, as on any node.
+	k.enablePodNetwork(t)
+	if err := k.env.importArchive(img.archive, plegImageName); err != nil {
 		t.Fatal(err)
 	}
-	pod, err := ds.staticPod(plegImageName, k.criSocket)
+	pod, err := ds.staticPod(plegImageName, k.env.sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	manifest, err := json.MarshalIndent(pod, "", "  ")
 	if err != nil {
 		t.Fatal(err)
 	}
 	start := time.Now()
-	writeStaticPod(t, k.staticPodDir, "pleg.yaml", pod)
-	beside := []string{"beside-a", "beside-b"}
+	k.AddManifest(t, "pleg", manifest)
+	var beside []string
+	for _, name := range []string{"beside-a", "beside-b"} {
+		beside = append(beside, k.AddPod(t, StaticPod{Name: name, Containers: []StaticContainer{{Name: "main", Args: []string{"run"}}}}))
+	}
+	plegPod := ds.name + "-" + kubeletNode
+
+	// 1. It starts, and the kubelet reports it ready; the others run.
+	known := map[string]kubePod{}
 	for _, name := range beside {
-		writeStaticPod(t, k.staticPodDir, name+".yaml", map[string]any{
-			"apiVersion": "v1", "kind": "Pod",
-			"metadata": map[string]any{"name": name, "namespace": podNamespace},
-			"spec": map[string]any{
-				"hostNetwork": true,
-				"containers": []any{map[string]any{
-					"name": "main", "image": workloadImage, "imagePullPolicy": "Never", "args": []any{"run"},
-				}},
-			},
-		})
+		known[name] = k.WaitPod(t, name, 60*time.Second, podRunning)
 	}
-
-	// The kubelet names static pods <name>-<node name>.
-	podName := func(name string) string { return name + "-" + k.nodeName }
-	kubeletPods := func() (map[string]kubeletPod, error) {
-		b, err := k.get("/pods")
-		if err != nil {
-			return nil, err
-		}
-		var l kubeletPodList
-		if err := json.Unmarshal(b, &l); err != nil {
-			return nil, fmt.Errorf("/pods: %w", err)
-		}
-		out := map[string]kubeletPod{}
-		for _, p := range l.Items {
-			out[p.Metadata.Namespace+"/"+p.Metadata.Name] = p
-		}
-		return out, nil
-	}
-	plegKey := ds.ns + "/" + podName(ds.name)
-
-	// 1. It starts, and the kubelet reports it ready.
-	var pods map[string]kubeletPod
-	eventually(t, 90*time.Second, "the kubelet reports the DaemonSet's pod ready and the others running", func() error {
-		var err error
-		if pods, err = kubeletPods(); err != nil {
+	known[plegPod] = k.WaitPod(t, plegPod, 90*time.Second, func(p kubePod) error {
+		if err := podRunning(p); err != nil {
 			return err
 		}
-		keys := []string{plegKey}
-		for _, name := range beside {
-			keys = append(keys, podNamespace+"/"+podName(name))
+		if cs, ok := p.container(c.Name); !ok || !cs.Ready || !p.ready() {
+			return fmt.Errorf("container %s ready %v, Ready condition true %v", c.Name, cs.Ready, p.ready())
 		}
-		for _, key := range keys {
-			p, ok := pods[key]
-			if !ok {
-				return fmt.Errorf("no %s in /pods", key)
-			}
-			if len(p.Status.ContainerStatuses) != 1 || p.Status.ContainerStatuses[0].State.Running == nil {
-				return fmt.Errorf("%s: containers %+v", key, p.Status.ContainerStatuses)
-			}
-		}
-		p := pods[plegKey]
-		if cs := p.Status.ContainerStatuses[0]; !cs.Ready || p.condition("Ready") != "True" {
-			return fmt.Errorf("%s: container ready %v, Ready condition %q", plegKey, cs.Ready, p.condition("Ready"))
+		if p.Metadata.Namespace != ds.ns {
+			return fmt.Errorf("namespace %q, want the DaemonSet's %q", p.Metadata.Namespace, ds.ns)
 		}
 		return nil
 	})
 	t.Logf("the DaemonSet's pod was ready %v after its manifest was written", time.Since(start).Round(100*time.Millisecond))
 
-	// 2. pleg inside it reports the other static pods, with the container
-	// IDs the kubelet reports, running; and itself.
+	// 2. pleg inside it reports the static pods (itself included) with
+	// the kubelet's pod UIDs, names and container IDs, running.
 	eventually(t, 30*time.Second, "pleg's pod API reports the static pods as the kubelet does", func() error {
 		b, err := httpGet(api + "/api/v1/pods")
 		if err != nil {
@@ -188,96 +117,91 @@ func runDaemonSetOnKubelet(t *testing.T, k kubeletSite) {
 		if err := json.Unmarshal(b, &body); err != nil {
 			return fmt.Errorf("/api/v1/pods: %w", err)
 		}
-		byUID := map[string]int{}
-		for i, p := range body.Pods {
-			byUID[p.UID] = i
-		}
-		for _, key := range append([]string{plegKey}, podNamespace+"/"+podName(beside[0]), podNamespace+"/"+podName(beside[1])) {
-			kp := pods[key]
-			i, ok := byUID[kp.Metadata.UID]
-			if !ok {
-				return fmt.Errorf("pleg does not report %s (uid %s)", key, kp.Metadata.UID)
-			}
-			pp := body.Pods[i]
-			if pp.Namespace+"/"+pp.Name != key {
-				return fmt.Errorf("pleg names pod %s %s/%s, the kubelet %s", kp.Metadata.UID, pp.Namespace, pp.Name, key)
-			}
-			kc := kp.Status.ContainerStatuses[0]
-			want := strings.TrimPrefix(kc.ContainerID, "containerd://")
-			found := false
-			for _, pc := range pp.Containers {
-				if pc.ID == want {
-					found = true
-					if pc.Name != kc.Name || pc.State != "running" {
-						return fmt.Errorf("pleg reports %s's container %s as %s %q, the kubelet as %s running", key, want, pc.Name, pc.State, kc.Name)
+		for name, kp := range known {
+			var found bool
+			for _, pp := range body.Pods {
+				if pp.UID != kp.Metadata.UID {
+					continue
+				}
+				found = true
+				if pp.Namespace != kp.Metadata.Namespace || pp.Name != name {
+					return fmt.Errorf("pleg names pod %s %s/%s, the kubelet %s/%s", pp.UID, pp.Namespace, pp.Name, kp.Metadata.Namespace, name)
+				}
+				for _, kc := range kp.Status.ContainerStatuses {
+					id, ok := runtimeID(kc.ContainerID), false
+					for _, pc := range pp.Containers {
+						if pc.ID == id {
+							ok = true
+							if pc.Name != kc.Name || pc.State != "running" {
+								return fmt.Errorf("pleg: %s's container %s is %s %q; the kubelet: %s running", name, id, pc.Name, pc.State, kc.Name)
+							}
+						}
+					}
+					if !ok {
+						return fmt.Errorf("pleg does not report %s's container %s (it has %+v)", name, id, pp.Containers)
 					}
 				}
 			}
 			if !found {
-				return fmt.Errorf("pleg does not report %s's container %s (it has %+v)", key, want, pp.Containers)
+				return fmt.Errorf("pleg does not report %s (uid %s)", name, kp.Metadata.UID)
 			}
 		}
 		return nil
 	})
 
-	// 3. The probe paths answer on the port the probes use; the node's
-	// name came through the downward API; the pod API is not there.
-	for path, want := range map[string]string{"/healthz": "ok", "/readyz": `"status":"True"`} {
-		b, err := httpGet(probes + path)
-		if err != nil || !strings.Contains(string(b), want) {
-			t.Errorf("GET %s%s: %v %q, want %q", probes, path, err, b, want)
+	// 3. The probe paths answer on the probes' port; the node's name came
+	// through the downward API; the pod API is not on that port.
+	for _, probe := range []*k8sProbe{c.LivenessProbe, c.ReadinessProbe} {
+		if probe == nil {
+			t.Fatalf("%s: the container lacks a probe", manifestPath)
+		}
+		if _, err := httpGet(probes + probe.HTTPGet.Path); err != nil {
+			t.Errorf("the probe path: %v", err)
 		}
 	}
 	b, err := httpGet(probes + "/metrics")
-	if want := fmt.Sprintf("kubelet_node_name{node=%q} 1", k.nodeName); err != nil || !bytes.Contains(b, []byte(want)) {
+	if want := fmt.Sprintf("kubelet_node_name{node=%q} 1", kubeletNode); err != nil || !bytes.Contains(b, []byte(want)) {
 		t.Errorf("GET %s/metrics: %v; no %s", probes, err, want)
 	}
 	if code, err := httpStatus(probes + "/api/v1/pods"); err != nil || code != http.StatusNotFound {
-		t.Errorf("GET %s/api/v1/pods: %d %v, want 404: the pod API must stay on loopback", probes, code, err)
+		t.Errorf("GET %s/api/v1/pods: %d %v, want 404: the pod API stays on loopback", probes, code, err)
 	}
 
-	// 4. The probes as the kubelet ran them: liveness (30 s initial delay)
-	// passed at least once, readiness three times, none failed, and the
-	// container never restarted.
-	ctr := c.Name
-	eventually(t, 90*time.Second, "the kubelet's probes of the DaemonSet's pod have run", func() error {
+	// 4. The probes as the kubelet ran them: liveness (after its initial
+	// delay) passed at least once and never failed, readiness passed at
+	// least three times, and the container never restarted.
+	var counts map[string]float64
+	eventually(t, 90*time.Second, "the kubelet's probes of the DaemonSet's pod", func() error {
 		b, err := k.get("/metrics/probes")
 		if err != nil {
 			return err
 		}
-		got, err := probeCounts(b, ctr, ds.ns)
-		if err != nil {
+		if counts, err = probeCounts(b, ds.ns, plegPod, c.Name); err != nil {
 			return err
 		}
-		for key, n := range got {
-			if !strings.HasSuffix(key, "/successful") && n > 0 {
-				t.Fatalf("the kubelet's %s probe of %s: %v results", key, ctr, n)
-			}
+		if n := counts["Liveness/failed"] + counts["Liveness/unknown"]; n > 0 {
+			t.Fatalf("the kubelet's liveness probe of %s did not pass %v times: %v", plegPod, n, counts)
 		}
-		if got["Liveness/successful"] < 1 || got["Readiness/successful"] < 3 {
-			return fmt.Errorf("probe results so far: %v", got)
+		if counts["Liveness/successful"] < 1 || counts["Readiness/successful"] < 3 {
+			return fmt.Errorf("probe results so far: %v", counts)
 		}
 		return nil
 	})
-	if pods, err = kubeletPods(); err != nil {
-		t.Fatal(err)
+	p := k.WaitPod(t, plegPod, 10*time.Second, nil)
+	if cs, ok := p.container(c.Name); !ok || cs.RestartCount != 0 || !cs.Ready || !p.ready() || cs.ContainerID != known[plegPod].Status.ContainerStatuses[0].ContainerID {
+		t.Errorf("after its probes ran, the kubelet reports %s: %+v, Ready %v", plegPod, cs, p.ready())
 	}
-	p := pods[plegKey]
-	if cs := p.Status.ContainerStatuses; len(cs) != 1 || cs[0].RestartCount != 0 || !cs[0].Ready || p.condition("Ready") != "True" {
-		t.Errorf("after its probes ran, the kubelet reports %s: containers %+v, Ready %q", plegKey, cs, p.condition("Ready"))
-	}
-	t.Logf("liveness and readiness passed as the kubelet ran them, %v after the manifest was written", time.Since(start).Round(100*time.Millisecond))
+	t.Logf("the kubelet's probes of the DaemonSet's pod: %v, %v after its manifest was written", counts, time.Since(start).Round(100*time.Millisecond))
 }
 
-// probeCounts sums the kubelet's prober_probe_total for one container by
-// "probe_type/result".
-func probeCounts(text []byte, container, namespace string) (map[string]float64, error) {
-	p := expfmt.NewTextParser(model.UTF8Validation)
-	fams, err := p.TextToMetricFamilies(bytes.NewReader(text))
+// probeCounts sums the kubelet's prober_probe_total (its /metrics/probes)
+// of one container by "probe_type/result".
+func probeCounts(text []byte, namespace, pod, container string) (map[string]float64, error) {
+	mfs, err := parseMetrics(text)
 	if err != nil {
 		return nil, fmt.Errorf("/metrics/probes: %w", err)
 	}
-	fam, ok := fams["prober_probe_total"]
+	fam, ok := mfs["prober_probe_total"]
 	if !ok {
 		return nil, errors.New("/metrics/probes has no prober_probe_total yet")
 	}
@@ -287,37 +211,49 @@ func probeCounts(text []byte, container, namespace string) (map[string]float64, 
 		for _, lp := range m.GetLabel() {
 			l[lp.GetName()] = lp.GetValue()
 		}
-		if l["container"] == container && l["namespace"] == namespace {
+		if l["namespace"] == namespace && l["pod"] == pod && l["container"] == container {
 			out[l["probe_type"]+"/"+l["result"]] += m.GetCounter().GetValue()
 		}
 	}
 	return out, nil
 }
 
-// writeStaticPod writes a manifest into the kubelet's static pod
-// directory atomically (the kubelet ignores dot files) and removes it at
-// cleanup, which makes the kubelet stop the pod.
-func writeStaticPod(t *testing.T, dir, name string, pod map[string]any) {
+// enablePodNetwork gives the kubelet's containerd a CNI network
+// configuration, as every node has, and waits until its CRI status reports
+// the network ready (without one it reports NetworkReady=false, "cni
+// plugin not initialized", which the kubelet and pleg turn into a node
+// that is not Ready). The pods here use the host's network: no plugin
+// binary ever runs.
+func (k *kubelet) enablePodNetwork(t testing.TB) {
 	t.Helper()
-	b, err := yaml.Marshal(pod)
-	if err != nil {
+	dir := filepath.Join(k.env.dir, "cni", "net.d")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	tmp := filepath.Join(dir, "."+name+".tmp")
-	if err := os.WriteFile(tmp, b, 0o644); err != nil {
+	conf := `{"cniVersion": "1.0.0", "name": "pleg-e2e", "plugins": [{"type": "loopback"}]}` + "\n"
+	if err := os.WriteFile(filepath.Join(dir, "10-pleg-e2e.conflist"), []byte(conf), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	path := filepath.Join(dir, name)
-	if err := os.Rename(tmp, path); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		if err := os.Remove(path); err != nil && !errors.Is(err, os.ErrNotExist) {
-			t.Error(err)
+	eventually(t, 30*time.Second, "the kubelet's containerd reports its network ready", func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		resp, err := k.env.cri.rt.Status(ctx, &runtimeapi.StatusRequest{})
+		if err != nil {
+			return err
 		}
+		for _, c := range resp.GetStatus().GetConditions() {
+			if c.Type == runtimeapi.NetworkReady {
+				if !c.Status {
+					return fmt.Errorf("NetworkReady false: %s: %s", c.Reason, c.Message)
+				}
+				return nil
+			}
+		}
+		return errors.New("no NetworkReady condition")
 	})
 }
 
+// httpGet fetches url; any status but 200 is an error.
 func httpGet(url string) ([]byte, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
@@ -332,11 +268,12 @@ func httpGet(url string) ([]byte, error) {
 	defer resp.Body.Close()
 	b, err := io.ReadAll(resp.Body)
 	if err == nil && resp.StatusCode != http.StatusOK {
-		err = fmt.Errorf("GET %s: %s: %s", url, resp.Status, b)
+		err = fmt.Errorf("GET %s: %s: %.300s", url, resp.Status, b)
 	}
 	return b, err
 }
 
+// httpStatus returns url's status code.
 func httpStatus(url string) (int, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
