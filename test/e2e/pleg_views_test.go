@@ -23,9 +23,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"os"
 	"os/exec"
-	"path/filepath"
 	"regexp"
 	goruntime "runtime"
 	"slices"
@@ -49,42 +47,7 @@ import (
 // ---------------------------------------------------------------------------
 // The pleg binary.
 
-var plegBin struct {
-	once sync.Once
-	path string
-	err  error
-}
-
-// PlegBinary builds ./cmd/pleg once per suite run into <suite dir>/bin/pleg
-// (plain build, no -race, like a user's binary) and returns its path.
-func PlegBinary(t testing.TB) string {
-	t.Helper()
-	plegBin.once.Do(func() {
-		start := time.Now()
-		dir := filepath.Join(SuiteDir(), "bin")
-		if err := os.MkdirAll(dir, 0o755); err != nil {
-			plegBin.err = err
-			return
-		}
-		goBin := filepath.Join(goRoot(), "bin", "go")
-		if !fileExists(goBin) {
-			goBin = "go"
-		}
-		p := filepath.Join(dir, "pleg")
-		cmd := exec.Command(goBin, "build", "-o", p, "./cmd/pleg")
-		cmd.Dir = suite.repoRoot
-		if out, err := cmd.CombinedOutput(); err != nil {
-			plegBin.err = fmt.Errorf("go build ./cmd/pleg: %v\n%s", err, out)
-			return
-		}
-		plegBin.path = p
-		logf("built %s in %v", p, time.Since(start).Round(time.Millisecond))
-	})
-	if plegBin.err != nil {
-		t.Fatal(plegBin.err)
-	}
-	return plegBin.path
-}
+// PlegBinary (plegimage_test.go) builds it as deploy/Dockerfile does.
 
 // ---------------------------------------------------------------------------
 // Event logs.

@@ -217,20 +217,88 @@ type plegImage struct {
 // has reports whether the image has a file or link at path.
 func (img *plegImage) has(path string) bool { return img.paths[path] }
 
+// plegBuild is the pleg binary of this run, built once.
+var plegBuild struct {
+	once   sync.Once
+	recipe dockerRecipe
+	path   string
+	err    error
+}
+
+// PlegBinary builds ./cmd/pleg once per suite run as deploy/Dockerfile's
+// build stage does (the binary of the image, and a user's binary) into
+// <dir>/bin/pleg, where dir is the run's default containerd's dir, which
+// lives as long as the run (so the teardown counts a leftover pleg
+// process as ours), and returns its path.
+func PlegBinary(t testing.TB) string {
+	t.Helper()
+	if err := buildPleg(); err != nil {
+		t.Fatal(err)
+	}
+	return plegBuild.path
+}
+
+func buildPleg() error {
+	plegBuild.once.Do(func() {
+		start := time.Now()
+		e := runtimes[len(runtimes)-1]
+		plegBuild.recipe, plegBuild.err = parseDockerfile(filepath.Join(e.repoRoot, "deploy", "Dockerfile"))
+		if plegBuild.err != nil {
+			return
+		}
+		dir := filepath.Join(e.dir, "bin")
+		if plegBuild.err = os.MkdirAll(dir, 0o755); plegBuild.err != nil {
+			return
+		}
+		p := filepath.Join(dir, "pleg")
+		if plegBuild.err = goBuild(e.repoRoot, plegBuild.recipe, p); plegBuild.err == nil {
+			plegBuild.path = p
+			logf("built %s as deploy/Dockerfile does in %v", p, time.Since(start).Round(time.Millisecond))
+		}
+	})
+	return plegBuild.err
+}
+
+// goBuild runs the Dockerfile's build stage's go build in the repository,
+// writing the binary to out. The Dockerfile's Go image stamps the binary
+// with the commit (-buildvcs=auto, its default); this machine's go env may
+// say otherwise, and a flag beats GOFLAGS.
+func goBuild(repoRoot string, r dockerRecipe, out string) error {
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
+	defer cancel()
+	goBin := filepath.Join(goRoot(), "bin", "go")
+	if !fileExists(goBin) {
+		goBin = "go"
+	}
+	args := append([]string{"build", "-buildvcs=auto"}, r.goFlags...)
+	args = append(args, "-o", out, r.pkg)
+	cmd := exec.CommandContext(ctx, goBin, args...)
+	cmd.Dir = repoRoot
+	cmd.Env = append(os.Environ(), r.goEnv...)
+	if b, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("%s go %s (deploy/Dockerfile's build): %v\n%s", strings.Join(r.goEnv, " "), strings.Join(args, " "), err, b)
+	}
+	return nil
+}
+
 var plegImg struct {
 	once sync.Once
 	img  *plegImage
 	err  error
 }
 
-// PlegImage builds the pleg image once per suite run, into <suite
-// dir>/pleg-image (private to this run, so suites that run at once never
-// share a file).
+// PlegImage builds the pleg image once per suite run, into <dir>/pleg-image
+// beside PlegBinary's binary (private to this run, so suites that run at
+// once never share a file).
 func PlegImage(t testing.TB) *plegImage {
 	t.Helper()
 	plegImg.once.Do(func() {
+		if plegImg.err = buildPleg(); plegImg.err != nil {
+			return
+		}
 		start := time.Now()
-		plegImg.img, plegImg.err = buildPlegImage(suite.repoRoot, filepath.Join(SuiteDir(), "pleg-image"))
+		dir := filepath.Join(runtimes[len(runtimes)-1].dir, "pleg-image")
+		plegImg.img, plegImg.err = buildPlegImage(plegBuild.recipe, plegBuild.path, dir)
 		if plegImg.err == nil {
 			logf("built the pleg image %s in %v", plegImg.img.archive, time.Since(start).Round(time.Millisecond))
 		}
@@ -241,38 +309,19 @@ func PlegImage(t testing.TB) *plegImage {
 	return plegImg.img
 }
 
-func buildPlegImage(repoRoot, dir string) (*plegImage, error) {
-	r, err := parseDockerfile(filepath.Join(repoRoot, "deploy", "Dockerfile"))
-	if err != nil {
-		return nil, err
-	}
+// buildPlegImage writes the image of recipe, with binary at its path, on
+// a busybox base.
+func buildPlegImage(r dockerRecipe, binary, dir string) (*plegImage, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, err
 	}
-	img := &plegImage{recipe: r, archive: filepath.Join(dir, "pleg-image.tar"), binary: filepath.Join(dir, "pleg")}
-
-	// The build stage's command, in the repository. The Dockerfile's Go
-	// image stamps the binary with the commit (-buildvcs=auto, its
-	// default); this machine's go env may say otherwise, and a flag beats
-	// GOFLAGS.
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
-	defer cancel()
-	goBin := filepath.Join(goRoot(), "bin", "go")
-	if !fileExists(goBin) {
-		goBin = "go"
-	}
-	args := append([]string{"build", "-buildvcs=auto"}, r.goFlags...)
-	args = append(args, "-o", img.binary, r.pkg)
-	cmd := exec.CommandContext(ctx, goBin, args...)
-	cmd.Dir = repoRoot
-	cmd.Env = append(os.Environ(), r.goEnv...)
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return nil, fmt.Errorf("%s go %s (deploy/Dockerfile's build): %v\n%s", strings.Join(r.goEnv, " "), strings.Join(args, " "), err, out)
-	}
+	img := &plegImage{recipe: r, archive: filepath.Join(dir, "pleg-image.tar"), binary: binary}
 	bin, err := os.ReadFile(img.binary)
 	if err != nil {
 		return nil, err
 	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
 
 	// The base: busybox, as a static binary with one link per applet in
 	// /bin, and root and nobody in /etc, like the busybox image.
