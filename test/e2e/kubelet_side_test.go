@@ -11,6 +11,7 @@ import (
 	"net/http"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"sort"
 	"strings"
@@ -247,33 +248,46 @@ func (s *sideBySide) checkHealth(t testing.TB) {
 		if code, b, err := s.d.get("/healthz"); err != nil || code != http.StatusOK {
 			return fmt.Errorf("pleg /healthz: %d %q %v", code, b, err)
 		}
-		km, err := s.k.Metrics()
-		if err != nil {
-			return err
-		}
-		_, pb, err := s.d.get("/metrics")
-		if err != nil {
-			return err
-		}
-		pm, err := parseMetrics(pb)
-		if err != nil {
-			return err
-		}
-		for _, m := range []struct {
+		for _, src := range []struct {
 			who string
-			mfs map[string]*dto.MetricFamily
-		}{{"kubelet", km}, {"pleg", pm}} {
-			who, mf := m.who, m.mfs["kubelet_pleg_last_seen_seconds"]
-			if mf == nil || len(mf.GetMetric()) != 1 {
-				return fmt.Errorf("%s: no kubelet_pleg_last_seen_seconds", who)
+			get func() (map[string]*dto.MetricFamily, error)
+		}{{"kubelet", s.k.Metrics}, {"pleg", s.plegMetrics}} {
+			mfs, err := src.get()
+			if err != nil {
+				return err
 			}
-			seen := time.Unix(int64(mf.GetMetric()[0].GetGauge().GetValue()), 0)
+			seen, ok := lastSeen(mfs)
+			if !ok {
+				return fmt.Errorf("%s: no kubelet_pleg_last_seen_seconds", src.who)
+			}
 			if age := time.Since(seen); age > 3*time.Minute || age < -time.Second {
-				return fmt.Errorf("%s: PLEG last seen %v ago", who, age.Round(time.Second))
+				return fmt.Errorf("%s: PLEG last seen %v ago", src.who, age.Round(time.Second))
 			}
 		}
 		return nil
 	})
+}
+
+// plegMetrics returns pleg's /metrics, parsed.
+func (s *sideBySide) plegMetrics() (map[string]*dto.MetricFamily, error) {
+	code, b, err := s.d.get("/metrics")
+	if err == nil && code != http.StatusOK {
+		err = fmt.Errorf("pleg /metrics: HTTP %d", code)
+	}
+	if err != nil {
+		return nil, err
+	}
+	return parseMetrics(b)
+}
+
+// lastSeen returns kubelet_pleg_last_seen_seconds (the start of the last
+// successful relist, to the second).
+func lastSeen(mfs map[string]*dto.MetricFamily) (time.Time, bool) {
+	mf := mfs["kubelet_pleg_last_seen_seconds"]
+	if mf == nil || len(mf.GetMetric()) != 1 {
+		return time.Time{}, false
+	}
+	return time.Unix(int64(mf.GetMetric()[0].GetGauge().GetValue()), 0), true
 }
 
 // relistWindow is the kubelet's own relist duration histogram over a
@@ -354,7 +368,7 @@ func TestKubeletSideBySide(t *testing.T) {
 	k := startKubelet(t)
 	useEnv(t, k.Env())
 
-	const window = 8 * time.Second
+	const window = 6 * time.Second
 	without := harmWindow(t, k, "without", 3, window)
 	d := startDaemon(t, "pleg run")
 	d.waitStderr(t, "listening on", 10*time.Second)
@@ -481,21 +495,42 @@ func TestKubeletSideBySide(t *testing.T) {
 			restarts[c.Name] = c.RestartCount
 		}
 		before := len(s.d.log.all())
-		RestartContainerd(t)
-		// Both PLEGs relist again: the kubelet's relist count moves, and
-		// so does pleg's.
-		m0, err := k.Metrics()
-		if err != nil {
-			t.Fatal(err)
-		}
-		c0, _ := histogramTotals(m0, "kubelet_pleg_relist_duration_seconds")
-		eventually(t, 30*time.Second, "the kubelet relists after the restart", func() error {
-			m, err := k.Metrics()
+		// Down long enough for both PLEGs to fail a relist (each counts
+		// the failed list call in kubelet_runtime_operations_errors_total,
+		// which the metric identity check compares), then up again.
+		KillContainerd(t)
+		eventually(t, 15*time.Second, "both PLEGs count a failed runtime call", func() error {
+			km, err := k.Metrics()
 			if err != nil {
 				return err
 			}
-			if c, _ := histogramTotals(m, "kubelet_pleg_relist_duration_seconds"); c < c0+2 {
-				return fmt.Errorf("%d relists since", c-c0)
+			pm, err := s.plegMetrics()
+			if err != nil {
+				return err
+			}
+			for who, mfs := range map[string]map[string]*dto.MetricFamily{"kubelet": km, "pleg": pm} {
+				if mfs["kubelet_runtime_operations_errors_total"] == nil {
+					return fmt.Errorf("%s: no kubelet_runtime_operations_errors_total yet", who)
+				}
+			}
+			return nil
+		})
+		StartContainerd(t)
+		up := time.Now()
+		// Both PLEGs relist successfully again: their last-seen gauges
+		// (the start of the last successful relist) move past the restart.
+		eventually(t, 30*time.Second, "both PLEGs relist successfully after the restart", func() error {
+			for _, src := range []struct {
+				who string
+				get func() (map[string]*dto.MetricFamily, error)
+			}{{"kubelet", k.Metrics}, {"pleg", s.plegMetrics}} {
+				mfs, err := src.get()
+				if err != nil {
+					return err
+				}
+				if seen, ok := lastSeen(mfs); !ok || seen.Unix() < up.Unix() {
+					return fmt.Errorf("%s: PLEG last seen %v, containerd up again at %v", src.who, seen, up)
+				}
 			}
 			return nil
 		})
@@ -518,6 +553,19 @@ func TestKubeletSideBySide(t *testing.T) {
 		}
 	})
 
+	t.Run("metric identity", func(t *testing.T) {
+		km, err := k.Metrics()
+		if err != nil {
+			t.Fatal(err)
+		}
+		pm, err := s.plegMetrics()
+		if err != nil {
+			t.Fatal(err)
+		}
+		names := compareMetricFamilies(t, km, pm, "kubelet_pleg_", "kubelet_runtime_operations_")
+		t.Logf("%d families compared: %s", len(names), strings.Join(names, ", "))
+	})
+
 	t.Run("every kubelet event of the run", func(t *testing.T) {
 		var names []string
 		for n := range s.uids {
@@ -532,6 +580,12 @@ func TestKubeletSideBySide(t *testing.T) {
 		for _, n := range names {
 			k.WaitPodGone(t, n, 60*time.Second)
 		}
+		// Once nothing runs any more, two relists of the kubelet have
+		// seen every pod stop.
+		if err := k.waitPodsStopped(60 * time.Second); err != nil {
+			t.Fatal(err)
+		}
+		k.WaitRelists(t, 2, 30*time.Second)
 		s.latencies = s.latencies[:0]
 		n := s.checkEvents(t, names...)
 		p50, pmax, pmin := percentile(s.latencies, 50), slices.Max(s.latencies), slices.Min(s.latencies)
@@ -586,4 +640,127 @@ func harm(t testing.TB, without, with relistWindow) {
 	if bound := 2*maxStart(without) + 2*time.Second; maxStart(with) > bound {
 		t.Errorf("static pod start max with pleg %s > %s (2x without + 2s)", ms(maxStart(with)), ms(bound))
 	}
+}
+
+// stabilityRE matches the stability level the kubelet's metrics framework
+// (k8s.io/component-base/metrics) puts before the help of every metric
+// that is not stable: "[ALPHA] ", "[BETA] " (stable ones have
+// "[STABLE] " in some versions).
+var stabilityRE = regexp.MustCompile(`^\[(ALPHA|BETA|STABLE|INTERNAL)\] `)
+
+// compareMetricFamilies checks that every family whose name starts with
+// one of prefixes, in the kubelet's /metrics (kube) or pleg's (mine), is
+// in both with the same type, help, label names and histogram buckets.
+//
+// Help: the kubelet's help carries its stability level first ("[ALPHA]
+// Duration in seconds for relisting pods in PLEG."); pleg's has no such
+// level (it is the kubelet's framework's annotation, not part of the
+// metric's description), so the kubelet's help is compared with the
+// level removed, and the rest must be identical. Label values are not
+// compared (the kubelet makes runtime calls pleg never makes, and which
+// calls failed while containerd was down depends on timing), except that
+// every operation_type pleg reports must be one the kubelet counted in
+// kubelet_runtime_operations_total (same call, same name), apart from
+// get_container_events (the kubelet calls it only with the Evented PLEG,
+// off by default). It returns the names of the families
+// compared.
+func compareMetricFamilies(t testing.TB, kube, mine map[string]*dto.MetricFamily, prefixes ...string) []string {
+	t.Helper()
+	wanted := func(name string) bool {
+		for _, p := range prefixes {
+			if strings.HasPrefix(name, p) {
+				return true
+			}
+		}
+		return false
+	}
+	names := map[string]bool{}
+	for n := range kube {
+		if wanted(n) {
+			names[n] = true
+		}
+	}
+	for n := range mine {
+		if wanted(n) {
+			names[n] = true
+		}
+	}
+	// Every runtime call the kubelet made, by its name.
+	kubeOps := map[string]bool{}
+	if mf := kube["kubelet_runtime_operations_total"]; mf != nil {
+		kubeOps = labelValues(mf, "operation_type")
+	}
+	var compared []string
+	for _, n := range sortedKeys(names) {
+		k, m := kube[n], mine[n]
+		switch {
+		case k == nil:
+			t.Errorf("%s: in pleg's /metrics, not in the kubelet's", n)
+			continue
+		case m == nil:
+			t.Errorf("%s: in the kubelet's /metrics, not in pleg's", n)
+			continue
+		}
+		compared = append(compared, n)
+		if k.GetType() != m.GetType() {
+			t.Errorf("%s: type %s, the kubelet's %s", n, m.GetType(), k.GetType())
+		}
+		if kh := stabilityRE.ReplaceAllString(k.GetHelp(), ""); kh != m.GetHelp() {
+			t.Errorf("%s: help %q, the kubelet's %q (level removed: %q)", n, m.GetHelp(), k.GetHelp(), kh)
+		}
+		if kl, ml := labelNames(k), labelNames(m); !slices.Equal(kl, ml) {
+			t.Errorf("%s: labels %v, the kubelet's %v", n, ml, kl)
+		}
+		if k.GetType() == dto.MetricType_HISTOGRAM {
+			if kb, mb := bucketBounds(k), bucketBounds(m); !slices.Equal(kb, mb) {
+				t.Errorf("%s: buckets %v, the kubelet's %v", n, mb, kb)
+			}
+		}
+		for v := range labelValues(m, "operation_type") {
+			if !kubeOps[v] && v != "get_container_events" {
+				t.Errorf("%s: pleg reports operation_type=%q, which the kubelet (calling %v) does not", n, v, sortedKeys(kubeOps))
+			}
+		}
+	}
+	if len(compared) == 0 {
+		t.Errorf("no family with prefixes %v in either /metrics", prefixes)
+	}
+	return compared
+}
+
+// labelNames returns the sorted label names of a family's series.
+func labelNames(mf *dto.MetricFamily) []string {
+	set := map[string]bool{}
+	for _, m := range mf.GetMetric() {
+		for _, l := range m.GetLabel() {
+			set[l.GetName()] = true
+		}
+	}
+	return sortedKeys(set)
+}
+
+// labelValues returns the values label takes in a family.
+func labelValues(mf *dto.MetricFamily, label string) map[string]bool {
+	set := map[string]bool{}
+	for _, m := range mf.GetMetric() {
+		for _, l := range m.GetLabel() {
+			if l.GetName() == label {
+				set[l.GetValue()] = true
+			}
+		}
+	}
+	return set
+}
+
+// bucketBounds returns the upper bounds of a histogram family's buckets
+// (of its first series; every series of a family has the same).
+func bucketBounds(mf *dto.MetricFamily) []float64 {
+	if len(mf.GetMetric()) == 0 {
+		return nil
+	}
+	var out []float64
+	for _, b := range mf.GetMetric()[0].GetHistogram().GetBucket() {
+		out = append(out, b.GetUpperBound())
+	}
+	return out
 }

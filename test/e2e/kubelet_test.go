@@ -648,6 +648,28 @@ func histogramTotals(mfs map[string]*dto.MetricFamily, name string) (count uint6
 	return count, sum
 }
 
+// WaitRelists waits until the kubelet's PLEG has finished n more relists
+// (its kubelet_pleg_relist_duration_seconds count), so that what the
+// runtime shows now has been seen by a relist that started after it.
+func (k *kubelet) WaitRelists(t testing.TB, n uint64, timeout time.Duration) {
+	t.Helper()
+	m, err := k.Metrics()
+	if err != nil {
+		t.Fatalf("kubelet /metrics: %v", err)
+	}
+	c0, _ := histogramTotals(m, "kubelet_pleg_relist_duration_seconds")
+	eventually(t, timeout, fmt.Sprintf("%d relists of the kubelet", n), func() error {
+		m, err := k.Metrics()
+		if err != nil {
+			return err
+		}
+		if c, _ := histogramTotals(m, "kubelet_pleg_relist_duration_seconds"); c < c0+n {
+			return fmt.Errorf("%d so far", c-c0)
+		}
+		return nil
+	})
+}
+
 // ---------------------------------------------------------------------------
 // The kubelet's log.
 
