@@ -346,10 +346,12 @@ func harmWindow(t testing.TB, k *kubelet, label string, n int, min time.Duration
 // TestKubeletSideBySide runs pleg (`pleg run`, default settings: relist
 // every second and the runtime's event stream) beside the real kubelet on
 // the kubelet's containerd 2.2.9, and checks pleg against the kubelet's
-// own PLEG and pod view in five scenarios on the same kubelet: a crash
-// loop (a container exiting 3), a batch pod completing, a static pod
-// removed, a container killed from outside the kubelet, and containerd
-// restarted under both. In each: every event the kubelet's PLEG produced
+// own PLEG and pod view in five scenarios on the same kubelet: a batch
+// pod completing, a static pod removed, a container killed from outside
+// the kubelet, a crash loop (a container exiting 3; its pod is started
+// first, so that the kubelet's 10 s back-off passes during the others),
+// and containerd restarted (down until both PLEGs failed a relist) under
+// both. In each: every event the kubelet's PLEG produced
 // for the scenario's pods (its "SyncLoop (PLEG)" lines, and its
 // "GenericPLEG" transitions for ContainerRemoved and pods it no longer
 // knows), pleg delivered with the same pod, container and type; pleg's
@@ -377,22 +379,9 @@ func TestKubeletSideBySide(t *testing.T) {
 
 	s := &sideBySide{k: k, d: d, uids: map[string]string{}}
 
-	t.Run("crash loop", func(t *testing.T) {
-		name := k.AddPod(t, StaticPod{Name: "crash", Containers: []StaticContainer{{Name: "crasher", Args: []string{"exit", "3"}}}})
-		k.WaitPod(t, name, 60*time.Second, func(p kubePod) error {
-			c, ok := p.container("crasher")
-			if !ok || c.RestartCount < 1 || c.State.Waiting == nil || c.State.Waiting.Reason != "CrashLoopBackOff" ||
-				c.LastState.Terminated == nil || c.LastState.Terminated.ExitCode != 3 {
-				return fmt.Errorf("crasher not in CrashLoopBackOff after a restart with exit code 3: %+v", c)
-			}
-			return nil
-		})
-		n := s.checkEvents(t, name)
-		s.checkCache(t, name)
-		s.checkHealth(t)
-		diedWithCode(t, s, name, 3)
-		t.Logf("%d kubelet events delivered by pleg", n)
-	})
+	// The crash loop's pod first: the kubelet's back-off between its
+	// restarts (10 s) passes while the other scenarios run.
+	crash := k.AddPod(t, StaticPod{Name: "crash", Containers: []StaticContainer{{Name: "crasher", Args: []string{"exit", "3"}}}})
 
 	t.Run("batch completion", func(t *testing.T) {
 		name := k.AddPod(t, StaticPod{Name: "batch", RestartPolicy: "Never", Containers: []StaticContainer{{Name: "job", Args: []string{"sleep", "1s"}}}})
@@ -482,6 +471,23 @@ func TestKubeletSideBySide(t *testing.T) {
 		n := s.checkEvents(t, victim)
 		s.checkCache(t, victim)
 		s.checkHealth(t)
+		t.Logf("%d kubelet events delivered by pleg", n)
+	})
+
+	t.Run("crash loop", func(t *testing.T) {
+		name := crash
+		k.WaitPod(t, name, 60*time.Second, func(p kubePod) error {
+			c, ok := p.container("crasher")
+			if !ok || c.RestartCount < 1 || c.State.Waiting == nil || c.State.Waiting.Reason != "CrashLoopBackOff" ||
+				c.LastState.Terminated == nil || c.LastState.Terminated.ExitCode != 3 {
+				return fmt.Errorf("crasher not in CrashLoopBackOff after a restart with exit code 3: %+v", c)
+			}
+			return nil
+		})
+		n := s.checkEvents(t, name)
+		s.checkCache(t, name)
+		s.checkHealth(t)
+		diedWithCode(t, s, name, 3)
 		t.Logf("%d kubelet events delivered by pleg", n)
 	})
 
