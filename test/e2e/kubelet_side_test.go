@@ -398,7 +398,7 @@ func TestKubeletSideBySide(t *testing.T) {
 		n := s.checkEvents(t, name)
 		s.checkCache(t, name)
 		s.checkHealth(t)
-		diedWithCode(t, s, name, 0)
+		diedWithCode(t, s, name, "job", 0)
 		t.Logf("%d kubelet events delivered by pleg", n)
 	})
 
@@ -474,6 +474,7 @@ func TestKubeletSideBySide(t *testing.T) {
 		n := s.checkEvents(t, victim)
 		s.checkCache(t, victim)
 		s.checkHealth(t)
+		diedWithCode(t, s, victim, "app", 137)
 		t.Logf("%d kubelet events delivered by pleg", n)
 	})
 
@@ -490,7 +491,7 @@ func TestKubeletSideBySide(t *testing.T) {
 		n := s.checkEvents(t, name)
 		s.checkCache(t, name)
 		s.checkHealth(t)
-		diedWithCode(t, s, name, 3)
+		diedWithCode(t, s, name, "crasher", 3)
 		t.Logf("%d kubelet events delivered by pleg", n)
 	})
 
@@ -571,7 +572,8 @@ func TestKubeletSideBySide(t *testing.T) {
 		if err != nil {
 			t.Fatal(err)
 		}
-		names := compareMetricFamilies(t, km, pm, "kubelet_pleg_", "kubelet_runtime_operations_")
+		names := compareMetricFamilies(t, km, pm, "kubelet_pleg_", "kubelet_runtime_operations_",
+			"kubelet_evented_pleg_", "kubelet_running_pods", "kubelet_running_containers", "kubelet_node_name")
 		t.Logf("%d families compared: %s", len(names), strings.Join(names, ", "))
 	})
 
@@ -613,13 +615,15 @@ func removeIfPresent(k *kubelet, name string) (bool, error) {
 }
 
 // diedWithCode checks that pleg's ContainerDied events for pod name's
-// workload containers carry the exit code the kubelet reports.
-func diedWithCode(t testing.TB, s *sideBySide, name string, code int32) {
+// container cname carry the exit code the kubelet reports. (The event
+// stream does not say which IDs are sandboxes: the container's name
+// tells.)
+func diedWithCode(t testing.TB, s *sideBySide, name, cname string, code int32) {
 	t.Helper()
 	uid := s.podUID(t, name)
 	n := 0
 	for _, e := range s.d.log.all() {
-		if string(e.PodUID) != uid || e.Type != pleg.ContainerDied || e.Sandbox {
+		if string(e.PodUID) != uid || e.Type != pleg.ContainerDied || e.ContainerName != cname {
 			continue
 		}
 		if e.ExitCode == nil || *e.ExitCode != code {
