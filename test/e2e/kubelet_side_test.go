@@ -307,15 +307,15 @@ func (w relistWindow) mean() time.Duration {
 
 // harmWindow starts n static pods one after another (manifest written to
 // /pods showing it Running), removes them, and returns the kubelet's
-// relist duration histogram's count and sum over a window of at least
-// min, with the start times.
-func harmWindow(t testing.TB, k *kubelet, label string, n int, min time.Duration) relistWindow {
+// relist duration histogram's count and sum over a window that lasts
+// until the kubelet has relisted at least relists times, with the start
+// times.
+func harmWindow(t testing.TB, k *kubelet, label string, n int, relists uint64) relistWindow {
 	t.Helper()
 	before, err := k.Metrics()
 	if err != nil {
 		t.Fatal(err)
 	}
-	start := time.Now()
 	var w relistWindow
 	var names []string
 	for i := range n {
@@ -330,14 +330,18 @@ func harmWindow(t testing.TB, k *kubelet, label string, n int, min time.Duration
 		k.RemoveManifest(t, m)
 		k.WaitPodGone(t, m+"-"+kubeletNode, 60*time.Second)
 	}
-	if d := time.Since(start); d < min {
-		time.Sleep(min - d) // a fixed observation window, not a wait for a condition
-	}
-	after, err := k.Metrics()
-	if err != nil {
-		t.Fatal(err)
-	}
 	c0, s0 := histogramTotals(before, "kubelet_pleg_relist_duration_seconds")
+	var after map[string]*dto.MetricFamily
+	eventually(t, time.Minute, fmt.Sprintf("%d relists of the kubelet in the window", relists), func() error {
+		var err error
+		if after, err = k.Metrics(); err != nil {
+			return err
+		}
+		if c, _ := histogramTotals(after, "kubelet_pleg_relist_duration_seconds"); c < c0+relists {
+			return fmt.Errorf("%d so far", c-c0)
+		}
+		return nil
+	})
 	c1, s1 := histogramTotals(after, "kubelet_pleg_relist_duration_seconds")
 	w.count, w.sum = c1-c0, s1-s0
 	return w
@@ -370,7 +374,7 @@ func TestKubeletSideBySide(t *testing.T) {
 	k := startKubelet(t)
 	useEnv(t, k.Env())
 
-	const window = 6 * time.Second
+	const window = 6 // relists
 	without := harmWindow(t, k, "without", 3, window)
 	d := startDaemon(t, "pleg run")
 	d.waitStderr(t, "listening on", 10*time.Second)

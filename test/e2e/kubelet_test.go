@@ -813,6 +813,9 @@ func (k *kubelet) stop(t testing.TB) {
 	if t.Failed() && k.logPath != "" {
 		t.Logf("kubelet log (%s), last lines:\n%s", k.logPath, k.logTail(60))
 	}
+	if k.cmd != nil && k.cmd.Process != nil && k.exited() {
+		t.Errorf("the kubelet exited during the test: %v\n%s", k.exitErr(), k.logTail(40))
+	}
 	if k.cmd != nil && k.cmd.Process != nil && !k.exited() {
 		ents, _ := os.ReadDir(k.manifests)
 		for _, e := range ents {
