@@ -428,6 +428,16 @@ func (k *kubelet) AddPod(t testing.TB, p StaticPod) string {
 	return p.Name + "-" + kubeletNode
 }
 
+// ImportImage imports an OCI archive into the kubelet's containerd and
+// waits until CRI sees each of refs (static pods then use them with
+// imagePullPolicy: Never).
+func (k *kubelet) ImportImage(t testing.TB, archive string, refs ...string) {
+	t.Helper()
+	if err := k.env.importArchive(archive, refs...); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // AddManifest writes a static pod manifest (YAML or JSON) named name into
 // the static pod directory, atomically (the kubelet never reads half a
 // file).
