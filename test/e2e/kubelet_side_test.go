@@ -364,11 +364,12 @@ func harmWindow(t testing.TB, k *kubelet, label string, n int, relists uint64) r
 // timestamps; same clock) is reported as a MEASURE line.
 //
 // Before the scenarios, it measures whether pleg harms the kubelet: the
-// kubelet's own kubelet_pleg_relist_duration_seconds over a window and the
-// start times of three static pods, without pleg and then with it, in the
-// same run. The bounds asserted are generous (they catch real harm, not
-// noise): relist mean with pleg < 2x without + 50 ms, pod start max with
-// pleg < 2x without + 2 s.
+// kubelet's own kubelet_pleg_relist_duration_seconds over a window of at
+// least 6 of its relists and the start times of three static pods in it,
+// without pleg and then with it, in the same run. The bounds asserted are
+// generous (they catch real harm, not noise; the other suites running
+// meanwhile move the relist mean by tens of ms): relist mean with pleg <
+// 2x without + 100 ms, pod start max with pleg < 2x without + 2 s.
 func TestKubeletSideBySide(t *testing.T) {
 	PlegBinary(t) // into the suite's dir, which outlives this test's env
 	k := startKubelet(t)
@@ -651,8 +652,8 @@ func harm(t testing.TB, without, with relistWindow) {
 	if without.count == 0 || with.count == 0 {
 		t.Fatalf("the kubelet relisted %d and %d times in the windows", without.count, with.count)
 	}
-	if bound := 2*without.mean() + 50*time.Millisecond; with.mean() > bound {
-		t.Errorf("the kubelet's relist mean with pleg %s > %s (2x without + 50ms)", ms(with.mean()), ms(bound))
+	if bound := 2*without.mean() + 100*time.Millisecond; with.mean() > bound {
+		t.Errorf("the kubelet's relist mean with pleg %s > %s (2x without + 100ms)", ms(with.mean()), ms(bound))
 	}
 	if bound := 2*maxStart(without) + 2*time.Second; maxStart(with) > bound {
 		t.Errorf("static pod start max with pleg %s > %s (2x without + 2s)", ms(maxStart(with)), ms(bound))
