@@ -4,6 +4,7 @@ import (
 	"context"
 	"fmt"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"strconv"
 	"strings"
@@ -230,10 +231,42 @@ func (e *env) waitCRI(timeout time.Duration) error {
 	return fmt.Errorf("CRI on %s did not answer within %v: %v", e.sock, timeout, lastErr)
 }
 
-// importImages imports the OCI archive with ctr into the CRI namespace,
-// unpacked for the CRI snapshotter, and checks that CRI sees both images.
+// importImages imports the suite's OCI archive (pause and workload
+// images) into e's containerd.
 func (e *env) importImages() error {
 	return e.importArchive(e.imageArchive, pauseImage, workloadImage)
+}
+
+// importArchive imports an OCI archive with ctr into the CRI namespace,
+// unpacked for the CRI snapshotter, and waits until CRI sees every image
+// of refs.
+func (e *env) importArchive(archive string, refs ...string) error {
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, filepath.Join(e.binDir, "ctr"), "-n", criNamespace, "-a", e.sock,
+		"images", "import", "--snapshotter", e.snapshotter, archive)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("ctr images import %s: %v\n%s", archive, err, out)
+	}
+	// The CRI image store learns about imported images asynchronously, from
+	// containerd's image events: poll.
+	deadline := time.Now().Add(15 * time.Second)
+	for _, img := range refs {
+		for {
+			resp, err := e.cri.img.ImageStatus(ctx, &runtimeapi.ImageStatusRequest{Image: &runtimeapi.ImageSpec{Image: img}})
+			if err != nil {
+				return fmt.Errorf("CRI ImageStatus %s: %w", img, err)
+			}
+			if resp.Image != nil {
+				break
+			}
+			if time.Now().After(deadline) {
+				return fmt.Errorf("image %s not visible through CRI 15s after the import", img)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+	return nil
 }
 
 // KillContainerd SIGKILLs containerd and waits until it is gone. Shims and

@@ -68,9 +68,7 @@ func TestDaemonSetOnKubelet(t *testing.T) {
 	// /readyz is the node Ready condition, which needs the runtime's
 	// network ready, as on any node.
 	k.enablePodNetwork(t)
-	if err := k.env.importArchive(img.archive, plegImageName); err != nil {
-		t.Fatal(err)
-	}
+	k.ImportImage(t, img.archive, plegImageName)
 	pod, err := ds.staticPod(plegImageName, k.env.sock)
 	if err != nil {
 		t.Fatal(err)

@@ -428,6 +428,16 @@ func (k *kubelet) AddPod(t testing.TB, p StaticPod) string {
 	return p.Name + "-" + kubeletNode
 }
 
+// ImportImage imports an OCI archive into the kubelet's containerd and
+// waits until CRI sees each of refs (static pods then use them with
+// imagePullPolicy: Never).
+func (k *kubelet) ImportImage(t testing.TB, archive string, refs ...string) {
+	t.Helper()
+	if err := k.env.importArchive(archive, refs...); err != nil {
+		t.Fatal(err)
+	}
+}
+
 // AddManifest writes a static pod manifest (YAML or JSON) named name into
 // the static pod directory, atomically (the kubelet never reads half a
 // file).
@@ -648,6 +658,28 @@ func histogramTotals(mfs map[string]*dto.MetricFamily, name string) (count uint6
 	return count, sum
 }
 
+// WaitRelists waits until the kubelet's PLEG has finished n more relists
+// (its kubelet_pleg_relist_duration_seconds count), so that what the
+// runtime shows now has been seen by a relist that started after it.
+func (k *kubelet) WaitRelists(t testing.TB, n uint64, timeout time.Duration) {
+	t.Helper()
+	m, err := k.Metrics()
+	if err != nil {
+		t.Fatalf("kubelet /metrics: %v", err)
+	}
+	c0, _ := histogramTotals(m, "kubelet_pleg_relist_duration_seconds")
+	eventually(t, timeout, fmt.Sprintf("%d relists of the kubelet", n), func() error {
+		m, err := k.Metrics()
+		if err != nil {
+			return err
+		}
+		if c, _ := histogramTotals(m, "kubelet_pleg_relist_duration_seconds"); c < c0+n {
+			return fmt.Errorf("%d so far", c-c0)
+		}
+		return nil
+	})
+}
+
 // ---------------------------------------------------------------------------
 // The kubelet's log.
 
@@ -790,6 +822,9 @@ func (k *kubelet) stop(t testing.TB) {
 	start := time.Now()
 	if t.Failed() && k.logPath != "" {
 		t.Logf("kubelet log (%s), last lines:\n%s", k.logPath, k.logTail(60))
+	}
+	if k.cmd != nil && k.cmd.Process != nil && k.exited() {
+		t.Errorf("the kubelet exited during the test: %v\n%s", k.exitErr(), k.logTail(40))
 	}
 	if k.cmd != nil && k.cmd.Process != nil && !k.exited() {
 		ents, _ := os.ReadDir(k.manifests)

@@ -23,7 +23,6 @@ import (
 	"time"
 
 	"github.com/podlifecycle/pleg/test/e2e/images/ocilayout"
-	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 )
 
 // plegImageName is the reference the DaemonSet test runs; the manifest's
@@ -390,37 +389,6 @@ func mustBeStatic(path string) error {
 	for _, p := range f.Progs {
 		if p.Type == elf.PT_INTERP {
 			return fmt.Errorf("%s is dynamically linked", path)
-		}
-	}
-	return nil
-}
-
-// importArchive imports an OCI archive into this containerd's CRI
-// namespace and waits until CRI sees each of images.
-func (e *env) importArchive(archive string, images ...string) error {
-	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, filepath.Join(e.binDir, "ctr"), "-n", criNamespace, "-a", e.sock,
-		"images", "import", "--snapshotter", e.snapshotter, archive)
-	if out, err := cmd.CombinedOutput(); err != nil {
-		return fmt.Errorf("ctr images import %s: %v\n%s", archive, err, out)
-	}
-	// The CRI image store learns about imported images asynchronously, from
-	// containerd's image events: poll.
-	for _, img := range images {
-		for {
-			resp, err := e.cri.img.ImageStatus(ctx, &runtimeapi.ImageStatusRequest{Image: &runtimeapi.ImageSpec{Image: img}})
-			if err != nil {
-				return fmt.Errorf("CRI ImageStatus %s: %w", img, err)
-			}
-			if resp.Image != nil {
-				break
-			}
-			select {
-			case <-ctx.Done():
-				return fmt.Errorf("image %s not visible through CRI after the import: %w", img, ctx.Err())
-			case <-time.After(20 * time.Millisecond):
-			}
 		}
 	}
 	return nil
