@@ -38,24 +38,14 @@ const npdPatchPath = "deploy/npd/node-problem-detector-patch.yaml"
 
 // k8sContainer is the part of a manifest's container these tests read.
 type k8sContainer struct {
-	Name            string   `yaml:"name"`
-	Image           string   `yaml:"image"`
-	ImagePullPolicy string   `yaml:"imagePullPolicy"`
-	Command         []string `yaml:"command"`
-	Args            []string `yaml:"args"`
-	Env             []struct {
-		Name string `yaml:"name"`
-	} `yaml:"env"`
-	Ports []struct {
-		Name          string `yaml:"name"`
-		ContainerPort int    `yaml:"containerPort"`
-		HostPort      int    `yaml:"hostPort"`
-	} `yaml:"ports"`
+	Name            string    `yaml:"name"`
+	Image           string    `yaml:"image"`
+	Command         []string  `yaml:"command"`
+	Args            []string  `yaml:"args"`
 	LivenessProbe   *k8sProbe `yaml:"livenessProbe"`
 	ReadinessProbe  *k8sProbe `yaml:"readinessProbe"`
 	SecurityContext struct {
-		RunAsUser    *int64 `yaml:"runAsUser"`
-		RunAsNonRoot *bool  `yaml:"runAsNonRoot"`
+		RunAsUser *int64 `yaml:"runAsUser"`
 	} `yaml:"securityContext"`
 	VolumeMounts []struct {
 		Name      string `yaml:"name"`
@@ -65,11 +55,8 @@ type k8sContainer struct {
 
 type k8sProbe struct {
 	HTTPGet struct {
-		Path string    `yaml:"path"`
-		Port yaml.Node `yaml:"port"` // a number or a port name
+		Path string `yaml:"path"`
 	} `yaml:"httpGet"`
-	PeriodSeconds       int `yaml:"periodSeconds"`
-	InitialDelaySeconds int `yaml:"initialDelaySeconds"`
 }
 
 // k8sPodSpec is the part of a pod spec these tests read.
@@ -317,6 +304,8 @@ func TestPlegImageDrift(t *testing.T) {
 		t.Fatal(err)
 	}
 	c := ds.container()
+
+	t.Logf("the image's base: %s (deploy/Dockerfile: %s)", img.busybox, r.base)
 
 	// The image containerd imported says what the Dockerfile says.
 	if err := suite.importArchive(img.archive, plegImageName); err != nil {

@@ -206,10 +206,9 @@ func shellWords(s string) ([]string, error) {
 // plegImage is the image built from deploy/Dockerfile's recipe.
 type plegImage struct {
 	recipe  dockerRecipe
-	archive string // OCI layout archive with plegImageName
-	binary  string // the binary that is in the image, on the host
-	busybox string // the base's busybox version line
-	applets []string
+	archive string          // OCI layout archive with plegImageName
+	binary  string          // the binary that is in the image, on the host
+	busybox string          // the base's busybox version line
 	paths   map[string]bool // every file and link in the image
 }
 
@@ -339,7 +338,7 @@ func buildPlegImage(r dockerRecipe, binary, dir string) (*plegImage, error) {
 	if err != nil {
 		return nil, fmt.Errorf("busybox --list: %w", err)
 	}
-	img.applets = strings.Fields(string(out))
+	applets := strings.Fields(string(out))
 	// busybox with no arguments prints its version first and exits 1.
 	out, _ = exec.CommandContext(ctx, busyboxPath).Output()
 	img.busybox, _, _ = strings.Cut(string(out), "\n")
@@ -349,7 +348,7 @@ func buildPlegImage(r dockerRecipe, binary, dir string) (*plegImage, error) {
 		{Path: "/etc/group", Mode: 0o644, Data: []byte("root:x:0:\nnobody:x:65534:\n")},
 		{Path: r.binPath, Mode: 0o755, Data: bin},
 	}
-	for _, a := range img.applets {
+	for _, a := range applets {
 		if a != "busybox" {
 			files = append(files, ocilayout.File{Path: "/bin/" + a, Link: "busybox"})
 		}
