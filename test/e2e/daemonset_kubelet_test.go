@@ -104,6 +104,17 @@ func TestDaemonSetOnKubelet(t *testing.T) {
 	})
 	t.Logf("the DaemonSet's pod was ready %v after its manifest was written", time.Since(start).Round(100*time.Millisecond))
 
+	// node-problem-detector's plugin, as the patch runs it, beside the
+	// DaemonSet's pod: checked at the end, after the probes' wait.
+	npd, err := npdStaticPod(suite.repoRoot, plegImageName)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if manifest, err = json.MarshalIndent(npd, "", "  "); err != nil {
+		t.Fatal(err)
+	}
+	k.AddManifest(t, "npd", manifest)
+
 	// 2. pleg inside it reports the static pods (itself included) with
 	// the kubelet's pod UIDs, names and container IDs, running.
 	eventually(t, 30*time.Second, "pleg's pod API reports the static pods as the kubelet does", func() error {
@@ -190,6 +201,119 @@ func TestDaemonSetOnKubelet(t *testing.T) {
 		t.Errorf("after its probes ran, the kubelet reports %s: %+v, Ready %v", plegPod, cs, p.ready())
 	}
 	t.Logf("the kubelet's probes of the DaemonSet's pod: %v, %v after its manifest was written", counts, time.Since(start).Round(100*time.Millisecond))
+
+	// 5. The NPD pod: its init container copied the binary out of the
+	// image, and the plugin's command, run from the copy, found pleg
+	// healthy on the node's loopback (exit 0 in NPD's plugin protocol).
+	k.WaitPod(t, "npd-"+kubeletNode, 30*time.Second, func(p kubePod) error {
+		cs, ok := p.container("plugin")
+		if !ok || cs.State.Terminated == nil {
+			return fmt.Errorf("phase %q, plugin container %+v", p.Status.Phase, cs)
+		}
+		if cs.State.Terminated.ExitCode != 0 || p.Status.Phase != "Succeeded" {
+			t.Fatalf("NPD's plugin command exited %d (%s), pod phase %q: %s said the node's PLEG is not healthy, or could not run",
+				cs.State.Terminated.ExitCode, cs.State.Terminated.Reason, p.Status.Phase, npdPluginPath)
+		}
+		return nil
+	})
+}
+
+// npdPluginPath is node-problem-detector's plugin config for pleg.
+const npdPluginPath = "deploy/npd/pleg-plugin-monitor.json"
+
+// npdStaticPod is node-problem-detector's patch as a static pod that runs
+// the plugin's rule once, as NPD would: the patch's pod spec (host
+// network, the init container that copies pleg out of its image into the
+// pleg-bin emptyDir), with these changes:
+//
+//  1. the init container's image: the local one, imagePullPolicy Never;
+//  2. NPD's container (NPD is not available here) becomes a container
+//     "plugin" of the same image that runs the rule of
+//     deploy/npd/pleg-plugin-monitor.json (its path and args) from the
+//     copied binary, with the patch's pleg-bin mount;
+//  3. the ConfigMap volume and its mount are left out: static pods may not
+//     reference ConfigMaps (the plugin's config is read here instead);
+//  4. restartPolicy Never: the rule runs once.
+func npdStaticPod(repoRoot, image string) (map[string]any, error) {
+	maps, _, err := manifestDocs[struct{}](filepath.Join(repoRoot, npdPatchPath))
+	if err != nil {
+		return nil, err
+	}
+	if len(maps) != 1 {
+		return nil, fmt.Errorf("%s: %d documents", npdPatchPath, len(maps))
+	}
+	spec, err := dig[map[string]any](maps[0], "spec", "template", "spec")
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", npdPatchPath, err)
+	}
+	spec = deepCopy(spec).(map[string]any)
+	inits, err := dig[[]any](spec, "initContainers")
+	if err != nil || len(inits) != 1 {
+		return nil, fmt.Errorf("%s: init containers %v: %v", npdPatchPath, inits, err)
+	}
+	ic := inits[0].(map[string]any)
+	ic["image"], ic["imagePullPolicy"] = image, "Never"
+
+	ctrs, err := dig[[]any](spec, "containers")
+	if err != nil || len(ctrs) != 1 {
+		return nil, fmt.Errorf("%s: containers %v: %v", npdPatchPath, ctrs, err)
+	}
+	var mounts []any
+	binVolume := map[string]bool{}
+	if ms, ok := ctrs[0].(map[string]any)["volumeMounts"].([]any); ok {
+		vols, _ := spec["volumes"].([]any)
+		for _, v := range vols {
+			if vm := v.(map[string]any); vm["emptyDir"] != nil {
+				binVolume[fmt.Sprint(vm["name"])] = true
+			}
+		}
+		for _, m := range ms {
+			if binVolume[fmt.Sprint(m.(map[string]any)["name"])] {
+				mounts = append(mounts, m)
+			}
+		}
+		var keep []any
+		for _, v := range vols {
+			if binVolume[fmt.Sprint(v.(map[string]any)["name"])] {
+				keep = append(keep, v)
+			}
+		}
+		spec["volumes"] = keep
+	}
+	if len(mounts) == 0 {
+		return nil, fmt.Errorf("%s: NPD's container mounts no emptyDir for the binary", npdPatchPath)
+	}
+
+	b, err := os.ReadFile(filepath.Join(repoRoot, npdPluginPath))
+	if err != nil {
+		return nil, err
+	}
+	var plugin struct {
+		Rules []struct {
+			Path string   `json:"path"`
+			Args []string `json:"args"`
+		} `json:"rules"`
+	}
+	if err := json.Unmarshal(b, &plugin); err != nil {
+		return nil, fmt.Errorf("%s: %w", npdPluginPath, err)
+	}
+	if len(plugin.Rules) != 1 {
+		return nil, fmt.Errorf("%s: %d rules, want the one that runs pleg", npdPluginPath, len(plugin.Rules))
+	}
+	rule := plugin.Rules[0]
+	cmd := []any{rule.Path}
+	for _, a := range rule.Args {
+		cmd = append(cmd, a)
+	}
+	spec["containers"] = []any{map[string]any{
+		"name": "plugin", "image": image, "imagePullPolicy": "Never", "command": cmd, "volumeMounts": mounts,
+	}}
+	spec["restartPolicy"] = "Never"
+	return map[string]any{
+		"apiVersion": "v1", "kind": "Pod",
+		"metadata": map[string]any{"name": "npd", "namespace": "kube-system"},
+		"spec":     spec,
+	}, nil
 }
 
 // probeCounts sums the kubelet's prober_probe_total (its /metrics/probes)
