@@ -207,6 +207,9 @@ func TestDaemonSetOnKubelet(t *testing.T) {
 	// healthy on the node's loopback (exit 0 in NPD's plugin protocol).
 	k.WaitPod(t, "npd-"+kubeletNode, 30*time.Second, func(p kubePod) error {
 		cs, ok := p.container("plugin")
+		if p.Status.Phase == "Failed" && (!ok || cs.State.Terminated == nil) {
+			t.Fatalf("NPD's pod failed before its plugin container ran (did its init container copy %s?): %+v", c.Command, p.Status)
+		}
 		if !ok || cs.State.Terminated == nil {
 			return fmt.Errorf("phase %q, plugin container %+v", p.Status.Phase, cs)
 		}
