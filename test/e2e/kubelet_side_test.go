@@ -463,7 +463,12 @@ func TestKubeletSideBySide(t *testing.T) {
 		// runtime (the kubelet removes its containers, later its sandbox)
 		// is all stopped, and pleg's cache shows exactly that.
 		eventually(t, 15*time.Second, "pleg's cache shows what is left of "+name+" in the runtime, stopped", func() error {
-			truth := truthPod(t, uid)
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			truth, err := runtimePodView(ctx, k.env.cri.rt, uid)
+			if err != nil {
+				return err
+			}
 			pv, ok, err := s.d.cachedPod(uid)
 			if err != nil {
 				return err
