@@ -158,7 +158,15 @@ func (s *sideBySide) checkEvents(t testing.TB, names ...string) int {
 	}
 	for _, w := range want {
 		p, _ := s.plegEvent(w.key)
-		s.latencies = append(s.latencies, p.Time.Sub(w.at))
+		d := p.Time.Sub(w.at)
+		s.latencies = append(s.latencies, d)
+		if d > 0 {
+			basis := "its GenericPLEG line"
+			if w.delivered {
+				basis = "its SyncLoop line"
+			}
+			t.Logf("pleg delivered %s %s after the kubelet (%s)", w.key, ms(d), basis)
+		}
 	}
 	return len(want)
 }
