@@ -939,8 +939,9 @@ func sortedKeys[V any](m map[string]V) []string {
 }
 
 // TestKubeletStaticPod runs the real kubelet with one static pod: /pods
-// shows it Running with its container running, and the kubelet's PLEG
-// logged the sandbox and the container starting.
+// shows it Running with its container running, /healthz is ok, the
+// kubelet read the pod from its static pod directory ("SyncLoop ADD"
+// source="file") and its PLEG logged the container starting.
 func TestKubeletStaticPod(t *testing.T) {
 	k := startKubelet(t)
 	name := k.AddPod(t, StaticPod{Name: "hello", Containers: []StaticContainer{{Name: "app", Args: []string{"run"}}}})
@@ -949,6 +950,10 @@ func TestKubeletStaticPod(t *testing.T) {
 	if !ok || c.State.Running == nil || !strings.HasPrefix(c.ContainerID, "containerd://") {
 		t.Fatalf("container app: %+v", c)
 	}
+	if code, body := k.Healthz(t); code != http.StatusOK || body != "ok" {
+		t.Errorf("kubelet /healthz: %d %q", code, body)
+	}
+	k.WaitLog(t, `"SyncLoop ADD" source="file" pods=["`+kubeletNamespace+"/"+name+`"]`, 10*time.Second)
 	id := runtimeID(c.ContainerID)
 	eventually(t, 10*time.Second, "kubelet PLEG: ContainerStarted for app", func() error {
 		for _, l := range k.PLEGLines() {
