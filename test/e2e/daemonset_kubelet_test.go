@@ -254,7 +254,10 @@ func npdStaticPod(repoRoot, image string) (map[string]any, error) {
 	if err != nil || len(inits) != 1 {
 		return nil, fmt.Errorf("%s: init containers %v: %v", npdPatchPath, inits, err)
 	}
-	ic := inits[0].(map[string]any)
+	ic, ok := inits[0].(map[string]any)
+	if !ok {
+		return nil, fmt.Errorf("%s: the init container is a %T", npdPatchPath, inits[0])
+	}
 	ic["image"], ic["imagePullPolicy"] = image, "Never"
 
 	ctrs, err := dig[[]any](spec, "containers")
@@ -263,21 +266,22 @@ func npdStaticPod(repoRoot, image string) (map[string]any, error) {
 	}
 	var mounts []any
 	binVolume := map[string]bool{}
-	if ms, ok := ctrs[0].(map[string]any)["volumeMounts"].([]any); ok {
+	npdCtr, _ := ctrs[0].(map[string]any)
+	if ms, ok := npdCtr["volumeMounts"].([]any); ok {
 		vols, _ := spec["volumes"].([]any)
 		for _, v := range vols {
-			if vm := v.(map[string]any); vm["emptyDir"] != nil {
+			if vm, _ := v.(map[string]any); vm["emptyDir"] != nil {
 				binVolume[fmt.Sprint(vm["name"])] = true
 			}
 		}
 		for _, m := range ms {
-			if binVolume[fmt.Sprint(m.(map[string]any)["name"])] {
+			if mm, _ := m.(map[string]any); binVolume[fmt.Sprint(mm["name"])] {
 				mounts = append(mounts, m)
 			}
 		}
 		var keep []any
 		for _, v := range vols {
-			if binVolume[fmt.Sprint(v.(map[string]any)["name"])] {
+			if vm, _ := v.(map[string]any); binVolume[fmt.Sprint(vm["name"])] {
 				keep = append(keep, v)
 			}
 		}

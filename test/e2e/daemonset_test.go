@@ -170,17 +170,19 @@ func (ds *daemonSet) staticPod(image, criSocket string) (map[string]any, error) 
 	if err != nil {
 		return nil, err
 	}
-	pod := map[string]any{"apiVersion": "v1", "kind": "Pod", "metadata": deepCopy(meta), "spec": deepCopy(spec)}
-	pm := pod["metadata"].(map[string]any)
+	pm, ps := deepCopy(meta).(map[string]any), deepCopy(spec).(map[string]any)
+	pod := map[string]any{"apiVersion": "v1", "kind": "Pod", "metadata": pm, "spec": ps}
 	pm["name"], pm["namespace"] = ds.name, ds.ns
-	ps := pod["spec"].(map[string]any)
 	delete(ps, "serviceAccountName")
 
 	containers, err := dig[[]any](ps, "containers")
 	if err != nil {
 		return nil, err
 	}
-	c := containers[0].(map[string]any)
+	c, ok := containers[0].(map[string]any)
+	if !ok {
+		return nil, fmt.Errorf("%s: the container is a %T", manifestPath, containers[0])
+	}
 	c["image"] = image
 	c["imagePullPolicy"] = "Never"
 
@@ -200,7 +202,7 @@ func (ds *daemonSet) staticPod(image, criSocket string) (map[string]any, error) 
 	}
 	found := false
 	for _, v := range vols {
-		vm := v.(map[string]any)
+		vm, _ := v.(map[string]any)
 		if vm["name"] != volName {
 			continue
 		}
