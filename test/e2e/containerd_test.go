@@ -231,20 +231,27 @@ func (e *env) waitCRI(timeout time.Duration) error {
 	return fmt.Errorf("CRI on %s did not answer within %v: %v", e.sock, timeout, lastErr)
 }
 
-// importImages imports the OCI archive with ctr into the CRI namespace,
-// unpacked for the CRI snapshotter, and checks that CRI sees both images.
+// importImages imports the suite's OCI archive (pause and workload
+// images) into e's containerd.
 func (e *env) importImages() error {
+	return e.importArchive(e.imageArchive, pauseImage, workloadImage)
+}
+
+// importArchive imports an OCI archive with ctr into the CRI namespace,
+// unpacked for the CRI snapshotter, and waits until CRI sees every image
+// of refs.
+func (e *env) importArchive(archive string, refs ...string) error {
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, filepath.Join(e.binDir, "ctr"), "-n", criNamespace, "-a", e.sock,
-		"images", "import", "--snapshotter", e.snapshotter, e.imageArchive)
+		"images", "import", "--snapshotter", e.snapshotter, archive)
 	if out, err := cmd.CombinedOutput(); err != nil {
-		return fmt.Errorf("ctr images import: %v\n%s", err, out)
+		return fmt.Errorf("ctr images import %s: %v\n%s", archive, err, out)
 	}
 	// The CRI image store learns about imported images asynchronously, from
 	// containerd's image events: poll.
 	deadline := time.Now().Add(15 * time.Second)
-	for _, img := range []string{pauseImage, workloadImage} {
+	for _, img := range refs {
 		for {
 			resp, err := e.cri.img.ImageStatus(ctx, &runtimeapi.ImageStatusRequest{Image: &runtimeapi.ImageSpec{Image: img}})
 			if err != nil {

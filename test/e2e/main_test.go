@@ -53,6 +53,11 @@ var suite *env
 // started by TestMain.
 var runtimes []*env
 
+// baseEnv holds what every env of this run shares (repository, cache,
+// image archive, runc), for tests that start an env of their own
+// (startKubelet).
+var baseEnv *env
+
 // env describes one private containerd the tests talk to.
 type env struct {
 	version      string // e.g. "2.2.9"
@@ -61,6 +66,7 @@ type env struct {
 	binDir       string // containerd, containerd-shim-runc-v2, ctr of this version
 	imageArchive string // OCI layout tar with both images
 	runcPath     string
+	kubeletBin   string // the kubelet built by test/kubelet/build.sh
 
 	dir          string // private temp root; everything below is ours
 	sock         string // containerd gRPC (and CRI) socket
@@ -72,6 +78,8 @@ type env struct {
 
 	sup *supervisorClient
 	cri *criClient
+
+	kubelet *kubelet // the kubelet running on this containerd, if any (startKubelet)
 
 	teardownOnce sync.Once
 	teardownErr  error
@@ -220,10 +228,14 @@ func setup() ([]*env, error) {
 	if err := base.provision(versions); err != nil {
 		return nil, err
 	}
+	if err := base.provisionKubelet(); err != nil {
+		return nil, err
+	}
 	if base.runcPath, err = lookRunc(); err != nil {
 		return nil, err
 	}
 	sweepStale()
+	baseEnv = &base
 
 	envs := make([]*env, len(versions))
 	errs := make([]error, len(versions))
@@ -460,6 +472,11 @@ func (e *env) checkClean() error {
 	for _, cg := range cgroupDirs(e.cgroupParent) {
 		if fileExists(cg) {
 			errs = append(errs, fmt.Errorf("cgroup %s still exists", cg))
+		}
+	}
+	if e.kubelet != nil {
+		if err := e.kubelet.checkHostPaths(); err != nil {
+			errs = append(errs, err)
 		}
 	}
 	return errors.Join(errs...)

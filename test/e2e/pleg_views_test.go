@@ -23,9 +23,7 @@ import (
 	"fmt"
 	"io"
 	"net/http"
-	"os"
 	"os/exec"
-	"path/filepath"
 	"regexp"
 	goruntime "runtime"
 	"slices"
@@ -38,6 +36,8 @@ import (
 
 	"github.com/go-logr/logr/funcr"
 	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 	"k8s.io/apimachinery/pkg/types"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
@@ -49,42 +49,7 @@ import (
 // ---------------------------------------------------------------------------
 // The pleg binary.
 
-var plegBin struct {
-	once sync.Once
-	path string
-	err  error
-}
-
-// PlegBinary builds ./cmd/pleg once per suite run into <suite dir>/bin/pleg
-// (plain build, no -race, like a user's binary) and returns its path.
-func PlegBinary(t testing.TB) string {
-	t.Helper()
-	plegBin.once.Do(func() {
-		start := time.Now()
-		dir := filepath.Join(SuiteDir(), "bin")
-		if err := os.MkdirAll(dir, 0o755); err != nil {
-			plegBin.err = err
-			return
-		}
-		goBin := filepath.Join(goRoot(), "bin", "go")
-		if !fileExists(goBin) {
-			goBin = "go"
-		}
-		p := filepath.Join(dir, "pleg")
-		cmd := exec.Command(goBin, "build", "-o", p, "./cmd/pleg")
-		cmd.Dir = suite.repoRoot
-		if out, err := cmd.CombinedOutput(); err != nil {
-			plegBin.err = fmt.Errorf("go build ./cmd/pleg: %v\n%s", err, out)
-			return
-		}
-		plegBin.path = p
-		logf("built %s in %v", p, time.Since(start).Round(time.Millisecond))
-	})
-	if plegBin.err != nil {
-		t.Fatal(plegBin.err)
-	}
-	return plegBin.path
-}
+// PlegBinary (plegimage_test.go) builds it as deploy/Dockerfile does.
 
 // ---------------------------------------------------------------------------
 // Event logs.
@@ -346,15 +311,26 @@ func criContainerState(s runtimeapi.ContainerState) string {
 // and status calls of the harness's own client).
 func truthPod(t testing.TB, uid string) podView {
 	t.Helper()
-	ctx := criCtx(t)
-	sel := map[string]string{labelPodUID: uid}
-	sbs, err := RuntimeClient().ListPodSandbox(ctx, &runtimeapi.ListPodSandboxRequest{Filter: &runtimeapi.PodSandboxFilter{LabelSelector: sel}})
+	v, err := runtimePodView(criCtx(t), RuntimeClient(), uid)
 	if err != nil {
-		t.Fatalf("ListPodSandbox: %v", err)
+		t.Fatal(err)
 	}
-	ctrs, err := RuntimeClient().ListContainers(ctx, &runtimeapi.ListContainersRequest{Filter: &runtimeapi.ContainerFilter{LabelSelector: sel}})
+	return v
+}
+
+// runtimePodView is pod uid as the runtime rt reports it (list calls
+// filtered to the pod, a status call per container). A container removed
+// between the list and its status call is left out: the view is what the
+// runtime has once the call returns.
+func runtimePodView(ctx context.Context, rt runtimeapi.RuntimeServiceClient, uid string) (podView, error) {
+	sel := map[string]string{labelPodUID: uid}
+	sbs, err := rt.ListPodSandbox(ctx, &runtimeapi.ListPodSandboxRequest{Filter: &runtimeapi.PodSandboxFilter{LabelSelector: sel}})
 	if err != nil {
-		t.Fatalf("ListContainers: %v", err)
+		return podView{}, fmt.Errorf("ListPodSandbox: %w", err)
+	}
+	ctrs, err := rt.ListContainers(ctx, &runtimeapi.ListContainersRequest{Filter: &runtimeapi.ContainerFilter{LabelSelector: sel}})
+	if err != nil {
+		return podView{}, fmt.Errorf("ListContainers: %w", err)
 	}
 	v := podView{Sandboxes: map[string]string{}, Containers: map[string]ctrView{}}
 	for _, s := range sbs.Items {
@@ -366,7 +342,14 @@ func truthPod(t testing.TB, uid string) podView {
 		v.Sandboxes[s.Id] = st
 	}
 	for _, c := range ctrs.Containers {
-		st := ContainerStatus(t, c.Id)
+		resp, err := rt.ContainerStatus(ctx, &runtimeapi.ContainerStatusRequest{ContainerId: c.Id})
+		if status.Code(err) == codes.NotFound {
+			continue
+		}
+		if err != nil {
+			return podView{}, fmt.Errorf("ContainerStatus %s: %w", c.Id, err)
+		}
+		st := resp.Status
 		cv := ctrView{Name: st.Metadata.Name, Attempt: st.Metadata.Attempt, State: criContainerState(st.State)}
 		if st.State == runtimeapi.ContainerState_CONTAINER_EXITED {
 			code := st.ExitCode
@@ -374,7 +357,7 @@ func truthPod(t testing.TB, uid string) podView {
 		}
 		v.Containers[c.Id] = cv
 	}
-	return v
+	return v, nil
 }
 
 // podCache is a view that keeps a pod status cache.

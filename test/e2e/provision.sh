@@ -5,6 +5,9 @@
 #
 #   1. runc, from Debian, if not installed (through test/apt-install.sh,
 #      which serializes with the other suites' installs).
+#   1b. busybox, from Debian's busybox-static, if /bin/busybox is missing:
+#      the base of the pleg image the DaemonSet test builds from
+#      deploy/Dockerfile (plegimage_test.go).
 #   2. containerd, containerd-shim-runc-v2 and ctr for each version in
 #      $PLEG_E2E_RUNTIMES (default: 1.6.20 1.7.35 2.2.9) in
 #      $PLEG_E2E_CACHE/containerd-<version>/bin (default cache
@@ -69,6 +72,14 @@ if [[ -z $runc_path ]]; then
 	[[ -n $runc_path ]] || fail "runc still not found after installing Debian's package runc"
 fi
 say "runc: $runc_path ($("$runc_path" --version | head -n1))"
+
+# --- 1b. busybox: the pleg image's base -------------------------------------
+if [[ ! -x /bin/busybox ]]; then
+	say "/bin/busybox not found; installing Debian's busybox-static"
+	bash "$repo_root/test/apt-install.sh" busybox-static || fail "installing busybox-static failed"
+	[[ -x /bin/busybox ]] || fail "/bin/busybox still not found after installing Debian's busybox-static"
+fi
+say "busybox: $(/bin/busybox 2>&1 | head -n1 || true)"
 
 # --- 2. containerd, one build per version ------------------------------------
 # $PLEG_E2E_RUNTIMES: space- or comma-separated versions to provision

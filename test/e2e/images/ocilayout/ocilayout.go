@@ -48,11 +48,13 @@ const (
 // field, so archives are reproducible.
 var epoch = time.Date(2024, 1, 1, 0, 0, 0, 0, time.UTC)
 
-// File is one regular file placed in the (single) image layer.
+// File is one regular file, or a symbolic link when Link is set, placed in
+// the (single) image layer.
 type File struct {
 	Path string // absolute path inside the image, e.g. /workload
 	Mode int64  // permission bits, e.g. 0o755
 	Data []byte
+	Link string // symlink target (Mode and Data unused), e.g. busybox
 }
 
 // Image is one named image; all images of an archive share the same layer.
@@ -61,6 +63,7 @@ type Image struct {
 	Entrypoint []string // config Entrypoint
 	Cmd        []string // config Cmd
 	Env        []string // config Env
+	User       string   // config User; empty runs as root
 }
 
 // Options describes an archive.
@@ -107,6 +110,7 @@ type imageConfig struct {
 }
 
 type runConfig struct {
+	User       string   `json:"User,omitempty"`
 	Env        []string `json:"Env,omitempty"`
 	Entrypoint []string `json:"Entrypoint,omitempty"`
 	Cmd        []string `json:"Cmd,omitempty"`
@@ -175,6 +179,7 @@ func Write(w io.Writer, opts Options) error {
 			Architecture: opts.Architecture,
 			OS:           opts.OS,
 			Config: runConfig{
+				User:       img.User,
 				Env:        env,
 				Entrypoint: img.Entrypoint,
 				Cmd:        img.Cmd,
@@ -269,7 +274,16 @@ func layerTar(files []File) ([]byte, error) {
 		}
 	}
 	for _, f := range files {
-		if err := writeFile(tw, strings.TrimPrefix(f.Path, "/"), f.Mode, f.Data); err != nil {
+		name := strings.TrimPrefix(f.Path, "/")
+		if f.Link != "" {
+			if err := tw.WriteHeader(&tar.Header{
+				Typeflag: tar.TypeSymlink, Name: name, Linkname: f.Link, Mode: 0o777, ModTime: epoch,
+			}); err != nil {
+				return nil, err
+			}
+			continue
+		}
+		if err := writeFile(tw, name, f.Mode, f.Data); err != nil {
 			return nil, err
 		}
 	}

@@ -10,6 +10,7 @@
 //	run           same as pause, but meant for workload containers
 //	sleep <dur>   sleep for a Go duration (e.g. 2s), then exit 0; SIGTERM/SIGINT exit 0 early
 //	exit <code>   exit immediately with the given code
+//	exit <code> <dur>  run for a Go duration (SIGTERM/SIGINT end it early), then exit with the code
 //
 // With no argument it behaves as pause. Each mode prints one line to stdout
 // when it starts, so container logs show something.
@@ -51,12 +52,21 @@ func run(args []string) int {
 		fmt.Printf("workload: sleep %s pid=%d\n", d, os.Getpid())
 		return waitSignal(time.After(d))
 	case "exit":
-		if len(args) != 2 {
-			return usage("exit needs a code")
+		if len(args) != 2 && len(args) != 3 {
+			return usage("exit needs a code (and optionally a delay)")
 		}
 		code, err := strconv.Atoi(args[1])
 		if err != nil || code < 0 || code > 255 {
 			return usage("exit code must be 0..255")
+		}
+		if len(args) == 3 {
+			d, err := time.ParseDuration(args[2])
+			if err != nil {
+				return usage(err.Error())
+			}
+			fmt.Printf("workload: exit %d after %s pid=%d\n", code, d, os.Getpid())
+			waitSignal(time.After(d))
+			return code
 		}
 		fmt.Printf("workload: exit %d\n", code)
 		return code

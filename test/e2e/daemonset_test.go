@@ -1,0 +1,566 @@
+package e2e
+
+// The DaemonSet of deploy/kubernetes/pleg.yaml, run for real: its pod
+// template becomes a static pod of the real kubelet (kubelet_test.go's
+// harness), on the image deploy/Dockerfile describes (plegimage_test.go).
+// TestPlegImageDrift fails when the manifest, the Dockerfile and that image
+// drift apart; TestDaemonSetOnKubelet runs the pod.
+
+import (
+	"bytes"
+	"context"
+	"debug/buildinfo"
+	"debug/elf"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	goruntime "runtime"
+	"slices"
+	"strconv"
+	"strings"
+	"testing"
+	"time"
+
+	"go.yaml.in/yaml/v3"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+)
+
+// manifestPath is the DaemonSet manifest, relative to the repository.
+const manifestPath = "deploy/kubernetes/pleg.yaml"
+
+// npdPatchPath is node-problem-detector's patch, whose init container
+// copies the binary out of the same image.
+const npdPatchPath = "deploy/npd/node-problem-detector-patch.yaml"
+
+// k8sContainer is the part of a manifest's container these tests read.
+type k8sContainer struct {
+	Name            string    `yaml:"name"`
+	Image           string    `yaml:"image"`
+	Command         []string  `yaml:"command"`
+	Args            []string  `yaml:"args"`
+	LivenessProbe   *k8sProbe `yaml:"livenessProbe"`
+	ReadinessProbe  *k8sProbe `yaml:"readinessProbe"`
+	SecurityContext struct {
+		RunAsUser *int64 `yaml:"runAsUser"`
+	} `yaml:"securityContext"`
+	VolumeMounts []struct {
+		Name      string `yaml:"name"`
+		MountPath string `yaml:"mountPath"`
+	} `yaml:"volumeMounts"`
+}
+
+type k8sProbe struct {
+	HTTPGet struct {
+		Path string `yaml:"path"`
+	} `yaml:"httpGet"`
+}
+
+// k8sPodSpec is the part of a pod spec these tests read.
+type k8sPodSpec struct {
+	HostNetwork    bool           `yaml:"hostNetwork"`
+	InitContainers []k8sContainer `yaml:"initContainers"`
+	Containers     []k8sContainer `yaml:"containers"`
+	Volumes        []struct {
+		Name     string `yaml:"name"`
+		HostPath *struct {
+			Path string `yaml:"path"`
+		} `yaml:"hostPath"`
+	} `yaml:"volumes"`
+}
+
+// manifestDocs decodes every document of a YAML file, twice: as generic
+// maps (to copy them whole) and through typed, the reader's struct.
+func manifestDocs[T any](path string) ([]map[string]any, []T, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, nil, err
+	}
+	var maps []map[string]any
+	var typed []T
+	for dec, dec2 := yaml.NewDecoder(bytes.NewReader(b)), yaml.NewDecoder(bytes.NewReader(b)); ; {
+		var m map[string]any
+		var v T
+		err := dec.Decode(&m)
+		if errors.Is(err, io.EOF) {
+			return maps, typed, nil
+		}
+		if err != nil {
+			return nil, nil, fmt.Errorf("%s: %w", path, err)
+		}
+		if err := dec2.Decode(&v); err != nil {
+			return nil, nil, fmt.Errorf("%s: %w", path, err)
+		}
+		maps, typed = append(maps, m), append(typed, v)
+	}
+}
+
+// daemonSet is the manifest's DaemonSet: the generic document and what the
+// tests read of it.
+type daemonSet struct {
+	doc  map[string]any
+	name string
+	ns   string
+	spec k8sPodSpec
+}
+
+func loadDaemonSet(repoRoot string) (*daemonSet, error) {
+	type doc struct {
+		Kind     string `yaml:"kind"`
+		Metadata struct {
+			Name      string `yaml:"name"`
+			Namespace string `yaml:"namespace"`
+		} `yaml:"metadata"`
+		Spec struct {
+			Template struct {
+				Spec k8sPodSpec `yaml:"spec"`
+			} `yaml:"template"`
+		} `yaml:"spec"`
+	}
+	maps, docs, err := manifestDocs[doc](filepath.Join(repoRoot, manifestPath))
+	if err != nil {
+		return nil, err
+	}
+	for i, d := range docs {
+		if d.Kind != "DaemonSet" {
+			continue
+		}
+		if n := len(d.Spec.Template.Spec.Containers); n != 1 {
+			return nil, fmt.Errorf("%s: the DaemonSet has %d containers, these tests know one", manifestPath, n)
+		}
+		return &daemonSet{doc: maps[i], name: d.Metadata.Name, ns: d.Metadata.Namespace, spec: d.Spec.Template.Spec}, nil
+	}
+	return nil, fmt.Errorf("%s: no DaemonSet", manifestPath)
+}
+
+func (ds *daemonSet) container() k8sContainer { return ds.spec.Containers[0] }
+
+// staticPod turns the DaemonSet's pod template into a static pod for a
+// standalone kubelet, changing only what must change:
+//
+//  1. apiVersion v1, kind Pod, metadata.name and namespace taken from the
+//     DaemonSet's (a DaemonSet names its pods itself), labels and
+//     annotations from the template;
+//  2. the container's image: the one built from deploy/Dockerfile and
+//     imported into the kubelet's containerd (the manifest's pleg:latest
+//     is a placeholder the user replaces);
+//  3. imagePullPolicy Never: there is no registry to pull from;
+//  4. the hostPath of the volume mounted at the runtime endpoint's socket:
+//     the kubelet's containerd socket (the container still sees it at the
+//     manifest's mountPath, so the flags are unchanged);
+//  5. no serviceAccountName: the kubelet refuses static pods that name an
+//     API object ("static pods may not reference serviceaccounts"); pleg
+//     never uses it (automountServiceAccountToken: false stays).
+//
+// Everything else — command, args, env, ports, probes, resources,
+// securityContext, priority class, tolerations — is the manifest's.
+func (ds *daemonSet) staticPod(image, criSocket string) (map[string]any, error) {
+	tmpl, err := dig[map[string]any](ds.doc, "spec", "template")
+	if err != nil {
+		return nil, err
+	}
+	meta, err := dig[map[string]any](tmpl, "metadata")
+	if err != nil {
+		return nil, err
+	}
+	spec, err := dig[map[string]any](tmpl, "spec")
+	if err != nil {
+		return nil, err
+	}
+	pm, ps := deepCopy(meta).(map[string]any), deepCopy(spec).(map[string]any)
+	pod := map[string]any{"apiVersion": "v1", "kind": "Pod", "metadata": pm, "spec": ps}
+	pm["name"], pm["namespace"] = ds.name, ds.ns
+	delete(ps, "serviceAccountName")
+
+	containers, err := dig[[]any](ps, "containers")
+	if err != nil {
+		return nil, err
+	}
+	c, ok := containers[0].(map[string]any)
+	if !ok {
+		return nil, fmt.Errorf("%s: the container is a %T", manifestPath, containers[0])
+	}
+	c["image"] = image
+	c["imagePullPolicy"] = "Never"
+
+	sock, err := ds.runtimeSocket()
+	if err != nil {
+		return nil, err
+	}
+	var volName string
+	for _, m := range ds.container().VolumeMounts {
+		if m.MountPath == sock {
+			volName = m.Name
+		}
+	}
+	vols, err := dig[[]any](ps, "volumes")
+	if err != nil {
+		return nil, err
+	}
+	found := false
+	for _, v := range vols {
+		vm, _ := v.(map[string]any)
+		if vm["name"] != volName {
+			continue
+		}
+		hp, err := dig[map[string]any](vm, "hostPath")
+		if err != nil {
+			return nil, fmt.Errorf("volume %s: %w", volName, err)
+		}
+		hp["path"] = criSocket
+		found = true
+	}
+	if !found {
+		return nil, fmt.Errorf("%s: no hostPath volume mounted at the runtime socket %s", manifestPath, sock)
+	}
+	return pod, nil
+}
+
+// runtimeSocket is the socket path of the container's
+// --container-runtime-endpoint.
+func (ds *daemonSet) runtimeSocket() (string, error) {
+	ep, ok := flagArg(ds.container().Args, "container-runtime-endpoint")
+	if !ok || !strings.HasPrefix(ep, "unix://") {
+		return "", fmt.Errorf("%s: no unix:// --container-runtime-endpoint in %v", manifestPath, ds.container().Args)
+	}
+	return strings.TrimPrefix(ep, "unix://"), nil
+}
+
+// flagArg finds --name=value or --name value in args.
+func flagArg(args []string, name string) (string, bool) {
+	for i, a := range args {
+		if v, ok := strings.CutPrefix(a, "--"+name+"="); ok {
+			return v, true
+		}
+		if a == "--"+name && i+1 < len(args) {
+			return args[i+1], true
+		}
+	}
+	return "", false
+}
+
+// dig walks nested maps by key and returns the value as a T.
+func dig[T any](v any, keys ...string) (T, error) {
+	var zero T
+	for i, k := range keys {
+		m, ok := v.(map[string]any)
+		if !ok {
+			return zero, fmt.Errorf("%s is not a map", strings.Join(keys[:i], "."))
+		}
+		if v, ok = m[k]; !ok {
+			return zero, fmt.Errorf("no %s", strings.Join(keys[:i+1], "."))
+		}
+	}
+	t, ok := v.(T)
+	if !ok {
+		return zero, fmt.Errorf("%s is a %T", strings.Join(keys, "."), v)
+	}
+	return t, nil
+}
+
+// deepCopy copies decoded YAML (maps, lists and scalars).
+func deepCopy(v any) any {
+	switch v := v.(type) {
+	case map[string]any:
+		out := make(map[string]any, len(v))
+		for k, x := range v {
+			out[k] = deepCopy(x)
+		}
+		return out
+	case []any:
+		out := make([]any, len(v))
+		for i, x := range v {
+			out[i] = deepCopy(x)
+		}
+		return out
+	default:
+		return v
+	}
+}
+
+// expandEnvRefs replaces $(NAME) as the kubelet does in a container's
+// command and args, from vars.
+func expandEnvRefs(args []string, vars map[string]string) []string {
+	out := make([]string, len(args))
+	for i, a := range args {
+		for k, v := range vars {
+			a = strings.ReplaceAll(a, "$("+k+")", v)
+		}
+		out[i] = a
+	}
+	return out
+}
+
+// TestPlegImageDrift fails when deploy/kubernetes/pleg.yaml,
+// deploy/Dockerfile and the image built from the Dockerfile's recipe stop
+// fitting each other. It runs the image's binary on the host (it is
+// static) and reads the image back from containerd.
+func TestPlegImageDrift(t *testing.T) {
+	img := PlegImage(t)
+	r := img.recipe
+	ds, err := loadDaemonSet(suite.repoRoot)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := ds.container()
+
+	t.Logf("the image's base: %s (deploy/Dockerfile: %s)", img.busybox, r.base)
+
+	// The image containerd imported says what the Dockerfile says.
+	if err := suite.importArchive(img.archive, plegImageName); err != nil {
+		t.Fatal(err)
+	}
+	cfg := importedImageConfig(t, plegImageName)
+	if !slices.Equal(cfg.Entrypoint, r.entrypoint) || !slices.Equal(cfg.Cmd, r.cmd) || cfg.User != r.user {
+		t.Errorf("the imported image runs %q %q as user %q; deploy/Dockerfile says ENTRYPOINT %q CMD %q USER %q",
+			cfg.Entrypoint, cfg.Cmd, cfg.User, r.entrypoint, r.cmd, r.user)
+	}
+
+	// The manifest runs the binary the image has, as the image's user.
+	cmd := c.Command
+	if len(cmd) == 0 {
+		cmd = r.entrypoint
+	}
+	if len(cmd) != 1 || cmd[0] != r.binPath {
+		t.Errorf("%s runs %q; the Dockerfile puts the binary at %s", manifestPath, cmd, r.binPath)
+	}
+	if !slices.Equal(r.entrypoint, []string{r.binPath}) {
+		t.Errorf("the Dockerfile's ENTRYPOINT %q is not the binary it copies, %s", r.entrypoint, r.binPath)
+	}
+	uid, err := imageUID(r.user)
+	if err != nil {
+		t.Error(err)
+	} else if su := c.SecurityContext.RunAsUser; su == nil || *su != uid {
+		t.Errorf("%s: runAsUser %v; the image runs as uid %d (USER %q), the uid that may use the CRI socket",
+			manifestPath, ptrString(su), uid, r.user)
+	}
+
+	// The binary: built as the Dockerfile says, static (the base has no
+	// libc), and it accepts the manifest's command line.
+	checkBuildInfo(t, img)
+	if err := mustBeStatic(img.binary); err != nil {
+		t.Errorf("the image's binary: %v: it cannot run on %s", err, r.base)
+	}
+	args := expandEnvRefs(c.Args, map[string]string{"NODE_NAME": "node-a"})
+	// cobra parses every flag (names and values) before it looks at
+	// --help: exit 0 means the binary accepts the whole command line.
+	out, err := runBinary(img.binary, append(args, "--help")...)
+	if err != nil {
+		t.Errorf("the image's binary refuses %s's command line %q: %v\n%s", manifestPath, args, err, out)
+	}
+
+	// The binary reports the version of this checkout.
+	checkVersion(t, img.binary)
+
+	// node-problem-detector's init container copies the binary out of the
+	// same image with the base's tools.
+	checkNPDInitContainer(t, img, c.Image)
+}
+
+// importedImageConfig reads an image's config as containerd's CRI plugin
+// reports it (ImageStatus, verbose).
+func importedImageConfig(t testing.TB, ref string) (cfg struct {
+	User       string   `json:"User"`
+	Entrypoint []string `json:"Entrypoint"`
+	Cmd        []string `json:"Cmd"`
+}) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	resp, err := suite.cri.img.ImageStatus(ctx, &runtimeapi.ImageStatusRequest{Image: &runtimeapi.ImageSpec{Image: ref}, Verbose: true})
+	if err != nil || resp.Image == nil {
+		t.Fatalf("CRI ImageStatus %s: %v (image %v)", ref, err, resp.GetImage())
+	}
+	var info struct {
+		ImageSpec struct {
+			Config json.RawMessage `json:"config"`
+		} `json:"imageSpec"`
+	}
+	if err := json.Unmarshal([]byte(resp.Info["info"]), &info); err != nil {
+		t.Fatalf("CRI ImageStatus %s: verbose info: %v\n%s", ref, err, resp.Info["info"])
+	}
+	if err := json.Unmarshal(info.ImageSpec.Config, &cfg); err != nil {
+		t.Fatalf("CRI ImageStatus %s: image config: %v\n%s", ref, err, info.ImageSpec.Config)
+	}
+	return cfg
+}
+
+// imageUID resolves a Dockerfile USER with the base's /etc/passwd (root
+// and nobody, as busybox's).
+func imageUID(user string) (int64, error) {
+	name, _, _ := strings.Cut(user, ":")
+	switch name {
+	case "", "root":
+		return 0, nil
+	case "nobody":
+		return 65534, nil
+	}
+	if n, err := strconv.ParseInt(name, 10, 64); err == nil {
+		return n, nil
+	}
+	return 0, fmt.Errorf("deploy/Dockerfile: USER %q is not in the base's /etc/passwd", user)
+}
+
+func ptrString[T any](p *T) string {
+	if p == nil {
+		return "unset"
+	}
+	return fmt.Sprint(*p)
+}
+
+// runBinary runs a program with a bound and returns its combined output.
+func runBinary(path string, args ...string) ([]byte, error) {
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	return exec.CommandContext(ctx, path, args...).CombinedOutput()
+}
+
+// checkBuildInfo compares what the Go toolchain stamped into the image's
+// binary with the Dockerfile's go build line.
+func checkBuildInfo(t *testing.T, img *plegImage) {
+	t.Helper()
+	r := img.recipe
+	bi, err := buildinfo.ReadFile(img.binary)
+	if err != nil {
+		t.Errorf("the image's binary has no Go build information: %v", err)
+		return
+	}
+	if want := "github.com/podlifecycle/pleg/cmd/pleg"; bi.Path != want {
+		t.Errorf("the image's binary is %s (the Dockerfile builds %s), want %s", bi.Path, r.pkg, want)
+	}
+	settings := map[string]string{}
+	for _, s := range bi.Settings {
+		settings[s.Key] = s.Value
+	}
+	want := map[string]string{"CGO_ENABLED": "1", "-trimpath": ""}
+	var ldflags []string
+	for _, e := range r.goEnv {
+		if k, v, _ := strings.Cut(e, "="); k == "CGO_ENABLED" {
+			want[k] = v
+		}
+	}
+	for _, f := range r.goFlags {
+		switch k, v, _ := strings.Cut(f, "="); k {
+		case "-trimpath":
+			want[k] = "true"
+		case "-ldflags":
+			ldflags = strings.Fields(v)
+		}
+	}
+	for k, v := range want {
+		if settings[k] != v {
+			t.Errorf("the image's binary was built with %s=%q, the Dockerfile's build says %q", k, settings[k], v)
+		}
+	}
+	// Go leaves -ldflags out of the build information under -trimpath:
+	// look at their effect, the symbol table (-s) and DWARF (-w).
+	f, err := elf.Open(img.binary)
+	if err != nil {
+		t.Errorf("the image's binary: %v", err)
+		return
+	}
+	defer f.Close()
+	strip := slices.Contains(ldflags, "-s")
+	noDWARF := strip || slices.Contains(ldflags, "-w")
+	if has := f.Section(".symtab") != nil; has == strip {
+		t.Errorf("the image's binary has a symbol table: %v; the Dockerfile's -ldflags %q", has, ldflags)
+	}
+	if has := f.Section(".debug_info") != nil || f.Section(".zdebug_info") != nil; has == noDWARF {
+		t.Errorf("the image's binary has DWARF: %v; the Dockerfile's -ldflags %q", has, ldflags)
+	}
+}
+
+// checkVersion checks that `pleg version` of the image's binary names the
+// commit this checkout is at. The Go toolchain stamps it only in a git
+// clone (CI's, the fresh-machine script's); a git worktree gets no stamp,
+// and then the line must say "(devel)".
+func checkVersion(t *testing.T, binary string) {
+	t.Helper()
+	out, err := runBinary(binary, "version")
+	if err != nil {
+		t.Errorf("pleg version: %v\n%s", err, out)
+		return
+	}
+	line := strings.TrimSpace(string(out))
+	platform := goruntime.Version() + " " + goruntime.GOOS + "/" + goruntime.GOARCH
+	if !strings.HasPrefix(line, "pleg ") || !strings.HasSuffix(line, platform+")") {
+		t.Errorf("pleg version: %q, want \"pleg VERSION (..., %s)\"", line, platform)
+	}
+	if st, err := os.Stat(filepath.Join(suite.repoRoot, ".git")); err != nil || !st.IsDir() {
+		if !strings.HasPrefix(line, "pleg (devel) (") {
+			t.Errorf("pleg version: %q; this checkout is no git clone, so Go stamps no version", line)
+		}
+		t.Logf("pleg version: %q (this checkout is no git clone: the commit is not checked here)", line)
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	head, err := exec.CommandContext(ctx, "git", "-C", suite.repoRoot, "rev-parse", "HEAD").Output()
+	if err != nil {
+		t.Fatalf("git rev-parse HEAD: %v", err)
+	}
+	// Whether the tree had local changes is left out: a file another
+	// suite writes meanwhile would change it.
+	want := "(commit " + strings.TrimSpace(string(head))
+	if !strings.Contains(line, want+", ") && !strings.Contains(line, want+" with local changes, ") {
+		t.Errorf("pleg version: %q, want it to name the checkout's %q", line, want[1:])
+	}
+	t.Logf("pleg version: %s", line)
+}
+
+// checkNPDInitContainer checks node-problem-detector's patch against the
+// image: its init container uses the DaemonSet's image, its command is a
+// program of the image, and the paths it copies from are the image's.
+func checkNPDInitContainer(t *testing.T, img *plegImage, image string) {
+	t.Helper()
+	type patch struct {
+		Spec struct {
+			Template struct {
+				Spec k8sPodSpec `yaml:"spec"`
+			} `yaml:"template"`
+		} `yaml:"spec"`
+	}
+	_, docs, err := manifestDocs[patch](filepath.Join(suite.repoRoot, npdPatchPath))
+	if err != nil || len(docs) != 1 {
+		t.Fatalf("%s: %v (%d documents)", npdPatchPath, err, len(docs))
+	}
+	inits := docs[0].Spec.Template.Spec.InitContainers
+	if len(inits) != 1 {
+		t.Fatalf("%s: %d init containers, want the one that copies pleg", npdPatchPath, len(inits))
+	}
+	ic := inits[0]
+	if ic.Image != image {
+		t.Errorf("%s: the init container's image %q is not the DaemonSet's %q", npdPatchPath, ic.Image, image)
+	}
+	words := append(append([]string{}, ic.Command...), ic.Args...)
+	if len(words) == 0 {
+		t.Fatalf("%s: the init container has no command", npdPatchPath)
+	}
+	prog := words[0]
+	if !strings.HasPrefix(prog, "/") {
+		prog = "/bin/" + prog // the image's PATH: busybox's applets are in /bin
+	}
+	if !img.has(prog) {
+		t.Errorf("%s: the init container runs %q, which the image lacks", npdPatchPath, words[0])
+	}
+	for _, w := range words[1:] {
+		if !strings.HasPrefix(w, "/") || underMount(w, ic) {
+			continue
+		}
+		if !img.has(w) {
+			t.Errorf("%s: the init container reads %s, which the image lacks", npdPatchPath, w)
+		}
+	}
+}
+
+func underMount(path string, c k8sContainer) bool {
+	for _, m := range c.VolumeMounts {
+		if path == m.MountPath || strings.HasPrefix(path, strings.TrimSuffix(m.MountPath, "/")+"/") {
+			return true
+		}
+	}
+	return false
+}
