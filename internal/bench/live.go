@@ -31,7 +31,7 @@ import (
 //
 // The kubelet has no single-pod relists (its PLEG ignores runtime events
 // unless the Evented PLEG feature is on, and that one relists no pod on its
-// own), so these scenarios have no serial baseline.
+// own), so these scenarios have no kubelet baseline.
 
 // healthEvery is how often a live run calls Healthy (and reads the recent
 // relists, which the generator keeps 300 of).
@@ -227,7 +227,7 @@ func runLive(ctx context.Context, o Options, sc Scenario) (_ *LiveResult, err er
 	}
 	defer client.Close()
 	pr := &liveProbe{Runtime: client}
-	alg := plegAlgorithm(sc, o.MaxParallelInspections)
+	alg := plegColumn(sc, o.MaxParallelInspections)
 	g, err := pleg.New(pleg.Options{
 		Runtime:                pr,
 		EventSource:            client,

@@ -37,6 +37,7 @@ import (
 	"time"
 
 	cadvisorapi "github.com/google/cadvisor/info/v1"
+	dto "github.com/prometheus/client_model/go"
 	"go.opentelemetry.io/otel/trace/noop"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
 	"k8s.io/apimachinery/pkg/types"
@@ -90,10 +91,6 @@ func newRelister(ctx context.Context, endpoint string, timeout time.Duration, ro
 	if err != nil {
 		return nil, fmt.Errorf("runtime service: %w", err)
 	}
-	is, err := remote.NewRemoteImageService(ctx, endpoint, timeout, tp, false)
-	if err != nil {
-		return nil, fmt.Errorf("image service: %w", err)
-	}
 	cmgr := cm.NewStubContainerManager() // container manager: only its internal lifecycle hooks are kept; a relist never calls them
 	rt, _, err := kuberuntime.NewKubeGenericRuntimeManager(
 		ctx,
@@ -111,10 +108,13 @@ func newRelister(ctx context.Context, endpoint string, timeout time.Duration, ro
 		nil, // lifecycle HTTP client: used by container hooks only
 		flowcontrol.NewBackOff(10*time.Second, 300*time.Second), // image pull back-off
 		true, nil, 5, 10, // image pulls: serialized, no parallel limit, QPS, burst
-		"", nil, "", "", // image pull credential verification and credential providers: off
+		// Image pull credential verification: the kubelet's default policy;
+		// no credential provider plugins.
+		"NeverVerifyPreloadedImages", nil, "", "",
 		nil,                                                     // singleProcessOOMKill: read when creating containers
 		true, metav1.Duration{Duration: 100 * time.Millisecond}, // CPU CFS quota settings: container creation only
-		rs, is,
+		rs,
+		nil, // image service: image pulls and image GC only (the simulated runtime has none)
 		cmgr,
 		nil,       // container log manager: log rotation, not a relist
 		nil,       // runtime class manager: sandbox creation only
@@ -171,10 +171,13 @@ type result struct {
 	Calls      map[string]float64 `json:"calls"`
 	Events     int                `json:"events"`
 	Discarded  float64            `json:"discardedEvents"`
+	// ListFailed says a list call of the relist failed (GenericPLEG.Relist
+	// then logs and returns).
+	ListFailed bool `json:"listFailed"`
 }
 
 func (r *relister) relist() (*result, error) {
-	calls0, disc0, err := counters()
+	calls0, errs0, disc0, err := counters()
 	if err != nil {
 		return nil, err
 	}
@@ -195,7 +198,7 @@ func (r *relister) relist() (*result, error) {
 	// The marker queues behind every event of this relist.
 	r.events <- nil
 	n := <-r.counts
-	calls1, disc1, err := counters()
+	calls1, errs1, disc1, err := counters()
 	if err != nil {
 		return nil, err
 	}
@@ -203,6 +206,7 @@ func (r *relister) relist() (*result, error) {
 		WallNs: int64(wall), CPUNs: int64(c1 - c0),
 		Mallocs: m1.Mallocs - m0.Mallocs, AllocBytes: m1.TotalAlloc - m0.TotalAlloc,
 		Calls: map[string]float64{}, Events: n, Discarded: disc1 - disc0,
+		ListFailed: errs1["list_podsandbox"] > errs0["list_podsandbox"] || errs1["list_containers"] > errs0["list_containers"],
 	}
 	for op, v := range calls1 {
 		if d := v - calls0[op]; d > 0 {
@@ -212,32 +216,37 @@ func (r *relister) relist() (*result, error) {
 	return res, nil
 }
 
-// counters reads the kubelet's runtime operation counters by operation
-// type, and its discarded PLEG event counter, from its registry.
-func counters() (map[string]float64, float64, error) {
+// counters reads the kubelet's runtime operation and operation error
+// counters by operation type, and its discarded PLEG event counter, from
+// its registry.
+func counters() (ops, errs map[string]float64, discarded float64, err error) {
 	mfs, err := legacyregistry.DefaultGatherer.Gather()
 	if err != nil {
-		return nil, 0, fmt.Errorf("gathering the kubelet's metrics: %w", err)
+		return nil, nil, 0, fmt.Errorf("gathering the kubelet's metrics: %w", err)
 	}
-	ops := map[string]float64{}
-	var discarded float64
+	ops, errs = map[string]float64{}, map[string]float64{}
+	byOp := func(into map[string]float64, mf *dto.MetricFamily) {
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "operation_type" {
+					into[l.GetValue()] += m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
 	for _, mf := range mfs {
 		switch mf.GetName() {
 		case "kubelet_runtime_operations_total":
-			for _, m := range mf.GetMetric() {
-				for _, l := range m.GetLabel() {
-					if l.GetName() == "operation_type" {
-						ops[l.GetValue()] += m.GetCounter().GetValue()
-					}
-				}
-			}
+			byOp(ops, mf)
+		case "kubelet_runtime_operations_errors_total":
+			byOp(errs, mf)
 		case "kubelet_pleg_discard_events":
 			for _, m := range mf.GetMetric() {
 				discarded += m.GetCounter().GetValue()
 			}
 		}
 	}
-	return ops, discarded, nil
+	return ops, errs, discarded, nil
 }
 
 // cpuTime is this process's user plus system CPU time, all threads.
