@@ -298,7 +298,7 @@ func TestChildFailureIsReported(t *testing.T) {
 
 func TestLookup(t *testing.T) {
 	all, err := Lookup("all")
-	if err != nil || len(all) != 6 {
+	if err != nil || len(all) != 7 {
 		t.Fatalf("all: %d, %v", len(all), err)
 	}
 	two, err := Lookup("500x10, 110x5-hung")
@@ -309,7 +309,7 @@ func TestLookup(t *testing.T) {
 		t.Fatalf("unknown: %v", err)
 	}
 	// The scenarios.
-	want := map[string][4]int{"66x7": {66, 7, 10, 0}, "500x10": {500, 10, 50, 0}, "1000x10-idle": {1000, 10, 0, 0}, "110x5-hung": {110, 5, 0, 1},
+	want := map[string][4]int{"66x7": {66, 7, 10, 0}, "500x10": {500, 10, 50, 0}, "1000x10-idle": {1000, 10, 0, 0}, "110x5-idle": {110, 5, 0, 0}, "110x5-hung": {110, 5, 0, 1},
 		"hung-pod-events": {110, 5, 0, 1}, "hint-storm": {500, 5, 0, 0}}
 	for _, s := range all {
 		w := want[s.Name]
@@ -318,22 +318,22 @@ func TestLookup(t *testing.T) {
 		}
 	}
 	// The live scenarios: the case and the storm.
-	hung, storm := all[4].Live, all[5].Live
+	hung, storm := all[5].Live, all[6].Live
 	if hung == nil || !hung.HangLists || hung.HungPodEvents != 20*time.Millisecond || hung.RelistPeriod != 20*time.Millisecond ||
-		all[4].InspectionTimeout != time.Second || all[4].RequestTimeout != 2*time.Minute || all[4].Latency != time.Millisecond {
-		t.Errorf("hung-pod-events: %+v %+v", all[4], hung)
+		all[5].InspectionTimeout != time.Second || all[5].RequestTimeout != 2*time.Minute || all[5].Latency != time.Millisecond {
+		t.Errorf("hung-pod-events: %+v %+v", all[5], hung)
 	}
 	if storm == nil || storm.EventStorm < 1000 || storm.RelistPeriod != 100*time.Millisecond {
-		t.Errorf("hint-storm: %+v %+v", all[5], storm)
+		t.Errorf("hint-storm: %+v %+v", all[6], storm)
 	}
 }
 
 func TestRelistCounts(t *testing.T) {
-	s := Scenarios()[3] // hung
+	s := Scenarios()[4] // 110x5-hung
 	for _, c := range []struct {
 		kubelet, quick bool
-		override      int
-		want          int
+		override       int
+		want           int
 	}{
 		{false, false, 0, s.Relists},
 		{true, false, 0, s.KubeletRelists},
