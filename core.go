@@ -36,6 +36,10 @@ type core struct {
 	// lastRelist is covered.
 	gen        uint64
 	lastRelist time.Time
+	// full makes every inspection fetch every item of the pod, as the
+	// kubelet does (Options.FullInspection); otherwise a pod's work carries
+	// its last status for a delta inspection (delta.go).
+	full bool
 }
 
 // record is what the core knows of one pod.
@@ -47,6 +51,9 @@ type record struct {
 	// status without IPs and without a ready sandbox keeps them (the
 	// kubelet's carry-over for a dead pod).
 	ips []string
+	// status is the pod's last successfully inspected status (nil after a
+	// failure): the items a delta inspection may reuse.
+	status *runtime.PodStatus
 }
 
 // pod returns the most recent listing of the record.
@@ -65,6 +72,11 @@ type work struct {
 	pod    *runtime.Pod
 	events []Event
 	gen    uint64 // the generation of the listing
+	// prev, when not nil, is the pod's last status: the inspection may
+	// reuse its items whose listing has not changed (delta.go). It is nil
+	// for a full inspection: after a failure, when asked for from outside
+	// (RequestReinspect), or with Options.FullInspection.
+	prev *runtime.PodStatus
 }
 
 // outcome is what the shell does after an inspection.
@@ -84,8 +96,18 @@ type outcome struct {
 	Stale bool
 }
 
-func newCore() *core {
-	return &core{records: make(map[types.UID]*record), reinspect: make(map[types.UID]struct{})}
+func newCore(full bool) *core {
+	return &core{records: make(map[types.UID]*record), reinspect: make(map[types.UID]struct{}), full: full}
+}
+
+// prev returns the status a delta inspection of r may reuse: none when the
+// core inspects fully, or when the pod is flagged (its last inspection
+// failed, or a full one was asked for).
+func (c *core) prev(r *record, flagged bool) *runtime.PodStatus {
+	if c.full || flagged {
+		return nil
+	}
+	return r.status
 }
 
 // covered reports whether something that happened at t (a hint's enqueue
@@ -125,10 +147,11 @@ func (c *core) listed(t time.Time, pods []*runtime.Pod, requested []types.UID) [
 	var todo []work
 	for uid, r := range c.records {
 		events := Diff(uid, r.old, r.current)
-		if _, ok := flagged[uid]; len(events) == 0 && !ok {
+		_, ok := flagged[uid]
+		if len(events) == 0 && !ok {
 			continue
 		}
-		todo = append(todo, work{uid: uid, pod: r.current, events: events, gen: c.gen})
+		todo = append(todo, work{uid: uid, pod: r.current, events: events, gen: c.gen, prev: c.prev(r, ok)})
 	}
 	// A stable order makes runs reproducible; it costs only the changed pods.
 	slices.SortFunc(todo, func(a, b work) int { return strings.Compare(string(a.uid), string(b.uid)) })
@@ -154,13 +177,14 @@ func (c *core) podListed(uid types.UID, pod *runtime.Pod, gen uint64, requested 
 	}
 	r.current = pod
 	events := Diff(uid, r.old, r.current)
-	if len(events) == 0 && !requested && !c.flagged(uid) {
+	flagged := requested || c.flagged(uid)
+	if len(events) == 0 && !flagged {
 		if r.old == nil && r.current == nil {
 			delete(c.records, uid)
 		}
 		return work{}, false, false
 	}
-	return work{uid: uid, pod: r.current, events: events, gen: gen}, true, false
+	return work{uid: uid, pod: r.current, events: events, gen: gen, prev: c.prev(r, flagged)}, true, false
 }
 
 // inspected steps the outcome of inspecting w at t: status and err from the
@@ -179,8 +203,10 @@ func (c *core) inspected(w work, status *runtime.PodStatus, err error, t time.Ti
 		if err == nil {
 			status.IPs = carryIPs(r.ips, status)
 			r.ips = status.IPs
+			r.status = status
 		} else {
 			r.ips = nil
+			r.status = nil
 			if status == nil {
 				status = &runtime.PodStatus{UID: w.uid, Name: r.current.Name, Namespace: r.current.Namespace}
 			}
@@ -258,5 +284,6 @@ func (c *core) listTimedOut(uid types.UID, gen uint64) (ok bool) {
 	}
 	c.reinspect[uid] = struct{}{}
 	r.ips = nil
+	r.status = nil
 	return true
 }

@@ -28,7 +28,7 @@ func FuzzCore(f *testing.F) {
 	f.Add([]byte{0, 0, 0, 9, 9, 9, 1, 1, 1, 200, 17, 33, 65, 129, 2, 2, 2})
 	f.Add([]byte("crash loop, hung pod, stale hint, runtime restart"))
 	f.Fuzz(func(t *testing.T, data []byte) {
-		fz := &fuzzer{data: data, c: newCore(), told: map[types.UID]*runtime.Pod{}, now: time.Unix(1_700_000_000, 0)}
+		fz := &fuzzer{data: data, c: newCore(false), told: map[types.UID]*runtime.Pod{}, now: time.Unix(1_700_000_000, 0)}
 		for steps := 0; !fz.done() && steps < 200; steps++ {
 			fz.step(t)
 		}

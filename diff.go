@@ -146,8 +146,11 @@ func podSize(p *runtime.Pod) int {
 // sameStates reports whether a and b list the same IDs in the same order
 // with the same generator states, in which case they differ by no event.
 func sameStates(a, b *runtime.Pod) bool {
+	if a == b {
+		return true // also the same listing: a runtime reuses an unchanged pod
+	}
 	if a == nil || b == nil {
-		return a == b
+		return false
 	}
 	return sameList(a.Containers, b.Containers) && sameList(a.Sandboxes, b.Sandboxes)
 }

@@ -20,8 +20,9 @@ import (
 // than one call out.
 type inspection struct {
 	uid     types.UID
-	pod     *runtime.Pod // the listing whose status is fetched; for a list call, the last one known (it names the pod), or nil
-	list    bool         // a single-pod relist's filtered list call (ListPod)
+	pod     *runtime.Pod       // the listing whose status is fetched; for a list call, the last one known (it names the pod), or nil
+	prev    *runtime.PodStatus // for a status fetch: the pod's last status, whose unchanged items are reused (nil: fetch all)
+	list    bool               // a single-pod relist's filtered list call (ListPod)
 	started time.Time
 	done    chan struct{}
 	status  *runtime.PodStatus
@@ -266,7 +267,7 @@ func (g *Generator) inspect(ctx context.Context, w work) (*runtime.PodStatus, er
 			return nil, g.inspectionTimedOut(w.uid, pod, prev, bound)
 		}
 	}
-	in := &inspection{uid: w.uid, pod: pod, started: g.clock.Now(), done: make(chan struct{})}
+	in := &inspection{uid: w.uid, pod: pod, prev: w.prev, started: g.clock.Now(), done: make(chan struct{})}
 	g.call(in)
 	select {
 	case <-in.done:
@@ -306,7 +307,7 @@ func (g *Generator) call(in *inspection) {
 		if in.list {
 			in.listed, in.err = g.rt.ListPod(ctx, in.uid)
 		} else {
-			in.status, in.err = g.rt.PodStatus(ctx, in.pod)
+			in.status, in.err = g.fetchStatus(ctx, in.pod, in.prev)
 			if in.err == nil {
 				in.err = checkStatus(in.pod, in.status)
 			}

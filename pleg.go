@@ -59,6 +59,13 @@ type Options struct {
 	// reinspected later. Negative disables it (wait as long as the runtime
 	// request timeout allows, as the kubelet does). Default 10s.
 	PodInspectionTimeout time.Duration
+	// FullInspection makes every inspection of a changed pod fetch the
+	// status of all its sandboxes and containers, as the kubelet does. By
+	// default, when the Runtime implements runtime.ItemStatuser, only the
+	// items whose listing changed since their last status are fetched and
+	// the others' last statuses reused (docs/semantics.md, "Delta
+	// inspection").
+	FullInspection bool
 	// SubscriberBuffer is how many undelivered events one subscription
 	// holds before it is resynced. Default 10000.
 	SubscriberBuffer int
@@ -199,7 +206,7 @@ func New(opts Options) (*Generator, error) {
 		clock:        opts.Clock,
 		log:          opts.Logger,
 		m:            opts.Metrics,
-		core:         newCore(),
+		core:         newCore(opts.FullInspection),
 		again:        make(map[types.UID]struct{}),
 		extReinspect: make(map[types.UID]uint64),
 		rootCtx:      ctx,

@@ -152,7 +152,7 @@ func (g *Generator) podCallDone(in *inspection) {
 		}
 		g.m.PodRelistDuration.Observe(g.clock.Since(in.at).Seconds())
 	default:
-		in2 := &inspection{uid: uid, pod: w.pod, at: in.at, work: w}
+		in2 := &inspection{uid: uid, pod: w.pod, prev: w.prev, at: in.at, work: w}
 		if requested {
 			in2.reqSeq = reqSeq
 		}

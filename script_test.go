@@ -132,7 +132,7 @@ func parseScript(t *testing.T, file string) (blocks []block, preamble []string) 
 
 func runScript(t *testing.T, file string) {
 	blocks, preamble := parseScript(t, file)
-	h := &harness{c: newCore(), cache: podcache.New(), now: time.Unix(1_700_000_000, 0),
+	h := &harness{c: newCore(false), cache: podcache.New(), now: time.Unix(1_700_000_000, 0),
 		ips: map[types.UID][]string{}, exit: map[string]int32{}, requested: map[types.UID]struct{}{}}
 	var out strings.Builder
 	for _, l := range preamble {

@@ -81,6 +81,7 @@ type Metrics struct {
 	PodRelistQueueDropped prometheus.Counter
 	PodRelistSkipped      *prometheus.CounterVec
 	EventStreamUp         prometheus.Gauge
+	StatusItems           *prometheus.CounterVec
 
 	progress atomic.Pointer[func() time.Duration]
 }
@@ -197,6 +198,10 @@ func New(reg prometheus.Registerer) *Metrics {
 			Name: "pleg_event_stream_connected",
 			Help: "1 while the runtime's container event stream is connected, 0 otherwise.",
 		}),
+		StatusItems: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "pleg_pod_status_items_total",
+			Help: "Sandbox and container statuses that went into inspected pods' statuses, by source: fetched (a runtime call) or reused (the item's listing had not changed since its last status, so its cached status was kept).",
+		}, []string{"source"}),
 	}
 	m.RelistInProgress = prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "pleg_relist_in_progress_seconds",
@@ -221,7 +226,7 @@ func (m *Metrics) collectors() []prometheus.Collector {
 		m.EventedConnectionErrors, m.EventedConnectionSuccess, m.EventedConnectionLatency,
 		m.RelistInProgress, m.InspectionTimeouts, m.InspectionFailures, m.InspectionsInFlight,
 		m.SubscriberResyncs, m.EventsDelivered, m.EventDeliveryLatency, m.RuntimeEvents,
-		m.PodRelistQueueDropped, m.PodRelistSkipped, m.EventStreamUp,
+		m.PodRelistQueueDropped, m.PodRelistSkipped, m.EventStreamUp, m.StatusItems,
 	}
 }
 

@@ -11,6 +11,7 @@ package runtime
 import (
 	"context"
 	"errors"
+	"slices"
 	"time"
 
 	"k8s.io/apimachinery/pkg/types"
@@ -120,6 +121,47 @@ type Runtime interface {
 	// pod, using the IDs in pod (no further list calls). Items that vanished
 	// since the listing (NotFound) are left out, not reported as errors.
 	PodStatus(ctx context.Context, pod *Pod) (*PodStatus, error)
+}
+
+// ItemStatuser is implemented by runtimes that can fetch the status of
+// some of a pod's sandboxes and containers, not all of them. The generator
+// uses it to fetch only the items whose listing changed since their last
+// status (docs/semantics.md, "Delta inspection"); a Runtime without it has
+// every item of a changed pod fetched, as the kubelet does.
+type ItemStatuser interface {
+	// ItemStatuses fetches the status of each of sandboxes and containers,
+	// listed items of pod, with the same calls, bounds and errors as
+	// PodStatus. The results are in the order of the arguments; an item
+	// the runtime no longer knows (NotFound) is nil. NewPodStatus
+	// assembles the results.
+	ItemStatuses(ctx context.Context, pod *Pod, sandboxes, containers []*Container) ([]*SandboxStatus, []*ContainerStatus, error)
+}
+
+// NewPodStatus assembles the status of pod from the statuses of its
+// sandboxes and containers (nil entries are skipped): each kind is sorted
+// newest first by creation time (stable, so items created at the same time
+// keep their order), and the pod's IPs are those of the newest sandbox, only
+// if it is ready. Every PodStatus a runtime of this module returns is made
+// here, so a status assembled from reused and fetched items is the same as
+// one fetched whole.
+func NewPodStatus(pod *Pod, sandboxes []*SandboxStatus, containers []*ContainerStatus) *PodStatus {
+	ps := &PodStatus{UID: pod.UID, Name: pod.Name, Namespace: pod.Namespace}
+	for _, s := range sandboxes {
+		if s != nil {
+			ps.SandboxStatuses = append(ps.SandboxStatuses, s)
+		}
+	}
+	for _, c := range containers {
+		if c != nil {
+			ps.ContainerStatuses = append(ps.ContainerStatuses, c)
+		}
+	}
+	slices.SortStableFunc(ps.SandboxStatuses, func(a, b *SandboxStatus) int { return b.CreatedAt.Compare(a.CreatedAt) })
+	slices.SortStableFunc(ps.ContainerStatuses, func(a, b *ContainerStatus) int { return b.CreatedAt.Compare(a.CreatedAt) })
+	if len(ps.SandboxStatuses) > 0 && ps.SandboxStatuses[0].State == StateRunning && len(ps.SandboxStatuses[0].IPs) > 0 {
+		ps.IPs = slices.Clone(ps.SandboxStatuses[0].IPs)
+	}
+	return ps
 }
 
 // EventType is the type of a runtime container event.

@@ -60,6 +60,7 @@ type runtimeFlags struct {
 	relistThreshold      time.Duration
 	maxParallel          int
 	podInspectionTimeout time.Duration
+	fullInspection       bool
 	events               string
 }
 
@@ -79,6 +80,8 @@ func (f *runtimeFlags) addFlags(fs *pflag.FlagSet) {
 		"how many changed pods a relist inspects at once (1: one after another, as the kubelet does)")
 	fs.DurationVar(&f.podInspectionTimeout, "pod-inspection-timeout", pleg.DefaultPodInspectionTimeout,
 		"how long a relist waits for one pod's status before retrying it on a later relist (0: no limit, as the kubelet)")
+	fs.BoolVar(&f.fullInspection, "full-inspection", false,
+		"fetch the status of every sandbox and container of a changed pod, as the kubelet does (default: only those whose listing changed)")
 	fs.Var(newEnumValue(&f.events, "auto", "auto", "on", "off"), "events",
 		"use the runtime's container events to relist changed pods early: auto (when the runtime streams them), on, off")
 }
@@ -157,6 +160,7 @@ func (f *runtimeFlags) generatorOptions() pleg.Options {
 		RelistThreshold:        f.relistThreshold,
 		MaxParallelInspections: f.maxParallel,
 		PodInspectionTimeout:   f.podInspectionTimeout,
+		FullInspection:         f.fullInspection,
 		Events:                 pleg.EventsMode(f.events),
 	}
 	if o.PodInspectionTimeout == 0 {

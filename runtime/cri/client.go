@@ -51,7 +51,7 @@ type Client struct {
 	statusConcurrency int
 	metrics           *metrics.Metrics
 	log               logr.Logger
-	strings           interner // strings of the last unfiltered listing, reused
+	memo              memo // what the last unfiltered listing keeps for the next
 }
 
 type options struct {

@@ -3,7 +3,8 @@ package cri
 import (
 	"context"
 	"errors"
-	"sort"
+	"slices"
+	"strings"
 
 	"google.golang.org/grpc"
 	"k8s.io/apimachinery/pkg/types"
@@ -16,31 +17,65 @@ import (
 // ListPods lists every sandbox and container, in every state, with one
 // unfiltered ListPodSandbox and one unfiltered ListContainers call, and
 // groups them by pod UID. The replies are decoded straight from the wire
-// (see wire.go): this is the call a relist makes every period.
+// (see wire.go), and what did not change since the previous listing is
+// neither decoded nor built again (see memo.go): this is the call a relist
+// makes every period.
 //
 // Pods are sorted by UID. Within a pod, sandboxes and containers keep the
-// order the runtime listed them in. Items without metadata, ID or pod UID
-// are skipped and logged at V(4).
+// order the runtime listed them in (for a pod that did not change, the
+// order of the listing that built it). Items without metadata, ID or pod
+// UID are skipped and logged at V(4). The pods returned are shared with
+// later listings: callers must not modify them.
 func (c *Client) ListPods(ctx context.Context) ([]*runtime.Pod, error) {
-	t := c.strings.begin()
-	sandboxes := listReply{sandboxes: true, strings: t}
+	m := &c.memo
+	if !m.mu.TryLock() {
+		// Another listing is using the memo (the generator lists from one
+		// goroutine; this is some other caller): list without it.
+		return c.listPods(ctx, nil)
+	}
+	defer m.mu.Unlock()
+	return c.listPods(ctx, m)
+}
+
+// listPods lists with the memo m (held), or without one when m is nil.
+func (c *Client) listPods(ctx context.Context, m *memo) ([]*runtime.Pod, error) {
+	sandboxes := listReply{sandboxes: true}
+	containers := listReply{}
+	sc := &groupScratch{}
+	var strs *interner
+	if m != nil {
+		m.begin()
+		strs, sc = &m.strings, &m.scratch
+		sandboxes.memo, sandboxes.seed, sandboxes.items = &m.sandboxes, m.seed, sc.sandboxes[:0]
+		containers.memo, containers.seed, containers.items = &m.containers, m.seed, sc.containers[:0]
+	} else {
+		strs = &interner{}
+	}
+	t := strs.begin()
+	sandboxes.strings, containers.strings = t, t
 	err := c.call(ctx, metrics.OpListPodSandbox, "ListPodSandbox", "", func(ctx context.Context) error {
 		return c.conn.Invoke(ctx, runtimeapi.RuntimeService_ListPodSandbox_FullMethodName,
 			&runtimeapi.ListPodSandboxRequest{}, &sandboxes, grpc.ForceCodecV2(leanCodec{}))
 	})
+	if err == nil {
+		err = c.call(ctx, metrics.OpListContainers, "ListContainers", "", func(ctx context.Context) error {
+			return c.conn.Invoke(ctx, runtimeapi.RuntimeService_ListContainers_FullMethodName,
+				&runtimeapi.ListContainersRequest{}, &containers, grpc.ForceCodecV2(leanCodec{}))
+		})
+	}
 	if err != nil {
+		if m != nil {
+			m.abort()
+		}
 		return nil, err
 	}
-	containers := listReply{strings: t}
-	err = c.call(ctx, metrics.OpListContainers, "ListContainers", "", func(ctx context.Context) error {
-		return c.conn.Invoke(ctx, runtimeapi.RuntimeService_ListContainers_FullMethodName,
-			&runtimeapi.ListContainersRequest{}, &containers, grpc.ForceCodecV2(leanCodec{}))
-	})
-	if err != nil {
-		return nil, err
+	strs.end(t)
+	pods := c.group(sandboxes.items, containers.items, sc, m)
+	if m != nil {
+		sc.sandboxes, sc.containers = sandboxes.items[:0], containers.items[:0]
+		m.commit()
 	}
-	c.strings.end(t)
-	return c.group(sandboxes.items, containers.items), nil
+	return pods, nil
 }
 
 // ListPod lists the sandboxes and containers of the pod with the given UID,
@@ -78,7 +113,7 @@ func (c *Client) ListPod(ctx context.Context, uid types.UID) (*runtime.Pod, erro
 		cts = append(cts, containerItem(ct))
 	}
 	// The runtime filters already; keep only uid should it not.
-	for _, p := range c.group(sbs, cts) {
+	for _, p := range c.group(sbs, cts, &groupScratch{}, nil) {
 		if p.UID == uid {
 			return p, nil
 		}
@@ -104,33 +139,58 @@ func containerItem(ct *runtimeapi.Container) listed {
 		image: ct.GetImage().GetImage(), state: containerState(ct.GetState()), createdAt: ct.GetCreatedAt()}
 }
 
+// groupScratch is the working space of group, kept from one listing to
+// the next by the memo.
+type groupScratch struct {
+	sandboxes, containers []listed // the decoded replies
+	builds                map[string]int
+	pods                  []podBuild
+	valid                 []bool
+}
+
+// podBuild is one pod being grouped.
+type podBuild struct {
+	uid, name, namespace string
+	sbs, cts             int
+	fresh                bool // it has an item that was decoded, not taken from the memo
+	pod                  *runtime.Pod
+	store                []runtime.Container
+}
+
 // group groups listed sandboxes and containers by pod UID; see ListPods.
+// With the memo m, a pod whose items all come from the previous listing,
+// and as many, is the pod built then.
 //
 // Each pod's items share one backing array of their own, so a pod record
 // the generator keeps for long pins only that pod's items, never a whole
 // listing.
-func (c *Client) group(sandboxes, containers []listed) []*runtime.Pod {
-	type build struct {
-		pod      *runtime.Pod
-		sbs, cts int
-		store    []runtime.Container
+func (c *Client) group(sandboxes, containers []listed, sc *groupScratch, m *memo) []*runtime.Pod {
+	if sc.builds == nil {
+		sc.builds = make(map[string]int, len(sandboxes))
 	}
-	builds := make(map[string]*build, len(sandboxes))
-	var order []*build
-	find := func(it *listed) *build {
-		b := builds[it.uid]
-		if b == nil {
-			b = &build{pod: &runtime.Pod{UID: types.UID(it.uid)}}
-			builds[it.uid] = b
-			order = append(order, b)
+	clear(sc.builds)
+	sc.pods = sc.pods[:0]
+	find := func(it *listed) *podBuild {
+		i, ok := sc.builds[it.uid]
+		if !ok {
+			i = len(sc.pods)
+			sc.pods = append(sc.pods, podBuild{uid: it.uid})
+			sc.builds[it.uid] = i
 		}
-		if b.pod.Name == "" && b.pod.Namespace == "" {
-			b.pod.Name, b.pod.Namespace = it.podName, it.podNamespace
+		b := &sc.pods[i]
+		if b.name == "" && b.namespace == "" {
+			b.name, b.namespace = it.podName, it.podNamespace
 		}
+		b.fresh = b.fresh || !it.reused
 		return b
 	}
 	// Pass 1: skip what cannot be grouped, count the rest per pod.
-	valid := make([]bool, len(sandboxes)+len(containers))
+	n := len(sandboxes) + len(containers)
+	if cap(sc.valid) < n {
+		sc.valid = make([]bool, n)
+	}
+	valid := sc.valid[:n]
+	clear(valid)
 	for i := range sandboxes {
 		s := &sandboxes[i]
 		switch {
@@ -159,23 +219,40 @@ func (c *Client) group(sandboxes, containers []listed) []*runtime.Pod {
 			find(ct).cts++
 		}
 	}
-	for _, b := range order {
-		b.store = make([]runtime.Container, 0, b.sbs+b.cts)
-		ptrs := make([]*runtime.Container, b.sbs+b.cts)
-		if b.sbs > 0 {
-			b.pod.Sandboxes = ptrs[:0:b.sbs]
+	out := make([]*runtime.Pod, len(sc.pods))
+	for i := range sc.pods {
+		b := &sc.pods[i]
+		if m != nil && !b.fresh {
+			if prev, ok := m.pods[b.uid]; ok && prev.items == b.sbs+b.cts {
+				b.pod = prev.pod // unchanged: pass 2 skips it
+			}
 		}
-		if b.cts > 0 {
-			b.pod.Containers = ptrs[b.sbs:b.sbs:len(ptrs)]
+		if b.pod == nil {
+			b.pod = &runtime.Pod{UID: types.UID(b.uid), Name: b.name, Namespace: b.namespace}
+			b.store = make([]runtime.Container, 0, b.sbs+b.cts)
+			ptrs := make([]*runtime.Container, b.sbs+b.cts)
+			if b.sbs > 0 {
+				b.pod.Sandboxes = ptrs[:0:b.sbs]
+			}
+			if b.cts > 0 {
+				b.pod.Containers = ptrs[b.sbs:b.sbs:len(ptrs)]
+			}
 		}
+		if m != nil {
+			m.next[b.uid] = memoPod{pod: b.pod, items: b.sbs + b.cts}
+		}
+		out[i] = b.pod
 	}
-	// Pass 2: fill each pod's own array.
+	// Pass 2: fill each new pod's own array.
 	for i := range sandboxes {
 		if !valid[i] {
 			continue
 		}
 		s := &sandboxes[i]
-		b := builds[s.uid]
+		b := &sc.pods[sc.builds[s.uid]]
+		if b.store == nil {
+			continue // the previous listing's pod
+		}
 		b.store = append(b.store, runtime.Container{ID: s.id, Name: s.podName, Attempt: s.attempt,
 			State: s.state, CreatedAt: s.createdAt})
 		b.pod.Sandboxes = append(b.pod.Sandboxes, &b.store[len(b.store)-1])
@@ -185,7 +262,10 @@ func (c *Client) group(sandboxes, containers []listed) []*runtime.Pod {
 			continue
 		}
 		ct := &containers[i]
-		b := builds[ct.uid]
+		b := &sc.pods[sc.builds[ct.uid]]
+		if b.store == nil {
+			continue
+		}
 		name := ct.name
 		if name == "" {
 			name = ct.labelName
@@ -194,12 +274,11 @@ func (c *Client) group(sandboxes, containers []listed) []*runtime.Pod {
 			State: ct.state, Image: ct.image, CreatedAt: ct.createdAt})
 		b.pod.Containers = append(b.pod.Containers, &b.store[len(b.store)-1])
 	}
-
-	out := make([]*runtime.Pod, len(order))
-	for i, b := range order {
-		out[i] = b.pod
+	// Drop the references, so the scratch space pins no pod.
+	for i := range sc.pods {
+		sc.pods[i] = podBuild{}
 	}
-	sort.Slice(out, func(i, j int) bool { return out[i].UID < out[j].UID })
+	slices.SortFunc(out, func(a, b *runtime.Pod) int { return strings.Compare(string(a.UID), string(b.UID)) })
 	return out
 }
 

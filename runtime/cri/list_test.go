@@ -209,11 +209,12 @@ func TestGroupNilItems(t *testing.T) {
 	pods := c.group(
 		[]listed{sandboxItem(nil), sandboxItem(sandbox("sb", "uid", "p", "n", 0, 0, 1))},
 		[]listed{containerItem(nil), containerItem(&runtimeapi.Container{Id: "c", Metadata: &runtimeapi.ContainerMetadata{}, Labels: label("uid", "", "", "")})},
+		&groupScratch{}, nil,
 	)
 	if len(pods) != 1 || len(pods[0].Sandboxes) != 1 || len(pods[0].Containers) != 1 {
 		t.Errorf("group = %s", dump(pods))
 	}
-	if pods := c.group(nil, nil); len(pods) != 0 {
+	if pods := c.group(nil, nil, &groupScratch{}, nil); len(pods) != 0 {
 		t.Errorf("group(nil, nil) = %v", pods)
 	}
 }

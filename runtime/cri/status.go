@@ -4,7 +4,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"sort"
 	"sync"
 	"time"
 
@@ -24,105 +23,109 @@ import (
 // nil status and the error, which names the call and ID and wraps the gRPC
 // error.
 //
-// Sandbox and container statuses are sorted newest first (by creation
-// time). The pod IPs are those of the newest sandbox, only if it is ready.
+// The status is assembled by runtime.NewPodStatus: sandboxes and containers
+// newest first, the pod IPs those of the newest sandbox, only if it is
+// ready.
 func (c *Client) PodStatus(ctx context.Context, pod *runtime.Pod) (*runtime.PodStatus, error) {
 	if pod == nil {
 		return nil, errors.New("PodStatus: nil pod")
 	}
-	var sbs, cts []*runtime.Container
-	for _, sb := range pod.Sandboxes {
-		if sb != nil {
-			sbs = append(sbs, sb)
-		}
+	sbs, cts, err := c.ItemStatuses(ctx, pod, pod.Sandboxes, pod.Containers)
+	if err != nil {
+		return nil, err
 	}
-	for _, ct := range pod.Containers {
-		if ct != nil {
-			cts = append(cts, ct)
-		}
+	return runtime.NewPodStatus(pod, sbs, cts), nil
+}
+
+// ItemStatuses fetches the status of the given sandboxes and containers of
+// pod (runtime.ItemStatuser), with the calls, bounds and errors of
+// PodStatus. Nil items are skipped; an item the runtime no longer knows is
+// nil in the result.
+func (c *Client) ItemStatuses(ctx context.Context, pod *runtime.Pod, sandboxes, containers []*runtime.Container) ([]*runtime.SandboxStatus, []*runtime.ContainerStatus, error) {
+	if pod == nil {
+		return nil, nil, errors.New("ItemStatuses: nil pod")
 	}
-	sbRes := make([]*runtimeapi.PodSandboxStatus, len(sbs))
-	ctRes := make([]*runtimeapi.ContainerStatus, len(cts))
-	err := c.each(ctx, len(sbs)+len(cts), func(ctx context.Context, i int) error {
-		var err error
-		if i < len(sbs) {
-			sbRes[i], err = c.sandboxStatus(ctx, sbs[i].ID)
-			if isNotFound(err) {
-				c.log.V(4).Info("Sandbox vanished before its status was fetched", "pod", pod.UID, "sandboxID", sbs[i].ID)
+	sbOut := make([]*runtime.SandboxStatus, len(sandboxes))
+	ctOut := make([]*runtime.ContainerStatus, len(containers))
+	err := c.each(ctx, len(sandboxes)+len(containers), func(ctx context.Context, i int) error {
+		if i < len(sandboxes) {
+			sb := sandboxes[i]
+			if sb == nil {
 				return nil
+			}
+			s, err := c.sandboxStatus(ctx, sb.ID)
+			if isNotFound(err) {
+				c.log.V(4).Info("Sandbox vanished before its status was fetched", "pod", pod.UID, "sandboxID", sb.ID)
+				return nil
+			}
+			if err == nil && s != nil {
+				sbOut[i] = convertSandbox(s, sb)
 			}
 			return err
 		}
-		i -= len(sbs)
-		ctRes[i], err = c.containerStatus(ctx, cts[i].ID)
-		if isNotFound(err) {
-			c.log.V(4).Info("Container vanished before its status was fetched", "pod", pod.UID, "containerID", cts[i].ID)
+		i -= len(sandboxes)
+		ct := containers[i]
+		if ct == nil {
 			return nil
+		}
+		s, err := c.containerStatus(ctx, ct.ID)
+		if isNotFound(err) {
+			c.log.V(4).Info("Container vanished before its status was fetched", "pod", pod.UID, "containerID", ct.ID)
+			return nil
+		}
+		if err == nil && s != nil {
+			ctOut[i] = convertContainer(s, ct)
 		}
 		return err
 	})
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
+	return sbOut, ctOut, nil
+}
 
-	ps := &runtime.PodStatus{UID: pod.UID, Name: pod.Name, Namespace: pod.Namespace}
-	for i, s := range sbRes {
-		if s == nil {
-			continue // vanished, or the runtime sent no status
-		}
-		st := &runtime.SandboxStatus{
-			ID:          s.Id,
-			State:       sandboxState(s.State),
-			CreatedAt:   nsTime(s.CreatedAt),
-			Attempt:     s.GetMetadata().GetAttempt(),
-			IPs:         sandboxIPs(s),
-			HostNetwork: s.GetLinux().GetNamespaces().GetOptions().GetNetwork() == runtimeapi.NamespaceMode_NODE,
-		}
-		if st.ID == "" {
-			st.ID = sbs[i].ID
-		}
-		ps.SandboxStatuses = append(ps.SandboxStatuses, st)
+// convertSandbox converts the status of the listed sandbox sb.
+func convertSandbox(s *runtimeapi.PodSandboxStatus, sb *runtime.Container) *runtime.SandboxStatus {
+	st := &runtime.SandboxStatus{
+		ID:          s.Id,
+		State:       sandboxState(s.State),
+		CreatedAt:   nsTime(s.CreatedAt),
+		Attempt:     s.GetMetadata().GetAttempt(),
+		IPs:         sandboxIPs(s),
+		HostNetwork: s.GetLinux().GetNamespaces().GetOptions().GetNetwork() == runtimeapi.NamespaceMode_NODE,
 	}
-	sort.SliceStable(ps.SandboxStatuses, func(i, j int) bool {
-		return ps.SandboxStatuses[i].CreatedAt.After(ps.SandboxStatuses[j].CreatedAt)
-	})
-	if len(ps.SandboxStatuses) > 0 && ps.SandboxStatuses[0].State == runtime.StateRunning && len(ps.SandboxStatuses[0].IPs) > 0 {
-		ps.IPs = append([]string(nil), ps.SandboxStatuses[0].IPs...)
+	if st.ID == "" {
+		st.ID = sb.ID
 	}
+	return st
+}
 
-	for i, s := range ctRes {
-		if s == nil {
-			continue
-		}
-		st := &runtime.ContainerStatus{
-			ID:         s.Id,
-			Name:       s.GetMetadata().GetName(),
-			Attempt:    s.GetMetadata().GetAttempt(),
-			State:      containerState(s.State),
-			Image:      s.GetImage().GetImage(),
-			ImageRef:   s.ImageRef,
-			CreatedAt:  nsTime(s.CreatedAt),
-			StartedAt:  nsTime(s.StartedAt),
-			FinishedAt: nsTime(s.FinishedAt),
-			ExitCode:   s.ExitCode,
-			Reason:     s.Reason,
-			Message:    s.Message,
-		}
-		if st.ID == "" {
-			st.ID = cts[i].ID
-		}
-		if st.Name == "" {
-			st.Name = s.GetLabels()[runtime.LabelContainerName]
-		}
-		if st.Name == "" {
-			st.Name = cts[i].Name
-		}
-		ps.ContainerStatuses = append(ps.ContainerStatuses, st)
+// convertContainer converts the status of the listed container ct.
+func convertContainer(s *runtimeapi.ContainerStatus, ct *runtime.Container) *runtime.ContainerStatus {
+	st := &runtime.ContainerStatus{
+		ID:         s.Id,
+		Name:       s.GetMetadata().GetName(),
+		Attempt:    s.GetMetadata().GetAttempt(),
+		State:      containerState(s.State),
+		Image:      s.GetImage().GetImage(),
+		ImageRef:   s.ImageRef,
+		CreatedAt:  nsTime(s.CreatedAt),
+		StartedAt:  nsTime(s.StartedAt),
+		FinishedAt: nsTime(s.FinishedAt),
+		ExitCode:   s.ExitCode,
+		Reason:     s.Reason,
+		Message:    s.Message,
 	}
-	sort.SliceStable(ps.ContainerStatuses, func(i, j int) bool {
-		return ps.ContainerStatuses[i].CreatedAt.After(ps.ContainerStatuses[j].CreatedAt)
-	})
-	return ps, nil
+	if st.ID == "" {
+		st.ID = ct.ID
+	}
+	if st.Name == "" {
+		st.Name = s.GetLabels()[runtime.LabelContainerName]
+	}
+	if st.Name == "" {
+		st.Name = ct.Name
+	}
+	return st
 }
 
 // each runs f(ctx, i) for every i in [0, n), at most c.statusConcurrency

@@ -3,6 +3,7 @@ package cri
 import (
 	"errors"
 	"fmt"
+	"hash/maphash"
 	"sync"
 
 	"google.golang.org/grpc/encoding"
@@ -34,23 +35,27 @@ type listed struct {
 	image                      string
 	state                      runtime.State
 	createdAt                  int64
+	reused                     bool // taken from the memo of the previous listing, not decoded
 }
 
 // Field numbers of CRI v1 (api.proto).
 const (
 	fieldListItems = 1 // ListPodSandboxResponse.items, ListContainersResponse.containers
 
-	fieldSandboxID        = 1
-	fieldSandboxMetadata  = 2
-	fieldSandboxState     = 3
-	fieldSandboxCreatedAt = 4
+	fieldSandboxID          = 1
+	fieldSandboxMetadata    = 2
+	fieldSandboxState       = 3
+	fieldSandboxCreatedAt   = 4
+	fieldSandboxLabels      = 5
+	fieldSandboxAnnotations = 6
 
-	fieldContainerID        = 1
-	fieldContainerMetadata  = 3
-	fieldContainerImage     = 4
-	fieldContainerState     = 6
-	fieldContainerCreatedAt = 7
-	fieldContainerLabels    = 8
+	fieldContainerID          = 1
+	fieldContainerMetadata    = 3
+	fieldContainerImage       = 4
+	fieldContainerState       = 6
+	fieldContainerCreatedAt   = 7
+	fieldContainerLabels      = 8
+	fieldContainerAnnotations = 9
 
 	fieldSandboxMetaName      = 1
 	fieldSandboxMetaUID       = 2
@@ -152,12 +157,29 @@ type listReply struct {
 	sandboxes bool
 	items     []listed
 	strings   *table
+	// memo, when set, holds the items of the previous listing: an item
+	// with the same bytes is taken from it instead of decoded (memo.go).
+	memo *itemMemo
+	seed maphash.Seed
 }
 
 func decodeList(b []byte, r *listReply) error {
 	return walk(b, func(num protowire.Number, v []byte, _ uint64, varint bool) error {
 		if num != fieldListItems || varint {
 			return nil
+		}
+		var h uint64
+		if r.memo != nil {
+			maps := containerMaps
+			if r.sandboxes {
+				maps = sandboxMaps
+			}
+			it, hash, ok := r.memo.lookup(r.seed, v, maps)
+			if ok {
+				r.items = append(r.items, it)
+				return nil
+			}
+			h = hash
 		}
 		var it listed
 		var err error
@@ -168,6 +190,9 @@ func decodeList(b []byte, r *listReply) error {
 		}
 		if err != nil {
 			return err
+		}
+		if r.memo != nil {
+			r.memo.add(h, v, it)
 		}
 		r.items = append(r.items, it)
 		return nil

@@ -1,0 +1,119 @@
+package pleg
+
+import (
+	"context"
+	"fmt"
+
+	"github.com/podlifecycle/pleg/runtime"
+)
+
+// A delta inspection fetches only what changed (docs/semantics.md, "Delta
+// inspection"). A changed pod's listing says which of its sandboxes and
+// containers changed: an item whose ID and state are the same as in the
+// pod's last status is, for every field pleg keeps, what that status says,
+// so its status is reused and only the other items cost a runtime call.
+// The kubelet fetches all of them; Options.FullInspection does too.
+
+// delta is the plan of a delta inspection of one listed pod: for each
+// sandbox and container of the listing, in its order, the reused status
+// (nil: fetch it), and the items to fetch.
+type delta struct {
+	sandboxes  []*runtime.SandboxStatus
+	containers []*runtime.ContainerStatus
+	fetchSbs   []*runtime.Container
+	fetchCts   []*runtime.Container
+}
+
+// planDelta plans the inspection of pod given its last status prev.
+func planDelta(pod *runtime.Pod, prev *runtime.PodStatus) delta {
+	d := delta{
+		sandboxes:  make([]*runtime.SandboxStatus, len(pod.Sandboxes)),
+		containers: make([]*runtime.ContainerStatus, len(pod.Containers)),
+	}
+	for i, sb := range pod.Sandboxes {
+		if s := reusableSandbox(sb, prev); s != nil {
+			d.sandboxes[i] = s
+		} else {
+			d.fetchSbs = append(d.fetchSbs, sb)
+		}
+	}
+	for i, ct := range pod.Containers {
+		if s := reusableContainer(ct, prev); s != nil {
+			d.containers[i] = s
+		} else {
+			d.fetchCts = append(d.fetchCts, ct)
+		}
+	}
+	return d
+}
+
+// reusableSandbox returns the status in prev of the listed sandbox sb, if
+// it can be reused: same ID, same known state.
+func reusableSandbox(sb *runtime.Container, prev *runtime.PodStatus) *runtime.SandboxStatus {
+	if sb.State == runtime.StateUnknown {
+		return nil
+	}
+	for _, s := range prev.SandboxStatuses {
+		if s.ID == sb.ID && s.State == sb.State {
+			return s
+		}
+	}
+	return nil
+}
+
+// reusableContainer returns the status in prev of the listed container ct,
+// if it can be reused: same ID, same known state.
+func reusableContainer(ct *runtime.Container, prev *runtime.PodStatus) *runtime.ContainerStatus {
+	if ct.State == runtime.StateUnknown {
+		return nil
+	}
+	for _, s := range prev.ContainerStatuses {
+		if s.ID == ct.ID && s.State == ct.State {
+			return s
+		}
+	}
+	return nil
+}
+
+// fetchStatus fetches the status of the listed pod: only its changed items
+// when prev (its last status) is given and the runtime fetches single
+// items, every item otherwise.
+func (g *Generator) fetchStatus(ctx context.Context, pod *runtime.Pod, prev *runtime.PodStatus) (*runtime.PodStatus, error) {
+	is, ok := g.rt.(runtime.ItemStatuser)
+	if prev == nil || !ok {
+		status, err := g.rt.PodStatus(ctx, pod)
+		if err == nil && status != nil {
+			g.m.StatusItems.WithLabelValues("fetched").Add(float64(len(status.SandboxStatuses) + len(status.ContainerStatuses)))
+		}
+		return status, err
+	}
+	d := planDelta(pod, prev)
+	if n := len(d.fetchSbs) + len(d.fetchCts); n > 0 {
+		sbs, cts, err := is.ItemStatuses(ctx, pod, d.fetchSbs, d.fetchCts)
+		if err != nil {
+			return nil, err
+		}
+		if len(sbs) != len(d.fetchSbs) || len(cts) != len(d.fetchCts) {
+			return nil, fmt.Errorf("%w: ItemStatuses for pod %q returned %d sandbox and %d container statuses for %d and %d items",
+				ErrMalformed, podRef(pod), len(sbs), len(cts), len(d.fetchSbs), len(d.fetchCts))
+		}
+		fill(d.sandboxes, sbs)
+		fill(d.containers, cts)
+		g.m.StatusItems.WithLabelValues("fetched").Add(float64(n))
+	}
+	g.m.StatusItems.WithLabelValues("reused").Add(float64(len(pod.Sandboxes) + len(pod.Containers) - len(d.fetchSbs) - len(d.fetchCts)))
+	return runtime.NewPodStatus(pod, d.sandboxes, d.containers), nil
+}
+
+// fill puts the fetched statuses into the free (nil) slots of plan, in
+// order. A fetched item the runtime no longer knows stays nil, and is left
+// out of the status as a full inspection leaves it out.
+func fill[T any](plan []*T, fetched []*T) {
+	j := 0
+	for i := range plan {
+		if plan[i] == nil {
+			plan[i] = fetched[j]
+			j++
+		}
+	}
+}
