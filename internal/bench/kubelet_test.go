@@ -69,6 +69,11 @@ func TestKubeletBaseline(t *testing.T) {
 	}
 	checkRun(t, sc, p, sc.Relists)
 	checkRun(t, sc, k, sc.KubeletRelists)
+	// pleg's delta inspection fetches only what changed, so the bench's
+	// probe must not hide the client's single-item fetches from it.
+	if p.CallsPerRelist >= k.CallsPerRelist {
+		t.Errorf("runtime calls per relist: pleg %v (%v), kubelet %v: pleg made no fewer", p.CallsPerRelist, p.CallsByOp, k.CallsPerRelist)
+	}
 	if k.EventsPerRelist != p.EventsPerRelist {
 		t.Errorf("events per relist: kubelet %v, pleg %v", k.EventsPerRelist, p.EventsPerRelist)
 	}

@@ -100,7 +100,7 @@ func newPLEGRelister(c plegConfig) (_ *plegRelister, err error) {
 	}()
 	pr := &probe{Runtime: client}
 	g, err := pleg.New(pleg.Options{
-		Runtime:                pr,
+		Runtime:                pr.asRuntime(),
 		Metrics:                m,
 		MaxParallelInspections: c.Parallel,
 		PodInspectionTimeout:   c.InspectionTimeout,

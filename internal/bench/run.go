@@ -160,6 +160,28 @@ func (p *probe) ListPod(ctx context.Context, uid types.UID) (*runtime.Pod, error
 	return p.Runtime.ListPod(ctx, uid)
 }
 
+// asRuntime returns the probe as the generator's runtime: with single-item
+// status fetches (runtime.ItemStatuser, pleg's delta inspection) when the
+// client has them, so that the probe hides nothing of the client.
+func (p *probe) asRuntime() runtime.Runtime {
+	if is, ok := p.Runtime.(runtime.ItemStatuser); ok {
+		return itemProbe{p, is}
+	}
+	return p
+}
+
+// itemProbe is a probe whose client fetches single items; a fetch of a
+// pod's changed items counts as the pod's inspection.
+type itemProbe struct {
+	*probe
+	is runtime.ItemStatuser
+}
+
+func (p itemProbe) ItemStatuses(ctx context.Context, pod *runtime.Pod, sbs, cts []*runtime.Container) ([]*runtime.SandboxStatus, []*runtime.ContainerStatus, error) {
+	p.inspected.Add(1)
+	return p.is.ItemStatuses(ctx, pod, sbs, cts)
+}
+
 func startDriver(o Options, cfg simConfig) (driver, error) {
 	if o.InProcess {
 		return startLocal(cfg)
