@@ -18,7 +18,7 @@
 //	rss      this process's peak resident set size in bytes (VmHWM)
 //	quit     exit (as on end of input)
 //
-// Usage: kubelet-relist --endpoint unix:///run/cri.sock [--runtime-request-timeout 2m]
+// Usage: kubelet-relist --endpoint unix:///run/cri.sock [--runtime-request-timeout 2m] [--cpuprofile FILE]
 package main
 
 import (
@@ -31,6 +31,7 @@ import (
 	"io"
 	"os"
 	goruntime "runtime"
+	"runtime/pprof"
 	"strconv"
 	"strings"
 	"syscall"
@@ -63,12 +64,13 @@ const eventCapacity = 1000
 func main() {
 	endpoint := flag.String("endpoint", "", "CRI endpoint (unix:///path)")
 	timeout := flag.Duration("runtime-request-timeout", 2*time.Minute, "timeout of each CRI call (the kubelet's --runtime-request-timeout)")
+	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the whole run (relists, warm-up and start included) to this file")
 	flag.Parse()
 	if *endpoint == "" {
 		fmt.Fprintln(os.Stderr, "kubelet-relist: --endpoint is required")
 		os.Exit(2)
 	}
-	if err := run(*endpoint, *timeout, os.Stdin, os.Stdout); err != nil {
+	if err := run(*endpoint, *timeout, *cpuProfile, os.Stdin, os.Stdout); err != nil {
 		fmt.Fprintf(os.Stderr, "kubelet-relist: %v\n", err)
 		os.Exit(1)
 	}
@@ -276,7 +278,18 @@ func peakRSS() (int64, error) {
 	return 0, errors.New("no VmHWM in /proc/self/status")
 }
 
-func run(endpoint string, timeout time.Duration, in io.Reader, out io.Writer) error {
+func run(endpoint string, timeout time.Duration, cpuProfile string, in io.Reader, out io.Writer) error {
+	if cpuProfile != "" {
+		f, err := os.Create(cpuProfile)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer pprof.StopCPUProfile()
+	}
 	// The kubelet registers its metrics at start; unregistered ones would
 	// record nothing, and the relist's metric work would be missing.
 	kubeletmetrics.Register()
