@@ -88,7 +88,7 @@ simulator's work is then included, and pleg's peak RSS is not measured).
 Relists are driven one after another by hand; between two relists exactly
 the scenario's number of pods change.
 
-A full run takes about three minutes; --quick about twenty seconds.`,
+A full run takes about ninety seconds with --kubelet; --quick about twenty.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error { return runBench(cmd, o) },
 	}
@@ -98,7 +98,7 @@ A full run takes about three minutes; --quick about twenty seconds.`,
 	f.IntVar(&o.relists, "relists", 0, "measured relists per run (0: each scenario's default; kubelet runs with a hung pod use at most 5; live scenarios run for a wall time instead)")
 	f.BoolVar(&o.quick, "quick", false, "few relists per run: a smoke test, not a measurement")
 	f.StringVarP(&o.output, "output", "o", "text", "output format: text or json")
-	f.BoolVar(&o.inProcess, "in-process", false, "serve the simulated runtime from this process (its work is then counted in CPU and allocations)")
+	f.BoolVar(&o.inProcess, "in-process", false, "serve the simulated runtime and run pleg's generator in this process (the simulator's work is then counted in pleg's CPU and allocations; no peak RSS)")
 	f.IntVar(&o.parallel, "max-parallel-inspections", 0, "pleg's inspection bound (0: the library default)")
 	f.Uint64Var(&o.seed, "seed", 1, "seed of the simulated node")
 	f.StringVar(&o.cpuProf, "cpuprofile", "", "write a CPU profile of this process to this file (with --in-process: pleg's generator and the simulated runtime)")
