@@ -17,6 +17,7 @@ import (
 
 	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/podlifecycle/pleg"
 	"github.com/podlifecycle/pleg/metrics"
@@ -45,6 +46,8 @@ const (
 )
 
 func testMeasureContainerdCPU(t *testing.T, e *env) {
+	// Registered first, so it runs after the pods' own cleanups.
+	t.Cleanup(func() { drainEventBacklog(t, e) })
 	bin := kubeletRelistBin(t, e)
 	pid := containerdPid(t, e)
 	pods := runLoad(t, "cpu", cpuPods, cpuContainers)
@@ -117,6 +120,51 @@ func testMeasureContainerdCPU(t *testing.T, e *env) {
 	measure(t, "containerd_cpu_per_relist pleg=%s kubelet=%s ratio=%.2f calls_per_relist pleg=%.1f kubelet=%.1f pods=%d containers=%d changed=%d relists=%d",
 		ms(time.Duration(float64(p.cpu)/n)), ms(time.Duration(float64(k.cpu)/n)), ratio, p.calls/n, k.calls/n,
 		cpuPods, cpuContainers, cpuChanged, cpuRelists)
+}
+
+// drainEventBacklog reads, up to 15 s, the container events containerd
+// queued for the next GetContainerEvents subscriber (1.7's CRI plugin
+// queues its events whether anyone listens or not; 2.x replays recent ones
+// to a first subscriber) until none came for 500 ms: this test's churn and
+// pod removals subscribe to nothing, and the next test's event subscribers
+// must not receive them.
+func drainEventBacklog(t testing.TB, e *env) {
+	t.Helper()
+	if !e.hasEvents() {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	stream, err := suite.cri.rt.GetContainerEvents(ctx, &runtimeapi.GetEventsRequest{})
+	if err != nil {
+		t.Errorf("draining the event backlog: GetContainerEvents: %v", err)
+		return
+	}
+	got := make(chan struct{}, 1)
+	go func() {
+		for {
+			if _, err := stream.Recv(); err != nil {
+				return // cancel below ends it
+			}
+			select {
+			case got <- struct{}{}:
+			default:
+			}
+		}
+	}()
+	n := 0
+	for {
+		select {
+		case <-got:
+			n++
+		case <-time.After(500 * time.Millisecond):
+			t.Logf("drained containerd's event backlog (%d+ events)", n)
+			return
+		case <-ctx.Done():
+			t.Logf("containerd's event backlog still coming after 15s (%d+ events)", n)
+			return
+		}
+	}
 }
 
 // kubeletRelistBin builds the kubelet-relist program (and the kubelet) with
