@@ -29,7 +29,7 @@ import (
 // off, relists driven by hand) against the kubelet v1.36.3's own relist
 // (the kubelet-relist program of test/kubelet: the kubelet's GenericPLEG,
 // kuberuntime manager and CRI client) pointed at the same socket, with the
-// same pods and the same changes. 20 pods of 3 containers; before each of
+// same pods and the same changes. 10 pods of 3 containers; before each of
 // 10 measured relists, 4 pods each get one container restarted (a new
 // attempt created and started, the old one stopped and removed), outside
 // the measured window, and containerd is let go quiet. containerd's CPU is
@@ -42,7 +42,7 @@ func TestMeasureContainerdCPU(t *testing.T) {
 }
 
 const (
-	cpuPods, cpuContainers, cpuChanged, cpuRelists = 20, 3, 4, 10
+	cpuPods, cpuContainers, cpuChanged, cpuRelists = 10, 3, 4, 10
 )
 
 func testMeasureContainerdCPU(t *testing.T, e *env) {
