@@ -31,14 +31,14 @@ func planDelta(pod *runtime.Pod, prev *runtime.PodStatus) delta {
 		containers: make([]*runtime.ContainerStatus, len(pod.Containers)),
 	}
 	for i, sb := range pod.Sandboxes {
-		if s := reusableSandbox(sb, prev); s != nil {
+		if s := reusable(sb, prev.SandboxStatuses, sandboxKey); s != nil {
 			d.sandboxes[i] = s
 		} else {
 			d.fetchSbs = append(d.fetchSbs, sb)
 		}
 	}
 	for i, ct := range pod.Containers {
-		if s := reusableContainer(ct, prev); s != nil {
+		if s := reusable(ct, prev.ContainerStatuses, containerKey); s != nil {
 			d.containers[i] = s
 		} else {
 			d.fetchCts = append(d.fetchCts, ct)
@@ -47,33 +47,22 @@ func planDelta(pod *runtime.Pod, prev *runtime.PodStatus) delta {
 	return d
 }
 
-// reusableSandbox returns the status in prev of the listed sandbox sb, if
-// it can be reused: same ID, same known state.
-func reusableSandbox(sb *runtime.Container, prev *runtime.PodStatus) *runtime.SandboxStatus {
-	if sb.State == runtime.StateUnknown {
+// reusable returns the status in prev of the listed item c, if it can be
+// reused: the same ID in the same known state.
+func reusable[S any](c *runtime.Container, prev []*S, key func(*S) (string, runtime.State)) *S {
+	if c.State == runtime.StateUnknown {
 		return nil
 	}
-	for _, s := range prev.SandboxStatuses {
-		if s.ID == sb.ID && s.State == sb.State {
+	for _, s := range prev {
+		if id, st := key(s); id == c.ID && st == c.State {
 			return s
 		}
 	}
 	return nil
 }
 
-// reusableContainer returns the status in prev of the listed container ct,
-// if it can be reused: same ID, same known state.
-func reusableContainer(ct *runtime.Container, prev *runtime.PodStatus) *runtime.ContainerStatus {
-	if ct.State == runtime.StateUnknown {
-		return nil
-	}
-	for _, s := range prev.ContainerStatuses {
-		if s.ID == ct.ID && s.State == ct.State {
-			return s
-		}
-	}
-	return nil
-}
+func sandboxKey(s *runtime.SandboxStatus) (string, runtime.State)     { return s.ID, s.State }
+func containerKey(s *runtime.ContainerStatus) (string, runtime.State) { return s.ID, s.State }
 
 // fetchStatus fetches the status of the listed pod: only its changed items
 // when prev (its last status) is given and the runtime fetches single

@@ -13,6 +13,7 @@ import (
 	"google.golang.org/grpc/backoff"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/experimental"
 	"google.golang.org/grpc/status"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 	"k8s.io/klog/v2"
@@ -28,6 +29,10 @@ const (
 
 	// maxMsgSize bounds the messages sent to and received from the runtime.
 	maxMsgSize = 16 << 20
+	// windowSize is the HTTP/2 flow-control window of the connection and
+	// of each call; readBufferSize the connection's read buffer.
+	windowSize     = 16 << 20
+	readBufferSize = 256 << 10
 
 	// criAPIVersion is what Version sends as the client's API version.
 	criAPIVersion = "v1"
@@ -52,6 +57,7 @@ type Client struct {
 	metrics           *metrics.Metrics
 	log               logr.Logger
 	memo              memo // what the last unfiltered listing keeps for the next
+	images            imageRefs
 }
 
 type options struct {
@@ -124,6 +130,13 @@ func Dial(endpoint string, opts ...Option) (*Client, error) {
 		grpc.WithContextDialer(dialer),
 		// The socket path is no valid :authority; runtimes ignore it.
 		grpc.WithAuthority("localhost"),
+		// A relist's two list replies are megabytes on a big node: a
+		// window that holds them whole spares the flow-control round
+		// trips, and a larger read buffer most of the read calls.
+		grpc.WithInitialWindowSize(windowSize),
+		grpc.WithInitialConnWindowSize(windowSize),
+		grpc.WithReadBufferSize(readBufferSize),
+		experimental.WithBufferPool(&bufferPool{}),
 		grpc.WithDefaultCallOptions(
 			grpc.MaxCallRecvMsgSize(maxMsgSize),
 			grpc.MaxCallSendMsgSize(maxMsgSize),

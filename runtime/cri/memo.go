@@ -1,7 +1,6 @@
 package cri
 
 import (
-	"encoding/binary"
 	"hash/maphash"
 	"sync"
 
@@ -19,8 +18,8 @@ import (
 //     taken from the memo. Items are matched by a hash of their bytes,
 //     confirmed by their length and their ID, so a wrong match needs two
 //     versions of one item, of the same length, whose 64-bit hashes collide.
-//     The entries of label and annotation maps are hashed as a set, since
-//     runtimes encode them in random order.
+//     Labels and annotations are left out of the hash: CRI never changes
+//     them, and runtimes encode their entries in random order.
 //   - A pod whose items were all matched, and as many as last time, is the
 //     previous listing's *runtime.Pod itself: nothing is built for it, and
 //     the generator sees the same pointer (its diff is a comparison).
@@ -43,13 +42,21 @@ type memo struct {
 // itemMemo maps the hash of an item's bytes to its decoded form, for the
 // previous listing (prev) and the one being decoded (next).
 type itemMemo struct {
-	prev, next map[uint64]memoItem
-	decoded    int // items the listing being decoded did not find, and decoded
+	// items holds the entries of the previous listing and of the one being
+	// decoded, told apart by the listing they were last seen in: one map
+	// lookup per item, and a sweep after the listing instead of a second
+	// map. The entries are pointers: a value this large would be stored
+	// apart by the map anyway, allocated again on every insert.
+	items   map[uint64]*memoItem
+	gen     uint64 // the listing being decoded
+	decoded int    // items it did not find, and decoded
+	found   int    // items it found
 }
 
 type memoItem struct {
 	it   listed
-	size int // length of the item's bytes
+	size int    // length of the item's bytes
+	seen uint64 // the last listing that had it
 }
 
 type memoPod struct {
@@ -62,10 +69,14 @@ type memoPod struct {
 // the item are maps.
 func (m *itemMemo) lookup(seed maphash.Seed, b []byte, maps mapFields) (listed, uint64, bool) {
 	h, id := itemKey(seed, b, maps)
-	if e, ok := m.prev[h]; ok && e.size == len(b) && string(id) == e.it.id {
-		m.next[h] = e
-		e.it.reused = true
-		return e.it, h, true
+	if e, ok := m.items[h]; ok && e.size == len(b) && string(id) == e.it.id {
+		if e.seen != m.gen {
+			e.seen = m.gen
+			m.found++
+		}
+		it := e.it
+		it.reused = true
+		return it, h, true
 	}
 	return listed{}, h, false
 }
@@ -78,63 +89,91 @@ var (
 	containerMaps = mapFields{labels: fieldContainerLabels, annotations: fieldContainerAnnotations}
 )
 
-// itemKey hashes an encoded item and returns its ID (field 1). A map's
-// entries may be encoded in any order (Go's protobuf encoder follows map
-// iteration, which is random), so the entries of the label and annotation
-// maps are hashed as a set: each alone, summed. Everything else is hashed
-// in order. Malformed bytes hash as far as they can be read.
+// itemKey hashes an encoded item and returns its ID (field 1). The label
+// and annotation maps are left out of the hash: CRI has no call that
+// changes them (they are set when the sandbox or container is created), so
+// they are the same for as long as the ID is, and a runtime may encode
+// their entries in any order (Go's encoder follows map iteration, which is
+// random), so their bytes differ from one listing to the next anyway. Their
+// size still counts: the caller compares the item's length. Everything
+// else is hashed, in order, in as few runs as the maps allow. Malformed
+// bytes hash as far as they can be read.
 func itemKey(seed maphash.Seed, b []byte, maps mapFields) (uint64, []byte) {
 	var h maphash.Hash
 	h.SetSeed(seed)
-	var set uint64
 	var id []byte
-	for len(b) > 0 {
-		num, typ, n := protowire.ConsumeTag(b)
-		if n < 0 {
-			break
-		}
-		m := protowire.ConsumeFieldValue(num, typ, b[n:])
-		if m < 0 {
-			break
-		}
-		field := b[:n+m]
-		switch {
-		case typ == protowire.BytesType && (num == maps.labels || num == maps.annotations):
-			set += maphash.Bytes(seed, field)
-		default:
-			if num == fieldSandboxID && typ == protowire.BytesType && id == nil { // same number for containers
-				id, _ = protowire.ConsumeBytes(b[n:])
+	run := 0 // start of the bytes not hashed yet
+	for off := 0; off < len(b); {
+		var num protowire.Number
+		var typ protowire.Type
+		var n, m int
+		if t, l := b[off], 0; t < 0x80 && t&7 == byte(protowire.BytesType) && off+1 < len(b) && b[off+1] < 0x80 {
+			// The common case, read inline: a one-byte tag of a
+			// length-delimited field shorter than 128 bytes (every map
+			// entry, most strings).
+			l = int(b[off+1])
+			num, typ, n, m = protowire.Number(t>>3), protowire.BytesType, 1, 1+l
+			if off+n+m > len(b) {
+				break
 			}
-			h.Write(field)
+		} else {
+			num, typ, n = protowire.ConsumeTag(b[off:])
+			if n < 0 {
+				break
+			}
+			m = protowire.ConsumeFieldValue(num, typ, b[off+n:])
+			if m < 0 {
+				break
+			}
 		}
-		b = b[n+m:]
+		if typ == protowire.BytesType {
+			switch num {
+			case maps.labels, maps.annotations:
+				h.Write(b[run:off])
+				run = off + n + m
+			case fieldSandboxID: // the same number for containers
+				if id == nil {
+					id, _ = protowire.ConsumeBytes(b[off+n:])
+				}
+			}
+		}
+		off += n + m
 	}
-	var buf [8]byte
-	binary.LittleEndian.PutUint64(buf[:], set)
-	h.Write(buf[:])
+	h.Write(b[run:])
 	return h.Sum64(), id
 }
 
 // add notes a freshly decoded item for the next listing.
 func (m *itemMemo) add(h uint64, b []byte, it listed) {
-	m.next[h] = memoItem{it: it, size: len(b)}
+	m.items[h] = &memoItem{it: it, size: len(b), seen: m.gen}
 	m.decoded++
 }
 
-// commit makes the listing just decoded the previous one.
+// commit makes the listing just decoded the previous one: the items it did
+// not have go.
 func (m *itemMemo) commit() {
-	m.prev, m.next = m.next, m.prev
-	clear(m.next)
+	if m.found+m.decoded == len(m.items) {
+		return // every entry was seen: the steady state
+	}
+	for h, e := range m.items {
+		if e.seen != m.gen {
+			delete(m.items, h)
+		}
+	}
 }
 
-// abort forgets a listing that failed half way.
-func (m *itemMemo) abort() { clear(m.next) }
+// abort ends a listing that failed half way. Its items stay until the next
+// complete listing's commit: every entry is what its bytes decode to,
+// whichever listing it came from.
+func (m *itemMemo) abort() {}
 
+// init starts decoding a listing.
 func (m *itemMemo) init() {
-	if m.prev == nil {
-		m.prev, m.next = map[uint64]memoItem{}, map[uint64]memoItem{}
+	if m.items == nil {
+		m.items = map[uint64]*memoItem{}
 	}
-	m.decoded = 0
+	m.gen++
+	m.decoded, m.found = 0, 0
 }
 
 // begin starts a listing with the memo; the caller holds m.mu.

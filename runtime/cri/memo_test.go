@@ -99,17 +99,12 @@ func (n *node) change() string {
 		n.addContainer(uid, c.Labels[runtime.LabelPodName])
 		return uid
 	case k == 4:
-		// An annotation changes: the listing of the pod is the same, but
-		// its bytes are not, so it is decoded again.
-		i := n.rng.IntN(len(n.containers))
-		c := copyContainer(n.containers[i])
-		v := fmt.Sprint(n.rng.IntN(9))
-		if c.Annotations["io.kubernetes.container.restartCount"] == v {
-			return ""
-		}
-		c.Annotations["io.kubernetes.container.restartCount"] = v
-		n.containers[i] = c
-		return c.Labels[runtime.LabelPodUID]
+		// A pod goes: its sandbox and containers.
+		i := n.rng.IntN(len(n.sandboxes))
+		uid := n.sandboxes[i].Metadata.Uid
+		n.sandboxes = slices.Delete(n.sandboxes, i, i+1)
+		n.containers = slices.DeleteFunc(n.containers, func(c *runtimeapi.Container) bool { return c.Labels[runtime.LabelPodUID] == uid })
+		return uid
 	default:
 		i := n.rng.IntN(len(n.containers))
 		c := copyContainer(n.containers[i])
@@ -190,6 +185,13 @@ func TestListPodsMemo(t *testing.T) {
 				if !reflect.DeepEqual(sortedItems(got), sortedItems(fresh)) {
 					t.Fatalf("round %d: with the memo\n%s\nafresh\n%s", round, dump(got), dump(fresh))
 				}
+				// The memo holds what the node has, no more.
+				n.mu.Lock()
+				if len(c.memo.containers.items) != len(n.containers) || len(c.memo.sandboxes.items) != len(n.sandboxes) {
+					t.Fatalf("round %d: memo holds %d containers and %d sandboxes, the node %d and %d", round,
+						len(c.memo.containers.items), len(c.memo.sandboxes.items), len(n.containers), len(n.sandboxes))
+				}
+				n.mu.Unlock()
 				before := map[string]*runtime.Pod{}
 				for _, p := range prev {
 					before[string(p.UID)] = p

@@ -75,6 +75,7 @@ func (c *Client) ItemStatuses(ctx context.Context, pod *runtime.Pod, sandboxes, 
 		}
 		if err == nil && s != nil {
 			ctOut[i] = convertContainer(s, ct)
+			ctOut[i].ImageRef = c.images.intern(ctOut[i].ImageRef)
 		}
 		return err
 	})
@@ -97,6 +98,7 @@ func convertSandbox(s *runtimeapi.PodSandboxStatus, sb *runtime.Container) *runt
 	if st.ID == "" {
 		st.ID = sb.ID
 	}
+	st.ID = same(st.ID, sb.ID)
 	return st
 }
 
@@ -125,7 +127,19 @@ func convertContainer(s *runtimeapi.ContainerStatus, ct *runtime.Container) *run
 	if st.Name == "" {
 		st.Name = ct.Name
 	}
+	// The cache keeps statuses for as long as the pod lives: share the
+	// listing's copies of the strings both have instead of keeping two.
+	st.ID, st.Name, st.Image = same(st.ID, ct.ID), same(st.Name, ct.Name), same(st.Image, ct.Image)
 	return st
+}
+
+// same returns listed when it equals s: one copy of a string the listing
+// and a status both hold.
+func same(s, listed string) string {
+	if s == listed {
+		return listed
+	}
+	return s
 }
 
 // each runs f(ctx, i) for every i in [0, n), at most c.statusConcurrency
@@ -243,4 +257,32 @@ func (c *Client) Status(ctx context.Context) ([]runtime.Condition, error) {
 		})
 	}
 	return conds, nil
+}
+
+// imageRefs interns image references: a node runs many containers of few
+// images, and the cache keeps every container's status.
+type imageRefs struct {
+	mu   sync.Mutex
+	refs map[string]string
+}
+
+// maxImageRefs bounds the table; past it, references are not interned.
+const maxImageRefs = 4096
+
+func (r *imageRefs) intern(s string) string {
+	if s == "" {
+		return s
+	}
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	if v, ok := r.refs[s]; ok {
+		return v
+	}
+	if r.refs == nil {
+		r.refs = map[string]string{}
+	}
+	if len(r.refs) < maxImageRefs {
+		r.refs[s] = s
+	}
+	return s
 }

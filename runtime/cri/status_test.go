@@ -3,11 +3,13 @@ package cri
 import (
 	"context"
 	"errors"
+	"fmt"
 	"reflect"
 	"sort"
 	"strings"
 	"testing"
 	"time"
+	"unsafe"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"google.golang.org/grpc/codes"
@@ -375,5 +377,23 @@ func TestPodStatusConcurrentError(t *testing.T) {
 	// client's timeout.
 	if time.Since(start) > 30*time.Second {
 		t.Fatal("the hung calls were not cancelled")
+	}
+}
+
+func TestImageRefsIntern(t *testing.T) {
+	var r imageRefs
+	a := r.intern(strings.Clone("sha256:abc"))
+	b := r.intern(strings.Clone("sha256:abc"))
+	if unsafe.StringData(a) != unsafe.StringData(b) {
+		t.Error("the same reference was kept twice")
+	}
+	for i := range maxImageRefs + 10 {
+		r.intern(fmt.Sprint("ref-", i))
+	}
+	if len(r.refs) > maxImageRefs {
+		t.Errorf("%d references interned, bound %d", len(r.refs), maxImageRefs)
+	}
+	if r.intern("") != "" {
+		t.Error("empty reference")
 	}
 }

@@ -161,42 +161,176 @@ type listReply struct {
 	// with the same bytes is taken from it instead of decoded (memo.go).
 	memo *itemMemo
 	seed maphash.Seed
+	// scratch holds an item split across the pieces of a reply.
+	scratch []byte
 }
 
 func decodeList(b []byte, r *listReply) error {
-	return walk(b, func(num protowire.Number, v []byte, _ uint64, varint bool) error {
-		if num != fieldListItems || varint {
+	return decodeListSlice(mem.BufferSlice{mem.SliceBuffer(b)}, r)
+}
+
+// decodeListSlice decodes a list reply as gRPC received it, in pieces,
+// without first copying it into one buffer: an item that lies within one
+// piece is read where it is, and only an item split across pieces is
+// copied, into r.scratch.
+func decodeListSlice(data mem.BufferSlice, r *listReply) error {
+	rd := pieceReader{data: data, rest: data.Len()}
+	for !rd.done() {
+		tag, ok := rd.varint()
+		if !ok {
+			return errMalformed
+		}
+		num, typ := protowire.DecodeTag(tag)
+		if num <= 0 {
+			return errMalformed
+		}
+		switch typ {
+		case protowire.VarintType:
+			if _, ok := rd.varint(); !ok {
+				return errMalformed
+			}
+		case protowire.Fixed32Type:
+			if !rd.skip(4) {
+				return errMalformed
+			}
+		case protowire.Fixed64Type:
+			if !rd.skip(8) {
+				return errMalformed
+			}
+		case protowire.BytesType:
+			n, ok := rd.varint()
+			if !ok || n > uint64(rd.left()) {
+				return errMalformed
+			}
+			if num != fieldListItems {
+				rd.skip(int(n))
+				continue
+			}
+			v := rd.bytes(int(n), &r.scratch)
+			if err := r.item(v); err != nil {
+				return err
+			}
+		default:
+			return errMalformed
+		}
+	}
+	return nil
+}
+
+// item decodes one sandbox or container of a list reply, or takes it from
+// the memo.
+func (r *listReply) item(v []byte) error {
+	var h uint64
+	if r.memo != nil {
+		maps := containerMaps
+		if r.sandboxes {
+			maps = sandboxMaps
+		}
+		it, hash, ok := r.memo.lookup(r.seed, v, maps)
+		if ok {
+			r.items = append(r.items, it)
 			return nil
 		}
-		var h uint64
-		if r.memo != nil {
-			maps := containerMaps
-			if r.sandboxes {
-				maps = sandboxMaps
-			}
-			it, hash, ok := r.memo.lookup(r.seed, v, maps)
-			if ok {
-				r.items = append(r.items, it)
-				return nil
-			}
-			h = hash
+		h = hash
+	}
+	var it listed
+	var err error
+	if r.sandboxes {
+		err = decodeSandbox(v, &it, r.strings)
+	} else {
+		err = decodeContainer(v, &it, r.strings)
+	}
+	if err != nil {
+		return err
+	}
+	if r.memo != nil {
+		r.memo.add(h, v, it)
+	}
+	r.items = append(r.items, it)
+	return nil
+}
+
+// pieceReader reads a message held in the pieces of a mem.BufferSlice.
+type pieceReader struct {
+	data mem.BufferSlice
+	i    int // current piece
+	off  int // offset in it
+	rest int // bytes left in all pieces
+}
+
+func (p *pieceReader) piece() []byte {
+	for p.i < len(p.data) {
+		if b := p.data[p.i].ReadOnlyData(); p.off < len(b) {
+			return b[p.off:]
 		}
-		var it listed
-		var err error
-		if r.sandboxes {
-			err = decodeSandbox(v, &it, r.strings)
-		} else {
-			err = decodeContainer(v, &it, r.strings)
+		p.i++
+		p.off = 0
+	}
+	return nil
+}
+
+func (p *pieceReader) done() bool { return len(p.piece()) == 0 }
+
+func (p *pieceReader) left() int { return p.rest }
+
+// advance moves past n bytes of the current piece.
+func (p *pieceReader) advance(n int) {
+	p.off += n
+	p.rest -= n
+}
+
+func (p *pieceReader) varint() (uint64, bool) {
+	if b := p.piece(); len(b) > 0 {
+		if x, n := protowire.ConsumeVarint(b); n > 0 {
+			p.advance(n)
+			return x, true
 		}
-		if err != nil {
-			return err
+	}
+	// Split across pieces (or malformed): a byte at a time.
+	var x uint64
+	for shift := 0; shift < 64; shift += 7 {
+		b := p.piece()
+		if len(b) == 0 {
+			return 0, false
 		}
-		if r.memo != nil {
-			r.memo.add(h, v, it)
+		p.advance(1)
+		x |= uint64(b[0]&0x7f) << shift
+		if b[0] < 0x80 {
+			return x, true
 		}
-		r.items = append(r.items, it)
-		return nil
-	})
+	}
+	return 0, false
+}
+
+func (p *pieceReader) skip(n int) bool {
+	for n > 0 {
+		b := p.piece()
+		if len(b) == 0 {
+			return false
+		}
+		k := min(n, len(b))
+		p.advance(k)
+		n -= k
+	}
+	return true
+}
+
+// bytes returns the next n bytes (n <= left()): where they are when in
+// one piece, else copied into *scratch.
+func (p *pieceReader) bytes(n int, scratch *[]byte) []byte {
+	if b := p.piece(); len(b) >= n {
+		p.advance(n)
+		return b[:n:n]
+	}
+	out := (*scratch)[:0]
+	for len(out) < n {
+		b := p.piece()
+		k := min(n-len(out), len(b))
+		out = append(out, b[:k]...)
+		p.advance(k)
+	}
+	*scratch = out
+	return out
 }
 
 func decodeSandbox(b []byte, it *listed, t *table) error {
@@ -308,9 +442,7 @@ func (leanCodec) Unmarshal(data mem.BufferSlice, v any) error {
 	if !ok {
 		return encoding.GetCodecV2("proto").Unmarshal(data, v)
 	}
-	buf := data.MaterializeToBuffer(mem.DefaultBufferPool())
-	defer buf.Free()
-	if err := decodeList(buf.ReadOnlyData(), r); err != nil {
+	if err := decodeListSlice(data, r); err != nil {
 		return fmt.Errorf("decoding the list reply: %w", err)
 	}
 	return nil

@@ -6,6 +6,7 @@ import (
 	"reflect"
 	"testing"
 
+	"google.golang.org/grpc/mem"
 	"google.golang.org/protobuf/proto"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
@@ -122,4 +123,63 @@ func FuzzWireDecode(f *testing.F) {
 		r := listReply{sandboxes: sandboxes, strings: in.begin()}
 		_ = decodeList(b, &r)
 	})
+}
+
+// pieces cuts b at random points, as gRPC hands a reply over in frames.
+func pieces(rng *rand.Rand, b []byte, maxPiece int) mem.BufferSlice {
+	var out mem.BufferSlice
+	for len(b) > 0 {
+		n := min(len(b), 1+rng.IntN(maxPiece))
+		out = append(out, mem.SliceBuffer(b[:n]))
+		b = b[n:]
+	}
+	return out
+}
+
+// A reply in pieces decodes as the same reply in one buffer, wherever the
+// cuts fall: inside tags, lengths and items.
+func TestWireDecodePieces(t *testing.T) {
+	rng := rand.New(rand.NewPCG(5, 6))
+	for round := range 40 {
+		sb, ct := randomReplies(rng, 1+round)
+		for _, msg := range []struct {
+			b         []byte
+			sandboxes bool
+		}{{marshal(t, sb), true}, {marshal(t, ct), false}} {
+			whole := listReply{sandboxes: msg.sandboxes, strings: (&interner{}).begin()}
+			if err := decodeList(msg.b, &whole); err != nil {
+				t.Fatal(err)
+			}
+			for _, maxPiece := range []int{1, 3, 17, 200} {
+				cut := listReply{sandboxes: msg.sandboxes, strings: (&interner{}).begin()}
+				if err := decodeListSlice(pieces(rng, msg.b, maxPiece), &cut); err != nil {
+					t.Fatalf("round %d, pieces of at most %d: %v", round, maxPiece, err)
+				}
+				if !reflect.DeepEqual(cut.items, whole.items) {
+					t.Fatalf("round %d, pieces of at most %d: items differ", round, maxPiece)
+				}
+			}
+		}
+	}
+	// Truncated anywhere: an error, in pieces as in one buffer.
+	_, ct := randomReplies(rng, 3)
+	b := marshal(t, ct)
+	for n := 1; n < len(b); n++ {
+		r := listReply{strings: (&interner{}).begin()}
+		errWhole := decodeList(b[:n], &r)
+		r = listReply{strings: (&interner{}).begin()}
+		errCut := decodeListSlice(pieces(rng, b[:n], 5), &r)
+		if (errWhole == nil) != (errCut == nil) {
+			t.Fatalf("truncated at %d: whole %v, in pieces %v", n, errWhole, errCut)
+		}
+	}
+}
+
+func marshal(t *testing.T, m proto.Message) []byte {
+	t.Helper()
+	b, err := proto.Marshal(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
 }
