@@ -15,15 +15,15 @@ import (
 )
 
 func init() {
-	// `pleg bench` re-executes this binary to serve the simulated runtime
-	// in a child process; the child serves and exits here, before any
-	// command runs.
+	// `pleg bench` re-executes this binary to serve the simulated runtime,
+	// and to run pleg's generator, in child processes; a child serves and
+	// exits here, before any command runs.
 	bench.MaybeServeChild()
 	register(newBenchCmd)
 }
 
 type benchOptions struct {
-	serial    bool
+	kubelet   string
 	scenario  string
 	relists   int
 	quick     bool
@@ -38,7 +38,7 @@ func newBenchCmd() *cobra.Command {
 	o := &benchOptions{}
 	cmd := &cobra.Command{
 		Use:   "bench",
-		Short: "Measure relists against the simulated runtime, beside the kubelet's serial algorithm",
+		Short: "Measure relists against the simulated runtime, beside the kubelet's own relist",
 		Long: `bench measures the generator against the simulated CRI runtime (the same
 runtime as 'pleg simulate', spoken to over real CRI gRPC on a unix socket) and
 reports, per scenario: relist duration p50/p99, runtime calls per relist,
@@ -48,6 +48,7 @@ Scenarios (--scenario, default all):
   66x7          66 pods x 7 containers, 10 pods changed per relist, 1 ms per call
   500x10        500 pods x 10 containers, 50 pods changed per relist, 1 ms per call
   1000x10-idle  1,000 pods x 10 containers, nothing changed, no latency
+  110x5-idle    110 pods x 5 containers, nothing changed, no latency
   110x5-hung    110 pods x 5 containers, one pod whose status calls hang
                 (request timeout 2s, pod inspection timeout 250ms,
                 relist threshold 1s, 100ms between relists)
@@ -68,34 +69,39 @@ the runtime calls made for the hung pod:
 Their targets: relist interval p99 at most period + pod inspection timeout
 + list p99 (hung-pod-events) or 2 x period + relist p99 (hint-storm); relist
 p99 at most the pod inspection timeout + list p99; Healthy() never false.
-They have no serial baseline: the kubelet makes no single-pod relists from
+They have no kubelet baseline: the kubelet makes no single-pod relists from
 runtime events.
 
-With --serial (the default) every scenario driven by hand also runs with
-the kubelet's algorithm (inspection bound 1, no pod inspection timeout)
-against an identical simulated node, and every figure is printed beside
-that baseline with the ratio pleg / serial.
+With --kubelet PATH, every scenario driven by hand also runs with the
+kubelet v1.36.3's own relist: PATH is the kubelet-relist program of the
+repository's test/kubelet module (build it with 'test/kubelet/build.sh DIR';
+it runs the kubelet's GenericPLEG over its kuberuntime manager and CRI
+client), against an identical simulated node with the same changes, and
+every figure is printed beside that baseline with the ratio pleg / kubelet,
+and the targets are checked against it.
 
-The simulated runtime runs in a child process (this binary, re-executed), so
-that the CPU time and allocations reported are the generator's own;
---in-process serves it from this process instead, and its work is then
-included. Relists are driven one after another by hand; between two relists
-exactly the scenario's number of pods change.
+The simulated runtime and each generator run in processes of their own
+(pleg's: this binary, re-executed), so that the CPU time, allocations and
+peak RSS reported are each generator's own; --in-process serves the
+simulated runtime and pleg's generator from this process instead (the
+simulator's work is then included, and pleg's peak RSS is not measured).
+Relists are driven one after another by hand; between two relists exactly
+the scenario's number of pods change.
 
-A full run takes about two minutes; --quick about fifteen seconds.`,
+A full run takes about ninety seconds with --kubelet; --quick about twenty.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error { return runBench(cmd, o) },
 	}
 	f := cmd.Flags()
-	f.BoolVar(&o.serial, "serial", true, "also run every scenario with the kubelet's serial algorithm as the baseline (--serial=false to skip)")
+	f.StringVar(&o.kubelet, "kubelet", "", "path of the kubelet-relist program (test/kubelet/build.sh builds it): also run every scenario with the kubelet's own relist as the baseline")
 	f.StringVar(&o.scenario, "scenario", "all", "scenarios to run: all, or names separated by commas ("+strings.Join(bench.Names(), ", ")+")")
-	f.IntVar(&o.relists, "relists", 0, "measured relists per run (0: each scenario's default; serial runs with a hung pod use at most 5; live scenarios run for a wall time instead)")
+	f.IntVar(&o.relists, "relists", 0, "measured relists per run (0: each scenario's default; kubelet runs with a hung pod use at most 5; live scenarios run for a wall time instead)")
 	f.BoolVar(&o.quick, "quick", false, "few relists per run: a smoke test, not a measurement")
 	f.StringVarP(&o.output, "output", "o", "text", "output format: text or json")
-	f.BoolVar(&o.inProcess, "in-process", false, "serve the simulated runtime from this process (its work is then counted in CPU and allocations)")
+	f.BoolVar(&o.inProcess, "in-process", false, "serve the simulated runtime and run pleg's generator in this process (the simulator's work is then counted in pleg's CPU and allocations; no peak RSS)")
 	f.IntVar(&o.parallel, "max-parallel-inspections", 0, "pleg's inspection bound (0: the library default)")
 	f.Uint64Var(&o.seed, "seed", 1, "seed of the simulated node")
-	f.StringVar(&o.cpuProf, "cpuprofile", "", "write a CPU profile of this process (the generator's side) to this file")
+	f.StringVar(&o.cpuProf, "cpuprofile", "", "write a CPU profile of this process to this file (with --in-process: pleg's generator and the simulated runtime)")
 	return cmd
 }
 
@@ -133,7 +139,7 @@ func runBench(cmd *cobra.Command, o *benchOptions) error {
 	}
 	rep, err := bench.Run(ctx, bench.Options{
 		Scenarios:              scenarios,
-		Serial:                 o.serial,
+		Kubelet:                o.kubelet,
 		Quick:                  o.quick,
 		Relists:                o.relists,
 		MaxParallelInspections: o.parallel,

@@ -6,6 +6,7 @@ import (
 	"context"
 	"encoding/json"
 	"io"
+	"maps"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -28,14 +29,14 @@ func TestMain(m *testing.M) {
 func small() Scenario {
 	return Scenario{
 		Name: "small", Pods: 12, Containers: 3, Changed: 4, Latency: time.Millisecond,
-		Relists: 3, SerialRelists: 2, Quick: 3, QuickSerial: 2,
+		Relists: 3, KubeletRelists: 2, Quick: 3, QuickKubelet: 2,
 		RequestTimeout: 5 * time.Second,
 	}
 }
 
 func TestRunQuickChildProcess(t *testing.T) {
 	sc := small()
-	rep, err := Run(context.Background(), Options{Scenarios: []Scenario{sc}, Serial: true, Quick: true})
+	rep, err := Run(context.Background(), Options{Scenarios: []Scenario{sc}, Quick: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -46,53 +47,27 @@ func TestRunQuickChildProcess(t *testing.T) {
 		t.Fatalf("%d scenarios, want 1", len(rep.Scenarios))
 	}
 	res := rep.Scenarios[0]
-	p, s := res.PLEG, res.Serial
-	if p == nil || s == nil {
-		t.Fatalf("runs: pleg %v, serial %v", p, s)
+	p := res.PLEG
+	if p == nil || res.Kubelet != nil {
+		t.Fatalf("runs: pleg %v, kubelet %v", p, res.Kubelet)
 	}
-	if p.Relists != 3 || s.Relists != 2 || len(p.RelistMs) != 3 || len(s.RelistMs) != 2 {
-		t.Errorf("relists: pleg %d (%d timed), serial %d (%d timed)", p.Relists, len(p.RelistMs), s.Relists, len(s.RelistMs))
+	checkRun(t, sc, p, 3)
+	if p.MaxParallelInspections <= 1 || p.ListP50Ms <= 0 {
+		t.Errorf("pleg bound %d, list p50 %v", p.MaxParallelInspections, p.ListP50Ms)
 	}
-	if p.MaxParallelInspections <= 1 || s.MaxParallelInspections != 1 || s.PodInspectionTimeoutMs != -1 {
-		t.Errorf("algorithms: pleg bound %d, serial bound %d timeout %v", p.MaxParallelInspections, s.MaxParallelInspections, s.PodInspectionTimeoutMs)
+	// pleg ran in a process of its own: a Go program's resident set, not
+	// this test binary's.
+	if p.PeakRSSBytes < 1<<20 {
+		t.Errorf("pleg peak RSS %d bytes", p.PeakRSSBytes)
 	}
-	// Each changed pod costs one sandbox and Containers container status
-	// calls; the listing two calls.
-	wantCalls := float64(2 + sc.Changed*(1+sc.Containers))
-	for _, r := range []*RunResult{p, s} {
-		if r.CallsPerRelist != wantCalls {
-			t.Errorf("%s: %v runtime calls per relist, want %v (%v)", r.Algorithm, r.CallsPerRelist, wantCalls, r.CallsByOp)
-		}
-		if !r.InspectedAsChanged || r.PodsInspectedPerRelist != float64(sc.Changed) {
-			t.Errorf("%s: inspected %v per relist (%d..%d), want %d", r.Algorithm, r.PodsInspectedPerRelist, r.InspectedMin, r.InspectedMax, sc.Changed)
-		}
-		if r.EventsPerRelist != float64(3*sc.Changed) {
-			t.Errorf("%s: %v events per relist, want %d", r.Algorithm, r.EventsPerRelist, 3*sc.Changed)
-		}
-		if r.RelistErrors != 0 || r.InspectionTimeouts != 0 {
-			t.Errorf("%s: %d relist errors, %v inspection timeouts", r.Algorithm, r.RelistErrors, r.InspectionTimeouts)
-		}
-		if r.RelistP50Ms <= 0 || r.RelistP99Ms < r.RelistP50Ms || r.ListP50Ms <= 0 {
-			t.Errorf("%s: relist p50 %v p99 %v, list %v", r.Algorithm, r.RelistP50Ms, r.RelistP99Ms, r.ListP50Ms)
-		}
-		if r.AllocsPerRelist <= 0 || r.AllocBytesPerRelist <= 0 || r.CPUPerRelistMs < 0 || r.SimCPUPerRelistMs < 0 {
-			t.Errorf("%s: allocs %v, bytes %v, cpu %v, sim cpu %v", r.Algorithm, r.AllocsPerRelist, r.AllocBytesPerRelist, r.CPUPerRelistMs, r.SimCPUPerRelistMs)
-		}
-	}
-	// Each of the serial relist's calls sleeps the latency, one after the
-	// other: a lower bound that holds however loaded the machine is.
-	if min := wantCalls * ms(sc.Latency); s.RelistP50Ms < min {
-		t.Errorf("serial relist p50 %vms, below the %vms its calls sleep", s.RelistP50Ms, min)
-	}
-	t.Logf("relist p50: pleg %.1fms, serial %.1fms", p.RelistP50Ms, s.RelistP50Ms)
 
 	var text bytes.Buffer
 	if err := rep.WriteText(&text); err != nil {
 		t.Fatal(err)
 	}
 	for _, want := range []string{"== small: 12 pods x 3 containers, 4 pods changed per relist, 1ms per runtime call",
-		"serial (kubelet algorithm)", "relist p50", "relist p99", "runtime calls / relist", "CPU / relist",
-		"allocations / relist", "every relist inspected exactly 4 pods", "child process"} {
+		"no kubelet baseline", "relist p50", "relist p99", "runtime calls / relist", "CPU / relist",
+		"allocations / relist", "peak RSS", "every relist inspected exactly 4 pods", "child process"} {
 		if !strings.Contains(text.String(), want) {
 			t.Errorf("text report lacks %q:\n%s", want, text.String())
 		}
@@ -105,38 +80,74 @@ func TestRunQuickChildProcess(t *testing.T) {
 	if err := json.Unmarshal(js.Bytes(), &back); err != nil {
 		t.Fatal(err)
 	}
-	if len(back.Scenarios) != 1 || back.Scenarios[0].Serial == nil || back.Scenarios[0].PLEG.CallsPerRelist != wantCalls {
+	if len(back.Scenarios) != 1 || back.Scenarios[0].PLEG == nil || back.Scenarios[0].PLEG.CallsPerRelist != p.CallsPerRelist {
 		t.Errorf("JSON report does not round-trip: %s", js.String())
+	}
+}
+
+// checkRun checks the figures of a run of the small scenario that the
+// simulated runtime determines: the runtime calls and events of every
+// relist, the pods inspected, and that everything was measured.
+func checkRun(t *testing.T, sc Scenario, r *RunResult, relists int) {
+	t.Helper()
+	if r.Relists != relists || len(r.RelistMs) != relists {
+		t.Errorf("%s: %d relists (%d timed), want %d", r.Algorithm, r.Relists, len(r.RelistMs), relists)
+	}
+	// The kubelet's GetPodStatus costs, for each changed pod, one sandbox
+	// and Containers container status calls; the listing two calls. pleg
+	// fetches at most that, and at least one status per changed pod.
+	full := map[string]float64{"list_podsandbox": 1, "list_containers": 1,
+		"podsandbox_status": float64(sc.Changed), "container_status": float64(sc.Changed * sc.Containers)}
+	if r.Algorithm == "kubelet" {
+		if !maps.Equal(r.CallsByOp, full) || r.CallsPerRelist != float64(2+sc.Changed*(1+sc.Containers)) {
+			t.Errorf("kubelet: %v runtime calls per relist %v, want %v", r.CallsPerRelist, r.CallsByOp, full)
+		}
+	} else {
+		for op, n := range r.CallsByOp {
+			if n > full[op] {
+				t.Errorf("%s: %v %s calls per relist, more than the kubelet's %v", r.Algorithm, n, op, full[op])
+			}
+		}
+		if r.CallsByOp["list_podsandbox"] != 1 || r.CallsByOp["list_containers"] != 1 || r.CallsPerRelist < float64(2+sc.Changed) {
+			t.Errorf("%s: %v runtime calls per relist %v", r.Algorithm, r.CallsPerRelist, r.CallsByOp)
+		}
+	}
+	if !r.InspectedAsChanged || r.PodsInspectedPerRelist != float64(sc.Changed) {
+		t.Errorf("%s: inspected %v per relist (%d..%d), want %d", r.Algorithm, r.PodsInspectedPerRelist, r.InspectedMin, r.InspectedMax, sc.Changed)
+	}
+	if r.EventsPerRelist != float64(3*sc.Changed) || r.DiscardedEvents != 0 {
+		t.Errorf("%s: %v events per relist (%v discarded), want %d", r.Algorithm, r.EventsPerRelist, r.DiscardedEvents, 3*sc.Changed)
+	}
+	if r.RelistErrors != 0 || r.InspectionTimeouts != 0 {
+		t.Errorf("%s: %d relist errors, %v inspection timeouts", r.Algorithm, r.RelistErrors, r.InspectionTimeouts)
+	}
+	if r.RelistP50Ms <= 0 || r.RelistP99Ms < r.RelistP50Ms {
+		t.Errorf("%s: relist p50 %v p99 %v", r.Algorithm, r.RelistP50Ms, r.RelistP99Ms)
+	}
+	if r.AllocsPerRelist <= 0 || r.AllocBytesPerRelist <= 0 || r.CPUPerRelistMs <= 0 || r.SimCPUPerRelistMs < 0 {
+		t.Errorf("%s: allocs %v, bytes %v, cpu %v, sim cpu %v", r.Algorithm, r.AllocsPerRelist, r.AllocBytesPerRelist, r.CPUPerRelistMs, r.SimCPUPerRelistMs)
 	}
 }
 
 func TestRunHungPodInProcess(t *testing.T) {
 	sc := Scenario{
 		Name: "hung", Pods: 6, Containers: 2, HungPods: 1,
-		Relists: 8, SerialRelists: 2,
+		Relists: 8, KubeletRelists: 2,
 		Pause:             20 * time.Millisecond,
 		RequestTimeout:    600 * time.Millisecond,
 		InspectionTimeout: 100 * time.Millisecond,
 		RelistThreshold:   400 * time.Millisecond,
 	}
-	rep, err := Run(context.Background(), Options{Scenarios: []Scenario{sc}, Serial: true, InProcess: true})
+	rep, err := Run(context.Background(), Options{Scenarios: []Scenario{sc}, InProcess: true})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if rep.Runtime != "in-process" {
 		t.Errorf("runtime %q", rep.Runtime)
 	}
-	p, s := rep.Scenarios[0].PLEG, rep.Scenarios[0].Serial
-	if p.SimCPUPerRelistMs != -1 {
-		t.Errorf("simulator CPU reported in process: %v", p.SimCPUPerRelistMs)
-	}
-	// The serial algorithm waits for the full request timeout every
-	// relist, longer than the threshold: unhealthy, deterministically.
-	if s.RelistP50Ms < ms(sc.RequestTimeout) {
-		t.Errorf("serial relist p50 %vms, want at least the request timeout", s.RelistP50Ms)
-	}
-	if s.Health == nil || s.Health.HealthyThroughout || s.Health.UnhealthySamples == 0 {
-		t.Errorf("serial health: %+v", s.Health)
+	p := rep.Scenarios[0].PLEG
+	if p.SimCPUPerRelistMs != -1 || p.PeakRSSBytes != -1 {
+		t.Errorf("simulator CPU %v, peak RSS %v reported in process", p.SimCPUPerRelistMs, p.PeakRSSBytes)
 	}
 	// pleg gives up on the pod after the inspection timeout.
 	if p.InspectionTimeouts < 1 {
@@ -145,27 +156,18 @@ func TestRunHungPodInProcess(t *testing.T) {
 	if p.RelistMaxMs >= ms(sc.RequestTimeout) {
 		t.Errorf("pleg relist max %vms, want well under the request timeout", p.RelistMaxMs)
 	}
-	if p.Health == nil || p.Health.Samples == 0 {
-		t.Fatalf("pleg health not sampled: %+v", p.Health)
+	if p.Health == nil || p.Health.Samples != 2*p.Relists || !p.Health.HealthyThroughout {
+		t.Fatalf("pleg health: %+v", p.Health)
 	}
-	t.Logf("pleg: p50 %.1fms p99 %.1fms, health %+v; serial: p50 %.1fms, health %+v",
-		p.RelistP50Ms, p.RelistP99Ms, *p.Health, s.RelistP50Ms, *s.Health)
+	t.Logf("pleg: p50 %.1fms p99 %.1fms, health %+v", p.RelistP50Ms, p.RelistP99Ms, *p.Health)
 
-	// The text report, with and without the serial baseline.
-	for _, serial := range []bool{true, false} {
-		r := *rep
-		r.Scenarios = slices.Clone(rep.Scenarios)
-		if !serial {
-			r.Scenarios[0].Serial = nil
-		}
-		var text bytes.Buffer
-		if err := r.WriteText(&text); err != nil {
-			t.Fatal(err)
-		}
-		for _, want := range []string{"1 pod whose status calls hang", "longest without a relist", "healthy the whole time", "pod inspection timeouts"} {
-			if !strings.Contains(text.String(), want) {
-				t.Errorf("serial %v: text report lacks %q:\n%s", serial, want, text.String())
-			}
+	var text bytes.Buffer
+	if err := rep.WriteText(&text); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"1 pod whose status calls hang", "longest without a relist", "healthy the whole time", "pod inspection timeouts"} {
+		if !strings.Contains(text.String(), want) {
+			t.Errorf("text report lacks %q:\n%s", want, text.String())
 		}
 	}
 }
@@ -296,7 +298,7 @@ func TestChildFailureIsReported(t *testing.T) {
 
 func TestLookup(t *testing.T) {
 	all, err := Lookup("all")
-	if err != nil || len(all) != 6 {
+	if err != nil || len(all) != 7 {
 		t.Fatalf("all: %d, %v", len(all), err)
 	}
 	two, err := Lookup("500x10, 110x5-hung")
@@ -307,7 +309,7 @@ func TestLookup(t *testing.T) {
 		t.Fatalf("unknown: %v", err)
 	}
 	// The scenarios.
-	want := map[string][4]int{"66x7": {66, 7, 10, 0}, "500x10": {500, 10, 50, 0}, "1000x10-idle": {1000, 10, 0, 0}, "110x5-hung": {110, 5, 0, 1},
+	want := map[string][4]int{"66x7": {66, 7, 10, 0}, "500x10": {500, 10, 50, 0}, "1000x10-idle": {1000, 10, 0, 0}, "110x5-idle": {110, 5, 0, 0}, "110x5-hung": {110, 5, 0, 1},
 		"hung-pod-events": {110, 5, 0, 1}, "hint-storm": {500, 5, 0, 0}}
 	for _, s := range all {
 		w := want[s.Name]
@@ -316,32 +318,32 @@ func TestLookup(t *testing.T) {
 		}
 	}
 	// The live scenarios: the case and the storm.
-	hung, storm := all[4].Live, all[5].Live
+	hung, storm := all[5].Live, all[6].Live
 	if hung == nil || !hung.HangLists || hung.HungPodEvents != 20*time.Millisecond || hung.RelistPeriod != 20*time.Millisecond ||
-		all[4].InspectionTimeout != time.Second || all[4].RequestTimeout != 2*time.Minute || all[4].Latency != time.Millisecond {
-		t.Errorf("hung-pod-events: %+v %+v", all[4], hung)
+		all[5].InspectionTimeout != time.Second || all[5].RequestTimeout != 2*time.Minute || all[5].Latency != time.Millisecond {
+		t.Errorf("hung-pod-events: %+v %+v", all[5], hung)
 	}
 	if storm == nil || storm.EventStorm < 1000 || storm.RelistPeriod != 100*time.Millisecond {
-		t.Errorf("hint-storm: %+v %+v", all[5], storm)
+		t.Errorf("hint-storm: %+v %+v", all[6], storm)
 	}
 }
 
 func TestRelistCounts(t *testing.T) {
-	s := Scenarios()[3] // hung
+	s := Scenarios()[4] // 110x5-hung
 	for _, c := range []struct {
-		serial, quick bool
-		override      int
-		want          int
+		kubelet, quick bool
+		override       int
+		want           int
 	}{
 		{false, false, 0, s.Relists},
-		{true, false, 0, s.SerialRelists},
+		{true, false, 0, s.KubeletRelists},
 		{false, true, 0, s.Quick},
-		{true, true, 0, s.QuickSerial},
+		{true, true, 0, s.QuickKubelet},
 		{false, false, 100, 100},
-		{true, false, 100, maxHungSerialRelists},
+		{true, false, 100, maxHungKubeletRelists},
 	} {
-		if got := s.relists(c.serial, c.quick, c.override); got != c.want {
-			t.Errorf("relists(serial %v, quick %v, override %d) = %d, want %d", c.serial, c.quick, c.override, got, c.want)
+		if got := s.relists(c.kubelet, c.quick, c.override); got != c.want {
+			t.Errorf("relists(kubelet %v, quick %v, override %d) = %d, want %d", c.kubelet, c.quick, c.override, got, c.want)
 		}
 	}
 }
@@ -378,25 +380,36 @@ func TestFormats(t *testing.T) {
 }
 
 func TestEvaluate(t *testing.T) {
-	p := &RunResult{RelistP50Ms: 80, RelistP99Ms: 257, PodInspectionTimeoutMs: 250, ListP99Ms: 8, CPUPerRelistMs: 20,
+	p := &RunResult{RelistP50Ms: 40, RelistP99Ms: 257, PodInspectionTimeoutMs: 250, ListP99Ms: 8, CPUPerRelistMs: 2,
+		CallsPerRelist: 110, PeakRSSBytes: 20 << 20,
 		Health: &HealthResult{Samples: 10, HealthyThroughout: true, ThresholdMs: 1000}}
-	s := &RunResult{RelistP50Ms: 870}
-	if ts := evaluate(Scenario{Name: "500x10"}, p, s, false); len(ts) != 1 || !ts[0].Met || !ts[0].Checked {
-		t.Errorf("500x10: %+v", ts)
+	k := &RunResult{RelistP50Ms: 800, CallsPerRelist: 552, CPUPerRelistMs: 20}
+	met := func(ts []Target) []bool {
+		var out []bool
+		for _, t := range ts {
+			out = append(out, t.Checked && t.Met)
+		}
+		return out
 	}
-	if ts := evaluate(Scenario{Name: "500x10"}, p, nil, false); ts[0].Checked {
-		t.Errorf("500x10 without serial: %+v", ts)
-	}
-	if ts := evaluate(Scenario{Name: "1000x10-idle"}, p, s, false); !ts[0].Met {
-		t.Errorf("idle: %+v", ts)
-	}
-	ts := evaluate(Scenario{Name: "110x5-hung"}, p, s, false)
-	if len(ts) != 2 || !ts[0].Met || !ts[1].Met {
-		t.Errorf("hung: %+v", ts)
-	}
-	p.RelistP99Ms = 259
-	if ts := evaluate(Scenario{Name: "110x5-hung"}, p, s, false); ts[0].Met {
-		t.Errorf("hung over the bound: %+v", ts)
+	for _, c := range []struct {
+		name string
+		p, k *RunResult
+		want []bool
+	}{
+		{"500x10", p, k, []bool{true, true}},
+		{"500x10", &RunResult{RelistP50Ms: 41, CallsPerRelist: 111}, k, []bool{false, false}},
+		{"500x10", p, nil, []bool{false, false}},
+		{"1000x10-idle", p, k, []bool{true, true}},
+		{"1000x10-idle", &RunResult{CPUPerRelistMs: 2.1, PeakRSSBytes: 40<<20 + 1}, k, []bool{false, false}},
+		{"110x5-idle", p, k, []bool{true, true}},
+		{"110x5-idle", &RunResult{CPUPerRelistMs: 2, PeakRSSBytes: 20<<20 + 1}, k, []bool{true, false}},
+		{"110x5-idle", &RunResult{CPUPerRelistMs: 2, PeakRSSBytes: -1}, nil, []bool{false, false}},
+		{"110x5-hung", p, nil, []bool{true, true}},
+		{"110x5-hung", &RunResult{RelistP99Ms: 259, PodInspectionTimeoutMs: 250, ListP99Ms: 8}, nil, []bool{false, false}},
+	} {
+		if got := met(evaluate(Scenario{Name: c.name}, c.p, c.k)); !slices.Equal(got, c.want) {
+			t.Errorf("%s (pleg %+v): met %v, want %v: %+v", c.name, c.p, got, c.want, evaluate(Scenario{Name: c.name}, c.p, c.k))
+		}
 	}
 }
 
@@ -425,7 +438,7 @@ func TestLiveScenariosQuick(t *testing.T) {
 	for i := range scs {
 		scs[i].RelistThreshold = max(scs[i].RelistThreshold, 3*time.Second)
 	}
-	rep, err := Run(context.Background(), Options{Scenarios: scs, Serial: true, Quick: true})
+	rep, err := Run(context.Background(), Options{Scenarios: scs, Quick: true})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -434,8 +447,8 @@ func TestLiveScenariosQuick(t *testing.T) {
 	}
 	for _, res := range rep.Scenarios {
 		sc, r := res.Scenario, res.Live
-		if r == nil || res.PLEG != nil || res.Serial != nil {
-			t.Fatalf("%s: live %v, pleg %v, serial %v", sc.Name, r, res.PLEG, res.Serial)
+		if r == nil || res.PLEG != nil || res.Kubelet != nil {
+			t.Fatalf("%s: live %v, pleg %v, kubelet %v", sc.Name, r, res.PLEG, res.Kubelet)
 		}
 		t.Logf("%s: %d relists in %.0fms, interval p50 %.1fms p99 %.1fms max %.1fms, relist p99 %.1fms, list p99 %.1fms, unhealthy %d of %d, events %d/%d, ListPod %d, skipped %v, hung pod calls %v",
 			sc.Name, r.Relists, r.WindowMs, r.IntervalP50Ms, r.IntervalP99Ms, r.IntervalMaxMs, r.RelistP99Ms, r.ListP99Ms,
@@ -492,7 +505,7 @@ func TestLiveScenariosQuick(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, want := range []string{"== hung-pod-events: 110 pods x 5 containers, 1 pod whose status calls and filtered list calls hang",
-		"== hint-storm: ", " runtime events per second spread over every pod", "serial (kubelet algorithm): not applicable",
+		"== hint-storm: ", " runtime events per second spread over every pod", "kubelet: not applicable",
 		"relist interval p99", "Healthy() false (checks every 50ms)", "hung pod: runtime calls received (window)",
 		"target: global relists keep coming every period", "target: relist p99 at most the pod inspection timeout plus one list round trip",
 		"target: Healthy() never false"} {

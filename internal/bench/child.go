@@ -28,7 +28,22 @@ const ChildEnv = "PLEG_BENCH_RUNTIME_CHILD"
 // returns at once. Binaries that run benchmarks with the simulated runtime
 // in a child process (the default) call it first thing: pleg's main
 // package from an init function, test binaries from TestMain.
+//
+// With RelisterEnv set instead, it serves pleg's relister (ServeRelister)
+// configured by that variable's JSON value.
 func MaybeServeChild() {
+	if js, ok := os.LookupEnv(RelisterEnv); ok {
+		var c plegConfig
+		err := json.Unmarshal([]byte(js), &c)
+		if err == nil {
+			err = ServeRelister(c, os.Stdin, os.Stdout)
+		}
+		if err != nil {
+			fmt.Fprintf(os.Stderr, "pleg bench relister: %v\n", err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
 	if os.Getenv(ChildEnv) != "1" {
 		return
 	}

@@ -31,7 +31,7 @@ import (
 //
 // The kubelet has no single-pod relists (its PLEG ignores runtime events
 // unless the Evented PLEG feature is on, and that one relists no pod on its
-// own), so these scenarios have no serial baseline.
+// own), so these scenarios have no kubelet baseline.
 
 // healthEvery is how often a live run calls Healthy (and reads the recent
 // relists, which the generator keeps 300 of).
@@ -169,6 +169,30 @@ func (p *liveProbe) PodStatus(ctx context.Context, pod *runtime.Pod) (*runtime.P
 	return p.Runtime.PodStatus(ctx, pod)
 }
 
+// asRuntime returns the probe as the generator's runtime, with the
+// client's single-item status fetches when it has them (see probe.asRuntime).
+func (p *liveProbe) asRuntime() runtime.Runtime {
+	if is, ok := p.Runtime.(runtime.ItemStatuser); ok {
+		return liveItemProbe{p, is}
+	}
+	return p
+}
+
+// liveItemProbe is a liveProbe whose client fetches single items; a fetch
+// of a pod's changed items counts as a pod status fetch.
+type liveItemProbe struct {
+	*liveProbe
+	is runtime.ItemStatuser
+}
+
+func (p liveItemProbe) ItemStatuses(ctx context.Context, pod *runtime.Pod, sbs, cts []*runtime.Container) ([]*runtime.SandboxStatus, []*runtime.ContainerStatus, error) {
+	p.podStatuses.Add(1)
+	if pod != nil && p.isHung(pod.UID) {
+		p.hungPodStatuses.Add(1)
+	}
+	return p.is.ItemStatuses(ctx, pod, sbs, cts)
+}
+
 // listsIn returns the durations of the listings that started in [from, to].
 func (p *liveProbe) listsIn(from, to time.Time) []time.Duration {
 	p.mu.Lock()
@@ -227,9 +251,9 @@ func runLive(ctx context.Context, o Options, sc Scenario) (_ *LiveResult, err er
 	}
 	defer client.Close()
 	pr := &liveProbe{Runtime: client}
-	alg := plegAlgorithm(sc, o.MaxParallelInspections)
+	alg := plegColumn(sc, o.MaxParallelInspections)
 	g, err := pleg.New(pleg.Options{
-		Runtime:                pr,
+		Runtime:                pr.asRuntime(),
 		EventSource:            client,
 		Events:                 pleg.EventsOn,
 		Metrics:                m,

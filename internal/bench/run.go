@@ -7,41 +7,43 @@ import (
 	"io"
 	"math"
 	"os/exec"
-	goruntime "runtime"
 	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
 
-	"github.com/go-logr/logr"
 	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/podlifecycle/pleg"
-	"github.com/podlifecycle/pleg/metrics"
 	"github.com/podlifecycle/pleg/runtime"
-	"github.com/podlifecycle/pleg/runtime/cri"
 )
 
 // Options configure a benchmark run.
 type Options struct {
 	// Scenarios to run; Scenarios() when empty.
 	Scenarios []Scenario
-	// Serial also runs every scenario with the kubelet's serial algorithm
-	// (MaxParallelInspections 1, no pod inspection timeout) as a baseline.
-	Serial bool
+	// Kubelet, when set, is the path of the kubelet-relist program
+	// (test/kubelet/cmd/kubelet-relist: the kubelet v1.36.3's own
+	// GenericPLEG, runtime manager and CRI client): every scenario driven
+	// by hand then also runs with it, against an identical simulated node,
+	// as the baseline.
+	Kubelet string
 	// Quick uses the scenarios' small relist counts and the live
 	// scenarios' short windows (for tests and smoke runs).
 	Quick bool
 	// Relists, when positive, overrides the number of measured relists of
-	// every run (serial runs with a hung pod use at most 5). Live
+	// every run (kubelet runs with a hung pod use at most 5). Live
 	// scenarios run for a wall time instead.
 	Relists int
 	// MaxParallelInspections is pleg's inspection bound (0: the library's
 	// default).
 	MaxParallelInspections int
-	// InProcess serves the simulated runtime from this process; its work
-	// is then included in the CPU and allocation figures.
+	// InProcess serves the simulated runtime from this process and runs
+	// pleg's generator in this process too; its CPU time and allocations
+	// then include the simulator's work, and its peak RSS is not measured.
+	// Otherwise pleg's generator runs in a child process of its own (this
+	// binary re-executed, see MaybeServeChild), like the kubelet's.
 	InProcess bool
 	// ChildCommand returns the command that serves the simulated runtime
 	// in a child process (see MaybeServeChild); DefaultChildCommand when
@@ -63,7 +65,7 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	}
 	rep := newReport(o)
 	for _, sc := range o.Scenarios {
-		res := ScenarioResult{Scenario: sc, Description: sc.Description(), Reference: kubeletReference(sc.Name)}
+		res := ScenarioResult{Scenario: sc, Description: sc.Description()}
 		if sc.Live != nil {
 			if o.Progress != nil {
 				fmt.Fprintf(o.Progress, "pleg bench: %s: live, %v...\n", sc.Name, sc.Live.window(o.Quick))
@@ -77,39 +79,42 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 			rep.Scenarios = append(rep.Scenarios, res)
 			continue
 		}
-		algs := []algorithm{plegAlgorithm(sc, o.MaxParallelInspections)}
-		if o.Serial {
-			algs = append(algs, serialAlgorithm())
+		cols := []column{plegColumn(sc, o.MaxParallelInspections)}
+		if o.Kubelet != "" {
+			cols = append(cols, column{kubelet: true, inspectionTimeout: -1})
 		}
-		for _, alg := range algs {
-			n := sc.relists(alg.serial, o.Quick, o.Relists)
+		for _, col := range cols {
+			n := sc.relists(col.kubelet, o.Quick, o.Relists)
 			if o.Progress != nil {
-				fmt.Fprintf(o.Progress, "pleg bench: %s: %s, %d relists...\n", sc.Name, alg.name(), n)
+				fmt.Fprintf(o.Progress, "pleg bench: %s: %s, %d relists...\n", sc.Name, col.name(), n)
 			}
-			run, err := runOne(ctx, o, sc, alg, n)
+			run, err := runOne(ctx, o, sc, col, n)
 			if err != nil {
-				return nil, fmt.Errorf("scenario %s (%s): %w", sc.Name, alg.name(), err)
+				return nil, fmt.Errorf("scenario %s (%s): %w", sc.Name, col.name(), err)
 			}
-			if alg.serial {
-				res.Serial = run
+			if col.kubelet {
+				res.Kubelet = run
 			} else {
 				res.PLEG = run
 			}
 		}
-		res.Targets = evaluate(sc, res.PLEG, res.Serial, o.InProcess)
+		res.Targets = evaluate(sc, res.PLEG, res.Kubelet)
 		rep.Scenarios = append(rep.Scenarios, res)
 	}
 	return rep, nil
 }
 
-// algorithm is how the generator inspects changed pods.
-type algorithm struct {
-	serial            bool
-	parallel          int           // MaxParallelInspections as set
-	inspectionTimeout time.Duration // as set; negative: disabled
+// column is one generator a scenario runs with.
+type column struct {
+	// kubelet: the kubelet's own relist (Options.Kubelet), one pod after
+	// another, each waited for as long as the runtime request timeout
+	// allows.
+	kubelet           bool
+	parallel          int           // pleg's MaxParallelInspections as set
+	inspectionTimeout time.Duration // pleg's, as set; negative: none
 }
 
-func plegAlgorithm(sc Scenario, parallel int) algorithm {
+func plegColumn(sc Scenario, parallel int) column {
 	if parallel <= 0 {
 		parallel = pleg.DefaultMaxParallelInspections
 	}
@@ -117,18 +122,12 @@ func plegAlgorithm(sc Scenario, parallel int) algorithm {
 	if timeout == 0 {
 		timeout = pleg.DefaultPodInspectionTimeout
 	}
-	return algorithm{parallel: parallel, inspectionTimeout: timeout}
+	return column{parallel: parallel, inspectionTimeout: timeout}
 }
 
-// serialAlgorithm is the kubelet's: one pod after another, and a pod's
-// status is waited for as long as the runtime request timeout allows.
-func serialAlgorithm() algorithm {
-	return algorithm{serial: true, parallel: 1, inspectionTimeout: -1}
-}
-
-func (a algorithm) name() string {
-	if a.serial {
-		return "serial"
+func (c column) name() string {
+	if c.kubelet {
+		return "kubelet"
 	}
 	return "pleg"
 }
@@ -161,6 +160,28 @@ func (p *probe) ListPod(ctx context.Context, uid types.UID) (*runtime.Pod, error
 	return p.Runtime.ListPod(ctx, uid)
 }
 
+// asRuntime returns the probe as the generator's runtime: with single-item
+// status fetches (runtime.ItemStatuser, pleg's delta inspection) when the
+// client has them, so that the probe hides nothing of the client.
+func (p *probe) asRuntime() runtime.Runtime {
+	if is, ok := p.Runtime.(runtime.ItemStatuser); ok {
+		return itemProbe{p, is}
+	}
+	return p
+}
+
+// itemProbe is a probe whose client fetches single items; a fetch of a
+// pod's changed items counts as the pod's inspection.
+type itemProbe struct {
+	*probe
+	is runtime.ItemStatuser
+}
+
+func (p itemProbe) ItemStatuses(ctx context.Context, pod *runtime.Pod, sbs, cts []*runtime.Container) ([]*runtime.SandboxStatus, []*runtime.ContainerStatus, error) {
+	p.inspected.Add(1)
+	return p.is.ItemStatuses(ctx, pod, sbs, cts)
+}
+
 func startDriver(o Options, cfg simConfig) (driver, error) {
 	if o.InProcess {
 		return startLocal(cfg)
@@ -176,13 +197,49 @@ func startDriver(o Options, cfg simConfig) (driver, error) {
 	return startChild(cmd, cfg)
 }
 
-// warmupRelists are run before the measured ones, without call latency:
-// the first inspects every pod, the second finds nothing to do.
-const warmupRelists = 2
+// startRelisterFor starts the column's generator against endpoint. ctx
+// bounds a child process's life.
+func startRelisterFor(ctx context.Context, o Options, sc Scenario, col column, endpoint string) (relister, error) {
+	if col.kubelet {
+		return startRelister(ctx, "kubelet", kubeletCommand(o.Kubelet, endpoint, sc.RequestTimeout), false)
+	}
+	cfg := plegConfig{
+		Endpoint: endpoint, RequestTimeout: sc.RequestTimeout, Parallel: col.parallel,
+		InspectionTimeout: col.inspectionTimeout, RelistThreshold: sc.RelistThreshold,
+	}
+	if o.InProcess {
+		return newPLEGRelister(cfg)
+	}
+	cmd, err := plegChildCommand(cfg)
+	if err != nil {
+		return nil, err
+	}
+	return startRelister(ctx, "pleg", cmd, cfg.RelistThreshold > 0)
+}
 
-// runOne measures relists relists of one scenario with one algorithm,
-// against a fresh simulated runtime.
-func runOne(ctx context.Context, o Options, sc Scenario, alg algorithm, relists int) (_ *RunResult, err error) {
+// warmupRelists are run before the measured ones, without call latency:
+// the first inspects every pod, the second finds nothing to do. On a busy
+// machine a pod inspection can time out in the first and be retried in
+// the next: warm-up then goes on until a relist inspects nothing, up to
+// maxWarmupRelists.
+const (
+	warmupRelists    = 2
+	maxWarmupRelists = 6
+)
+
+// inspectedBy returns the pods a relist inspected: as pleg counted them,
+// or, for the kubelet, its PodSandboxStatus calls (it makes one per
+// sandbox of every pod it inspects, and a simulated pod has one sandbox).
+func inspectedBy(r *relistResult) int64 {
+	if r.Inspected != nil {
+		return *r.Inspected
+	}
+	return int64(r.Calls["podsandbox_status"])
+}
+
+// runOne measures relists relists of one scenario with one column, against
+// a fresh simulated runtime.
+func runOne(ctx context.Context, o Options, sc Scenario, col column, relists int) (_ *RunResult, err error) {
 	drv, err := startDriver(o, simConfig{Seed: o.Seed, Pods: sc.Pods, Containers: sc.Containers})
 	if err != nil {
 		return nil, err
@@ -192,58 +249,36 @@ func runOne(ctx context.Context, o Options, sc Scenario, alg algorithm, relists 
 			err = cerr
 		}
 	}()
-
-	reg := prometheus.NewRegistry()
-	m := metrics.New(reg)
-	// The kubelet's algorithm also makes a pod's status calls one after
-	// another.
-	statusConcurrency := cri.DefaultStatusConcurrency
-	if alg.serial {
-		statusConcurrency = 1
-	}
-	client, err := cri.Dial(drv.Endpoint(), cri.WithTimeout(sc.RequestTimeout), cri.WithMetrics(m),
-		cri.WithLogger(logr.Discard()), cri.WithStatusConcurrency(statusConcurrency))
+	cctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	rl, err := startRelisterFor(cctx, o, sc, col, drv.Endpoint())
 	if err != nil {
 		return nil, err
 	}
-	defer client.Close()
-	pr := &probe{Runtime: client}
-	gopts := pleg.Options{
-		Runtime:                pr,
-		Metrics:                m,
-		MaxParallelInspections: alg.parallel,
-		PodInspectionTimeout:   alg.inspectionTimeout,
-		RelistThreshold:        sc.RelistThreshold,
-		Events:                 pleg.EventsOff,
-	}
-	g, err := pleg.New(gopts)
-	if err != nil {
-		return nil, err
-	}
-	// Stop cancels abandoned inspections, so it returns at once even
-	// with a hung pod.
-	defer g.Stop()
-	events := g.Watch()
-	drain := func() int {
-		n := 0
-		for {
-			select {
-			case <-events:
-				n++
-			default:
-				return n
-			}
+	defer func() {
+		if cerr := rl.close(); err == nil && cerr != nil {
+			err = cerr
 		}
-	}
+	}()
 
-	for range warmupRelists {
-		if err := g.Relist(ctx); err != nil {
+	var warm int64
+	for i := 1; ; i++ {
+		r, err := rl.relist(ctx)
+		if err != nil {
 			return nil, fmt.Errorf("warm-up relist: %w", err)
 		}
-		drain()
+		n := inspectedBy(r)
+		warm += n
+		if i >= warmupRelists && n == 0 {
+			break
+		}
+		if i == maxWarmupRelists {
+			return nil, fmt.Errorf("warm-up relist %d still inspected %d pods", i, n)
+		}
 	}
-	if got := pr.inspected.Load(); got != int64(sc.Pods) {
-		return nil, fmt.Errorf("warm-up relists inspected %d pods, want %d", got, sc.Pods)
+	// Every pod is new to the generator: each is inspected at least once.
+	if warm < int64(sc.Pods) {
+		return nil, fmt.Errorf("warm-up relists inspected %d pods, want at least %d", warm, sc.Pods)
 	}
 	if sc.Latency > 0 {
 		if err := drv.SetLatency(sc.Latency); err != nil {
@@ -257,35 +292,32 @@ func runOne(ctx context.Context, o Options, sc Scenario, alg algorithm, relists 
 	}
 
 	res := &RunResult{
-		Algorithm:              alg.name(),
-		MaxParallelInspections: alg.parallel,
-		PodInspectionTimeoutMs: ms(alg.inspectionTimeout),
+		Algorithm:              col.name(),
+		MaxParallelInspections: col.parallel,
+		PodInspectionTimeoutMs: ms(col.inspectionTimeout),
 		Relists:                relists,
 		RequestTimeoutMs:       ms(sc.RequestTimeout),
 	}
-	if alg.inspectionTimeout < 0 {
+	if col.inspectionTimeout < 0 {
 		res.PodInspectionTimeoutMs = -1
 	}
 
-	var health *healthWatch
-	if sc.RelistThreshold > 0 {
-		health = newHealthWatch(g, sc.RelistThreshold)
+	if err := rl.watchHealth(); err != nil {
+		return nil, err
 	}
-
-	ops0 := counters(reg)
 	simCPU0, err := drv.CPU()
 	if err != nil {
 		return nil, err
 	}
 	var (
-		durs            []time.Duration
+		durs, lists     []time.Duration
 		cpu             time.Duration
 		mallocs, bytes  uint64
 		inspected       []int64
-		lists           []time.Duration
 		beyondList      time.Duration
 		eventsTotal     int
-		ms0, ms1        goruntime.MemStats
+		discarded       float64
+		calls           = map[string]float64{}
 		wantInspections = int64(sc.Changed)
 	)
 	for i := range relists {
@@ -301,34 +333,29 @@ func runOne(ctx context.Context, o Options, sc Scenario, alg algorithm, relists 
 				return nil, fmt.Errorf("changed %d pods, want %d", n, sc.Changed)
 			}
 		}
-		if health != nil {
-			health.check()
+		r, err := rl.relist(ctx)
+		if err != nil {
+			return nil, err
 		}
-		pr.inspected.Store(0)
-		goruntime.ReadMemStats(&ms0)
-		c0 := processCPU()
-		t0 := time.Now()
-		rerr := g.Relist(ctx)
-		d := time.Since(t0)
-		c1 := processCPU()
-		goruntime.ReadMemStats(&ms1)
-		if rerr != nil {
+		d := time.Duration(r.WallNs)
+		durs = append(durs, d)
+		if r.ListNs != nil {
+			l := time.Duration(*r.ListNs)
+			lists = append(lists, l)
+			beyondList = max(beyondList, d-l)
+		}
+		if r.ListFailed {
 			res.RelistErrors++
 		}
-		durs = append(durs, d)
-		pr.mu.Lock()
-		l := pr.lastList
-		pr.mu.Unlock()
-		lists = append(lists, l)
-		beyondList = max(beyondList, d-l)
-		cpu += c1 - c0
-		mallocs += ms1.Mallocs - ms0.Mallocs
-		bytes += ms1.TotalAlloc - ms0.TotalAlloc
-		inspected = append(inspected, pr.inspected.Load())
-		eventsTotal += drain()
-		if health != nil {
-			health.relisted(l)
-			health.check()
+		cpu += time.Duration(r.CPUNs)
+		mallocs += r.Mallocs
+		bytes += r.AllocBytes
+		inspected = append(inspected, inspectedBy(r))
+		eventsTotal += r.Events
+		discarded += r.Discarded
+		res.InspectionTimeouts += r.Timeouts
+		for op, v := range r.Calls {
+			calls[op] += v
 		}
 		if sc.Pause > 0 && i < relists-1 {
 			select {
@@ -339,14 +366,16 @@ func runOne(ctx context.Context, o Options, sc Scenario, alg algorithm, relists 
 		}
 	}
 
-	if health != nil {
-		res.Health = health.result()
+	if res.Health, err = rl.health(); err != nil {
+		return nil, err
+	}
+	if res.PeakRSSBytes, err = rl.peakRSS(); err != nil {
+		return nil, err
 	}
 	simCPU1, err := drv.CPU()
 	if err != nil {
 		return nil, err
 	}
-	ops1 := counters(reg)
 
 	n := float64(relists)
 	res.RelistMs = make([]float64, len(durs))
@@ -356,17 +385,17 @@ func runOne(ctx context.Context, o Options, sc Scenario, alg algorithm, relists 
 	res.RelistP50Ms = ms(Percentile(durs, 0.50))
 	res.RelistP99Ms = ms(Percentile(durs, 0.99))
 	res.RelistMaxMs = ms(slices.Max(durs))
-	res.ListP50Ms = ms(Percentile(lists, 0.50))
-	res.ListP99Ms = ms(Percentile(lists, 0.99))
-	res.MaxBeyondListMs = ms(beyondList)
-	res.CallsByOp = map[string]float64{}
-	for op, v := range ops1.ops {
-		if d := v - ops0.ops[op]; d > 0 {
-			res.CallsByOp[op] = d / n
-			res.CallsPerRelist += d / n
-		}
+	res.ListP50Ms, res.ListP99Ms, res.MaxBeyondListMs = -1, -1, -1
+	if len(lists) > 0 {
+		res.ListP50Ms = ms(Percentile(lists, 0.50))
+		res.ListP99Ms = ms(Percentile(lists, 0.99))
+		res.MaxBeyondListMs = ms(beyondList)
 	}
-	res.InspectionTimeouts = ops1.timeouts - ops0.timeouts
+	res.CallsByOp = map[string]float64{}
+	for op, v := range calls {
+		res.CallsByOp[op] = v / n
+		res.CallsPerRelist += v / n
+	}
 	var sum int64
 	res.InspectedMin, res.InspectedMax = inspected[0], inspected[0]
 	for _, v := range inspected {
@@ -379,6 +408,7 @@ func runOne(ctx context.Context, o Options, sc Scenario, alg algorithm, relists 
 		res.InspectedAsChanged = res.InspectedMin == wantInspections && res.InspectedMax == wantInspections
 	}
 	res.EventsPerRelist = float64(eventsTotal) / n
+	res.DiscardedEvents = discarded
 	res.CPUPerRelistMs = -1
 	if cpuMeasured {
 		res.CPUPerRelistMs = ms(cpu) / n
@@ -489,4 +519,4 @@ func Percentile(ds []time.Duration, p float64) time.Duration {
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
 
-var errNoSerial = errors.New("needs the serial baseline (--serial)")
+var errNoKubelet = errors.New("needs the kubelet baseline (--kubelet)")

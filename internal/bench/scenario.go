@@ -1,12 +1,16 @@
 // Package bench measures the pod lifecycle event generator against the
 // simulated CRI runtime (runtime/sim): relist duration, runtime calls,
 // CPU time and allocations per relist, for a set of node-sized scenarios,
-// each run with pleg's algorithm and with the kubelet's serial algorithm
-// (inspection bound 1, no pod inspection timeout) so that every figure has
-// a baseline from the same run. It is the engine of `pleg bench`.
+// each run with pleg and, as the baseline from the same run, with the
+// kubelet v1.36.3's own relist (the kubelet-relist program of the
+// test/kubelet module: the kubelet's GenericPLEG over its runtime manager
+// and CRI client). It is the engine of `pleg bench`.
 //
-// Relists are driven by hand (pleg.Generator.Relist) on an unstarted
-// generator, one after another, so each one is timed exactly. Between two
+// Relists are driven by hand (pleg.Generator.Relist on an unstarted
+// generator, GenericPLEG.Relist in the kubelet's program), one after
+// another, so each one is timed exactly. Each generator runs in a process
+// of its own and measures itself (CPU time, allocations, peak RSS), so the
+// figures of each column are that process's own. Between two
 // relists the bench changes exactly Scenario.Changed pods in the simulated
 // runtime (see workload.changePod), outside the measured window.
 //
@@ -14,14 +18,13 @@
 // watch its relist goroutine for a fixed wall time while the simulated
 // runtime streams events (for a hung pod, or a storm over every pod): what
 // single-pod relists, which only a started generator makes, do to the
-// global relists and to health. They have no serial baseline.
+// global relists and to health. They have no kubelet baseline.
 //
 // By default the simulated runtime runs in a child process (the pleg
-// binary re-executed with ChildEnv set, see MaybeServeChild), so that the
-// CPU time and the allocations measured in this process are the
-// generator's and its CRI client's only, not the simulator's. With
-// Options.InProcess the simulator serves from this process instead and its
-// server work is included in those figures.
+// binary re-executed with ChildEnv set, see MaybeServeChild), and so does
+// pleg's generator (RelisterEnv). With Options.InProcess both serve from
+// this process instead, and the simulator's work is included in pleg's
+// figures.
 package bench
 
 import (
@@ -47,13 +50,13 @@ type Scenario struct {
 	// trying to inspect it.
 	HungPods int `json:"hungPods"`
 
-	// Relists is the number of measured relists per run (pleg); Serial the
-	// number for the serial baseline (0: Relists). Quick and QuickSerial
-	// are the counts in quick mode.
-	Relists       int `json:"relists"`
-	SerialRelists int `json:"serialRelists"`
-	Quick         int `json:"-"`
-	QuickSerial   int `json:"-"`
+	// Relists is the number of measured relists per run (pleg);
+	// KubeletRelists the number for the kubelet baseline (0: Relists).
+	// Quick and QuickKubelet are the counts in quick mode.
+	Relists        int `json:"relists"`
+	KubeletRelists int `json:"kubeletRelists"`
+	Quick          int `json:"-"`
+	QuickKubelet   int `json:"-"`
 
 	// Pause is the time between the end of a relist and the start of the
 	// next, as the generator's relist period (0: back to back).
@@ -61,7 +64,7 @@ type Scenario struct {
 	// RequestTimeout is the runtime request timeout of every CRI call.
 	RequestTimeout time.Duration `json:"runtimeRequestTimeout"`
 	// InspectionTimeout is pleg's pod inspection timeout (0: the library
-	// default). The serial baseline always runs without one.
+	// default). The kubelet has none.
 	InspectionTimeout time.Duration `json:"podInspectionTimeout,omitempty"`
 	// RelistThreshold, when positive, is the health threshold, and health
 	// is checked during the measured relists.
@@ -70,7 +73,7 @@ type Scenario struct {
 	// Live, when set, makes this a live scenario (live.go): a started
 	// generator runs against the simulated runtime for a fixed wall time,
 	// instead of relists driven by hand. Changed, Relists and Pause do not
-	// apply to it; there is no serial baseline.
+	// apply to it; there is no kubelet baseline.
 	Live *LiveSpec `json:"live,omitempty"`
 }
 
@@ -133,50 +136,56 @@ func (s Scenario) Description() string {
 }
 
 // relists returns the number of measured relists for a run.
-func (s Scenario) relists(serial, quick bool, override int) int {
+func (s Scenario) relists(kubelet, quick bool, override int) int {
 	n := s.Relists
 	switch {
-	case quick && serial:
-		n = s.QuickSerial
+	case quick && kubelet:
+		n = s.QuickKubelet
 	case quick:
 		n = s.Quick
-	case serial && s.SerialRelists > 0:
-		n = s.SerialRelists
+	case kubelet && s.KubeletRelists > 0:
+		n = s.KubeletRelists
 	}
 	if override > 0 {
 		n = override
-		// A serial relist with a hung pod lasts the full request
+		// A kubelet relist with a hung pod lasts the full request
 		// timeout: keep that run short whatever was asked.
-		if serial && s.HungPods > 0 && n > maxHungSerialRelists {
-			n = maxHungSerialRelists
+		if kubelet && s.HungPods > 0 && n > maxHungKubeletRelists {
+			n = maxHungKubeletRelists
 		}
 	}
 	return max(n, 1)
 }
 
-const maxHungSerialRelists = 5
+const maxHungKubeletRelists = 5
 
 // Scenarios returns the standard scenarios, in the order they run.
 func Scenarios() []Scenario {
 	return []Scenario{
 		{
 			Name: "66x7", Pods: 66, Containers: 7, Changed: 10, Latency: time.Millisecond,
-			Relists: 40, SerialRelists: 20, Quick: 4, QuickSerial: 3,
+			Relists: 40, KubeletRelists: 20, Quick: 4, QuickKubelet: 3,
 			RequestTimeout: 2 * time.Second,
 		},
 		{
 			Name: "500x10", Pods: 500, Containers: 10, Changed: 50, Latency: time.Millisecond,
-			Relists: 25, SerialRelists: 10, Quick: 3, QuickSerial: 2,
+			Relists: 25, KubeletRelists: 10, Quick: 3, QuickKubelet: 2,
 			RequestTimeout: 2 * time.Second,
 		},
 		{
 			Name: "1000x10-idle", Pods: 1000, Containers: 10, Changed: 0,
-			Relists: 30, SerialRelists: 30, Quick: 3, QuickSerial: 3,
+			Relists: 30, KubeletRelists: 30, Quick: 3, QuickKubelet: 3,
+			RequestTimeout: 2 * time.Second,
+		},
+		{
+			// A typical node, idle: the relist cost a node pays all day.
+			Name: "110x5-idle", Pods: 110, Containers: 5, Changed: 0,
+			Relists: 50, KubeletRelists: 50, Quick: 3, QuickKubelet: 3,
 			RequestTimeout: 2 * time.Second,
 		},
 		{
 			Name: "110x5-hung", Pods: 110, Containers: 5, Changed: 0, HungPods: 1,
-			Relists: 40, SerialRelists: 4, Quick: 8, QuickSerial: 2,
+			Relists: 40, KubeletRelists: 4, Quick: 8, QuickKubelet: 2,
 			Pause:             100 * time.Millisecond,
 			RequestTimeout:    2 * time.Second,
 			InspectionTimeout: 250 * time.Millisecond,

@@ -1,0 +1,440 @@
+package bench
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	goruntime "runtime"
+	"strconv"
+	"strings"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/podlifecycle/pleg"
+	"github.com/podlifecycle/pleg/metrics"
+	"github.com/podlifecycle/pleg/runtime/cri"
+)
+
+// A relister runs one column of a scenario: one generator, relisting on
+// demand against the simulated runtime's endpoint. pleg's runs either in
+// this process (Options.InProcess) or in a child process (this binary
+// re-executed, see MaybeServeChild); the kubelet's always runs in its own
+// process (the kubelet-relist program of test/kubelet, see Options.Kubelet).
+// Both children speak the same line protocol (see ServeRelister).
+type relister interface {
+	relist(ctx context.Context) (*relistResult, error)
+	// watchHealth starts watching health, if the column does, from the
+	// next relist on (after the warm-up relists).
+	watchHealth() error
+	// peakRSS is the process's peak resident set size in bytes; -1 when
+	// the generator shares its process with the bench.
+	peakRSS() (int64, error)
+	// health is what Healthy said around the relists; nil when the
+	// column does not watch health.
+	health() (*HealthResult, error)
+	close() error
+}
+
+// relistResult is one relist as its process measured it. Its JSON form is
+// the protocol's answer to "relist"; the kubelet-relist program sends the
+// same field names.
+type relistResult struct {
+	WallNs     int64              `json:"wallNs"`
+	CPUNs      int64              `json:"cpuNs"`
+	Mallocs    uint64             `json:"mallocs"`
+	AllocBytes uint64             `json:"allocBytes"`
+	Calls      map[string]float64 `json:"calls"` // kubelet_runtime_operations_total by operation_type
+	Events     int                `json:"events"`
+	// Discarded counts events the generator dropped (the kubelet's full
+	// event channel).
+	Discarded float64 `json:"discardedEvents"`
+	// Inspected counts pods whose status was fetched; ListNs is the
+	// listing's round trip; Timeouts counts pod inspection timeouts. The
+	// kubelet program does not report them (see kubeletRelister).
+	Inspected *int64 `json:"inspected,omitempty"`
+	// ListFailed says the relist's listing failed.
+	ListFailed bool    `json:"listFailed"`
+	ListNs     *int64  `json:"listNs,omitempty"`
+	Timeouts   float64 `json:"inspectionTimeouts"`
+}
+
+// plegConfig configures pleg's relister.
+type plegConfig struct {
+	Endpoint          string        `json:"endpoint"`
+	RequestTimeout    time.Duration `json:"requestTimeout"`
+	Parallel          int           `json:"maxParallelInspections"`
+	InspectionTimeout time.Duration `json:"podInspectionTimeout"` // negative: disabled
+	RelistThreshold   time.Duration `json:"relistThreshold"`      // positive: watch health
+}
+
+// plegRelister is pleg's generator in this process.
+type plegRelister struct {
+	reg       *prometheus.Registry
+	client    *cri.Client
+	pr        *probe
+	g         *pleg.Generator
+	events    <-chan *pleg.Event
+	threshold time.Duration
+	watch     *healthWatch
+}
+
+func newPLEGRelister(c plegConfig) (_ *plegRelister, err error) {
+	reg := prometheus.NewRegistry()
+	m := metrics.New(reg)
+	client, err := cri.Dial(c.Endpoint, cri.WithTimeout(c.RequestTimeout), cri.WithMetrics(m),
+		cri.WithLogger(logr.Discard()))
+	if err != nil {
+		return nil, err
+	}
+	defer func() {
+		if err != nil {
+			client.Close()
+		}
+	}()
+	pr := &probe{Runtime: client}
+	g, err := pleg.New(pleg.Options{
+		Runtime:                pr.asRuntime(),
+		Metrics:                m,
+		MaxParallelInspections: c.Parallel,
+		PodInspectionTimeout:   c.InspectionTimeout,
+		RelistThreshold:        c.RelistThreshold,
+		Events:                 pleg.EventsOff,
+	})
+	if err != nil {
+		return nil, err
+	}
+	return &plegRelister{reg: reg, client: client, pr: pr, g: g, events: g.Watch(), threshold: c.RelistThreshold}, nil
+}
+
+func (p *plegRelister) drain() int {
+	n := 0
+	for {
+		select {
+		case <-p.events:
+			n++
+		default:
+			return n
+		}
+	}
+}
+
+func (p *plegRelister) relist(ctx context.Context) (*relistResult, error) {
+	if p.watch != nil {
+		p.watch.check()
+	}
+	ops0 := counters(p.reg)
+	p.pr.inspected.Store(0)
+	var m0, m1 goruntime.MemStats
+	goruntime.ReadMemStats(&m0)
+	c0 := processCPU()
+	t0 := time.Now()
+	// A failed relist (listing error) is reported, not fatal, as the
+	// kubelet's.
+	rerr := p.g.Relist(ctx)
+	wall := time.Since(t0)
+	c1 := processCPU()
+	goruntime.ReadMemStats(&m1)
+	p.pr.mu.Lock()
+	list := p.pr.lastList
+	p.pr.mu.Unlock()
+	if p.watch != nil {
+		p.watch.relisted(list)
+		p.watch.check()
+	}
+	ops1 := counters(p.reg)
+	inspected, listNs := p.pr.inspected.Load(), int64(list)
+	r := &relistResult{
+		WallNs: int64(wall), CPUNs: int64(c1 - c0),
+		Mallocs: m1.Mallocs - m0.Mallocs, AllocBytes: m1.TotalAlloc - m0.TotalAlloc,
+		Calls: map[string]float64{}, Events: p.drain(),
+		Inspected: &inspected, ListNs: &listNs,
+		Timeouts: ops1.timeouts - ops0.timeouts, ListFailed: rerr != nil,
+	}
+	for op, v := range ops1.ops {
+		if d := v - ops0.ops[op]; d > 0 {
+			r.Calls[op] = d
+		}
+	}
+	return r, nil
+}
+
+func (p *plegRelister) watchHealth() error {
+	if p.threshold > 0 {
+		p.watch = newHealthWatch(p.g, p.threshold)
+	}
+	return nil
+}
+
+func (p *plegRelister) peakRSS() (int64, error) { return -1, nil }
+
+func (p *plegRelister) health() (*HealthResult, error) {
+	if p.watch == nil {
+		return nil, nil
+	}
+	return p.watch.result(), nil
+}
+
+func (p *plegRelister) close() error {
+	// Stop cancels abandoned inspections, so it returns at once even with
+	// a hung pod.
+	p.g.Stop()
+	return p.client.Close()
+}
+
+// RelisterEnv is the environment variable that makes a binary serve pleg's
+// relister (see MaybeServeChild); its value is the JSON plegConfig.
+const RelisterEnv = "PLEG_BENCH_RELISTER_CHILD"
+
+// ServeRelister serves pleg's relister configured by c over the line
+// protocol until quit or the end of in. It first answers "ready", then
+// each command with "ok[ <result>]" or "error <message>":
+//
+//	relist   one relist; answers the relistResult as JSON
+//	rss      the process's peak resident set size in bytes (VmHWM)
+//	watch    watch health from the next relist on
+//	health   what Healthy said around the relists since "watch", as JSON
+//	         ("null" when health is not watched)
+//	quit     stop
+func ServeRelister(c plegConfig, in io.Reader, out io.Writer) error {
+	p, err := newPLEGRelister(c)
+	if err != nil {
+		return err
+	}
+	defer p.close()
+	bw := bufio.NewWriter(out)
+	reply := func(format string, args ...any) error {
+		fmt.Fprintf(bw, format+"\n", args...)
+		return bw.Flush()
+	}
+	if err := reply("ready"); err != nil {
+		return err
+	}
+	sc := bufio.NewScanner(in)
+	for sc.Scan() {
+		var err error
+		switch cmd := strings.TrimSpace(sc.Text()); cmd {
+		case "relist":
+			var r *relistResult
+			// The parent bounds the relist (it kills this process when its
+			// context ends); the runtime request timeout bounds every call.
+			if r, err = p.relist(context.Background()); err == nil {
+				js, _ := json.Marshal(r)
+				err = reply("ok %s", js)
+			}
+		case "rss":
+			var n int64
+			if n, err = peakRSS(); err == nil {
+				err = reply("ok %d", n)
+			}
+		case "watch":
+			if err = p.watchHealth(); err == nil {
+				err = reply("ok")
+			}
+		case "health":
+			h, _ := p.health()
+			js, _ := json.Marshal(h)
+			err = reply("ok %s", js)
+		case "quit":
+			return nil
+		default:
+			err = fmt.Errorf("unknown command %q", cmd)
+		}
+		if err != nil {
+			if rerr := reply("error %s", strings.ReplaceAll(err.Error(), "\n", " ")); rerr != nil {
+				return rerr
+			}
+		}
+	}
+	return sc.Err()
+}
+
+// errNoRSS is returned where the peak RSS cannot be read.
+var errNoRSS = errors.New("no VmHWM in /proc/self/status")
+
+// peakRSS returns VmHWM from /proc/self/status, in bytes.
+func peakRSS() (int64, error) {
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return 0, err
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "VmHWM:"); ok {
+			kb, err := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
+			if err != nil {
+				return 0, fmt.Errorf("VmHWM %q: %w", v, err)
+			}
+			return kb << 10, nil
+		}
+	}
+	return 0, errNoRSS
+}
+
+// procRelister drives a relister in a child process over the protocol.
+type procRelister struct {
+	name string // for messages: "pleg" or "kubelet"
+	cmd  *exec.Cmd
+	in   io.WriteCloser
+	out  *bufio.Reader
+	errs *lockedBuffer
+	// watches says whether the child answers "health".
+	watches bool
+	done    chan struct{} // closed when cmd has been waited for
+	waitErr error
+}
+
+// startRelister starts cmd (its stdin, stdout and stderr are set here) and
+// waits for "ready". ctx bounds the child's whole life: when it ends, the
+// child is killed.
+func startRelister(ctx context.Context, name string, cmd *exec.Cmd, watches bool) (*procRelister, error) {
+	in, err := cmd.StdinPipe()
+	if err != nil {
+		return nil, err
+	}
+	out, err := cmd.StdoutPipe()
+	if err != nil {
+		return nil, err
+	}
+	p := &procRelister{name: name, cmd: cmd, in: in, out: bufio.NewReader(out), errs: &lockedBuffer{}, watches: watches, done: make(chan struct{})}
+	cmd.Stderr = p.errs
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("starting the %s relister: %w", name, err)
+	}
+	go func() {
+		<-ctx.Done()
+		select {
+		case <-p.done:
+		default:
+			_ = cmd.Process.Kill()
+		}
+	}()
+	if _, err := p.read("ready"); err != nil {
+		p.kill()
+		return nil, err
+	}
+	return p, nil
+}
+
+// request sends one command and returns the rest of its "ok" answer.
+func (p *procRelister) request(line string) (string, error) {
+	if _, err := io.WriteString(p.in, line+"\n"); err != nil {
+		return "", p.failure(err)
+	}
+	return p.read("ok")
+}
+
+func (p *procRelister) read(want string) (string, error) {
+	answer, err := p.out.ReadString('\n')
+	if err != nil {
+		return "", p.failure(err)
+	}
+	answer = strings.TrimRight(answer, "\n")
+	head, rest, _ := strings.Cut(answer, " ")
+	switch head {
+	case want:
+		return rest, nil
+	case "error":
+		return "", fmt.Errorf("%s relister: %s", p.name, rest)
+	}
+	return "", fmt.Errorf("%s relister: unexpected answer %q", p.name, answer)
+}
+
+func (p *procRelister) failure(err error) error {
+	if msg := strings.TrimSpace(p.errs.String()); msg != "" {
+		return fmt.Errorf("%s relister process: %v: %s", p.name, err, msg)
+	}
+	return fmt.Errorf("%s relister process: %w", p.name, err)
+}
+
+func (p *procRelister) relist(context.Context) (*relistResult, error) {
+	js, err := p.request("relist")
+	if err != nil {
+		return nil, err
+	}
+	var r relistResult
+	if err := json.Unmarshal([]byte(js), &r); err != nil {
+		return nil, fmt.Errorf("%s relister: relist answer: %w", p.name, err)
+	}
+	return &r, nil
+}
+
+func (p *procRelister) peakRSS() (int64, error) {
+	got, err := p.request("rss")
+	if err != nil {
+		return 0, err
+	}
+	return strconv.ParseInt(got, 10, 64)
+}
+
+func (p *procRelister) watchHealth() error {
+	if !p.watches {
+		return nil
+	}
+	_, err := p.request("watch")
+	return err
+}
+
+func (p *procRelister) health() (*HealthResult, error) {
+	if !p.watches {
+		return nil, nil
+	}
+	js, err := p.request("health")
+	if err != nil {
+		return nil, err
+	}
+	var h *HealthResult
+	return h, json.Unmarshal([]byte(js), &h)
+}
+
+func (p *procRelister) close() error {
+	_, _ = io.WriteString(p.in, "quit\n")
+	p.in.Close()
+	wait := make(chan error, 1)
+	go func() { wait <- p.cmd.Wait() }()
+	var err error
+	select {
+	case err = <-wait:
+	case <-time.After(10 * time.Second):
+		_ = p.cmd.Process.Kill()
+		err = <-wait
+	}
+	close(p.done)
+	if err != nil {
+		return p.failure(err)
+	}
+	return nil
+}
+
+func (p *procRelister) kill() {
+	p.in.Close()
+	_ = p.cmd.Process.Kill()
+	_ = p.cmd.Wait()
+	close(p.done)
+}
+
+// plegChildCommand re-executes the running binary to serve pleg's
+// relister configured by c.
+func plegChildCommand(c plegConfig) (*exec.Cmd, error) {
+	exe, err := os.Executable()
+	if err != nil {
+		return nil, fmt.Errorf("finding the running binary to run pleg's relister: %w", err)
+	}
+	js, err := json.Marshal(c)
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.Command(exe)
+	cmd.Env = append(os.Environ(), RelisterEnv+"="+string(js))
+	return cmd, nil
+}
+
+// kubeletCommand runs the kubelet-relist program at path against endpoint.
+func kubeletCommand(path, endpoint string, timeout time.Duration) *exec.Cmd {
+	return exec.Command(path, "--endpoint", endpoint, "--runtime-request-timeout", timeout.String())
+}

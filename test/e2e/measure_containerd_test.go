@@ -1,0 +1,434 @@
+package e2e
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"fmt"
+	"io"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strconv"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/prometheus/client_golang/prometheus"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/podlifecycle/pleg"
+	"github.com/podlifecycle/pleg/metrics"
+	"github.com/podlifecycle/pleg/runtime/cri"
+)
+
+// TestMeasureContainerdCPU measures, on the real containerd, containerd's
+// own CPU time per relist under churn: pleg's (a library generator, events
+// off, relists driven by hand) against the kubelet v1.36.3's own relist
+// (the kubelet-relist program of test/kubelet: the kubelet's GenericPLEG,
+// kuberuntime manager and CRI client) pointed at the same socket, with the
+// same pods and the same changes. 10 pods of 3 containers; before each of
+// 10 measured relists, 4 pods each get one container restarted (a new
+// attempt created and started, the old one stopped and removed), outside
+// the measured window, and containerd is let go quiet. containerd's CPU is
+// the run time of its threads (/proc/<pid>/task/*/schedstat, in ns) around
+// each relist. Most of the test's time is creating and removing the pods.
+//
+// On every runtime (TestMeasureContainerdCPU/containerd-<version>).
+func TestMeasureContainerdCPU(t *testing.T) {
+	forEachRuntime(t, testMeasureContainerdCPU)
+}
+
+const (
+	cpuPods, cpuContainers, cpuChanged, cpuRelists = 10, 3, 4, 10
+)
+
+func testMeasureContainerdCPU(t *testing.T, e *env) {
+	// Registered first, so it runs after the pods' own cleanups.
+	t.Cleanup(func() { drainEventBacklog(t, e) })
+	bin := kubeletRelistBin(t, e)
+	pid := containerdPid(t, e)
+	pods := runLoad(t, "cpu", cpuPods, cpuContainers)
+	next := 0
+	churn := func(t *testing.T) {
+		t.Helper()
+		idx := make([]int, cpuChanged)
+		for i := range idx {
+			idx[i] = next % len(pods)
+			next++
+		}
+		inParallel(t, len(idx), len(idx), func(tb testing.TB, i int) {
+			p := &pods[idx[i]]
+			old := p.containers[0]
+			p.containers[0] = CreateAndStart(tb, p.sandbox, "c0", []string{"run"})
+			StopContainer(tb, old, 0)
+			RemoveContainer(tb, old)
+		})
+		waitQuiet(t, pid)
+	}
+
+	type result struct {
+		cpu    time.Duration // containerd's, over the measured relists
+		calls  float64       // runtime calls, over the measured relists
+		events int
+	}
+	measureOne := func(name string, relist func() (calls float64, events int, err error)) result {
+		var r result
+		for i := 0; i < 2; i++ { // warm-up: every pod is new, then nothing changed
+			if _, _, err := relist(); err != nil {
+				t.Fatalf("%s: warm-up relist: %v", name, err)
+			}
+		}
+		for i := 0; i < cpuRelists; i++ {
+			churn(t)
+			c0 := threadCPU(t, pid)
+			calls, events, err := relist()
+			c1 := threadCPU(t, pid)
+			if err != nil {
+				t.Fatalf("%s: relist: %v", name, err)
+			}
+			r.cpu += c1.since(c0)
+			r.calls += calls
+			r.events += events
+		}
+		return r
+	}
+
+	k := measureOne("kubelet", startKubeletRelist(t, bin))
+	p := measureOne("pleg", startPLEGRelist(t))
+
+	// The kubelet's GetPodStatus: per changed pod its sandbox and its 3
+	// containers (the old attempt is removed); the listing two calls.
+	if want := float64(cpuRelists * (2 + cpuChanged*(1+cpuContainers))); k.calls != want {
+		t.Errorf("kubelet: %v runtime calls over %d relists, want %v", k.calls, cpuRelists, want)
+	}
+	// Each restart: the new container started, the old one died and was
+	// removed; both generators see the same.
+	if k.events != p.events || k.events < cpuRelists*cpuChanged*2 {
+		t.Errorf("events over the relists: kubelet %d, pleg %d, want equal and at least %d", k.events, p.events, cpuRelists*cpuChanged*2)
+	}
+	if p.calls >= k.calls {
+		t.Errorf("pleg made %v runtime calls, the kubelet %v: no fewer", p.calls, k.calls)
+	}
+	n := float64(cpuRelists)
+	ratio := -1.0
+	if k.cpu > 0 {
+		ratio = float64(p.cpu) / float64(k.cpu)
+	}
+	measure(t, "containerd_cpu_per_relist pleg=%s kubelet=%s ratio=%.2f calls_per_relist pleg=%.1f kubelet=%.1f pods=%d containers=%d changed=%d relists=%d",
+		ms(time.Duration(float64(p.cpu)/n)), ms(time.Duration(float64(k.cpu)/n)), ratio, p.calls/n, k.calls/n,
+		cpuPods, cpuContainers, cpuChanged, cpuRelists)
+}
+
+// drainEventBacklog reads, up to 15 s, the container events containerd
+// queued for the next GetContainerEvents subscriber (1.7's CRI plugin
+// queues its events whether anyone listens or not; 2.x replays recent ones
+// to a first subscriber) until none came for 500 ms: this test's churn and
+// pod removals subscribe to nothing, and the next test's event subscribers
+// must not receive them.
+func drainEventBacklog(t testing.TB, e *env) {
+	t.Helper()
+	if !e.hasEvents() {
+		return
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	stream, err := suite.cri.rt.GetContainerEvents(ctx, &runtimeapi.GetEventsRequest{})
+	if err != nil {
+		t.Errorf("draining the event backlog: GetContainerEvents: %v", err)
+		return
+	}
+	got := make(chan struct{}, 1)
+	go func() {
+		for {
+			if _, err := stream.Recv(); err != nil {
+				return // cancel below ends it
+			}
+			select {
+			case got <- struct{}{}:
+			default:
+			}
+		}
+	}()
+	n := 0
+	for {
+		select {
+		case <-got:
+			n++
+		case <-time.After(500 * time.Millisecond):
+			t.Logf("drained containerd's event backlog (%d+ events)", n)
+			return
+		case <-ctx.Done():
+			t.Logf("containerd's event backlog still coming after 15s (%d+ events)", n)
+			return
+		}
+	}
+}
+
+// kubeletRelistBin builds the kubelet-relist program (and the kubelet) with
+// test/kubelet/build.sh, the one entry point every suite builds them
+// through, into <cache>/kubelet (cached; locked against other suites).
+var kubeletRelistBin = func() func(t *testing.T, e *env) string {
+	var (
+		once sync.Once
+		bin  string
+		err  error
+	)
+	return func(t *testing.T, e *env) string {
+		t.Helper()
+		once.Do(func() {
+			out := filepath.Join(e.cacheDir, "kubelet")
+			ctx, cancel := context.WithTimeout(context.Background(), 35*time.Minute)
+			defer cancel()
+			start := time.Now()
+			b, berr := exec.CommandContext(ctx, "bash", filepath.Join(e.repoRoot, "test", "kubelet", "build.sh"), out).CombinedOutput()
+			if berr != nil {
+				err = fmt.Errorf("test/kubelet/build.sh %s: %v\n%s", out, berr, b)
+				return
+			}
+			logf("kubelet-relist ready in %v", time.Since(start).Round(time.Millisecond))
+			bin = filepath.Join(out, "kubelet-relist")
+		})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return bin
+	}
+}()
+
+// containerdPid asks the supervisor for containerd's pid.
+func containerdPid(t *testing.T, e *env) int {
+	t.Helper()
+	r, err := e.sup.call("status", 5*time.Second)
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := strings.Fields(r)
+	if len(f) != 2 || f[0] != "running" {
+		t.Fatalf("containerd status %q", r)
+	}
+	pid, err := strconv.Atoi(f[1])
+	if err != nil {
+		t.Fatalf("containerd status %q: %v", r, err)
+	}
+	return pid
+}
+
+// cpuSnapshot is the CPU time each thread of a process has run, in ns,
+// from /proc/<pid>/task/<tid>/schedstat (nanoseconds; /proc/<pid>/stat's
+// utime+stime count 10 ms ticks, as coarse as a whole relist's cost).
+type cpuSnapshot map[string]int64
+
+func threadCPU(t testing.TB, pid int) cpuSnapshot {
+	t.Helper()
+	dir := filepath.Join("/proc", strconv.Itoa(pid), "task")
+	tids, err := os.ReadDir(dir)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := cpuSnapshot{}
+	for _, tid := range tids {
+		b, err := os.ReadFile(filepath.Join(dir, tid.Name(), "schedstat"))
+		if err != nil {
+			continue // the thread exited meanwhile
+		}
+		f := strings.Fields(string(b))
+		if len(f) == 0 {
+			t.Fatalf("%s/%s/schedstat: %q", dir, tid.Name(), b)
+		}
+		ns, err := strconv.ParseInt(f[0], 10, 64)
+		if err != nil {
+			t.Fatalf("%s/%s/schedstat: %q: %v", dir, tid.Name(), b, err)
+		}
+		out[tid.Name()] = ns
+	}
+	return out
+}
+
+// since returns the CPU time the process's threads ran since prev (a
+// thread that exited in between is not counted; containerd's Go threads
+// live as long as it does).
+func (s cpuSnapshot) since(prev cpuSnapshot) time.Duration {
+	var d int64
+	for tid, ns := range s {
+		d += ns - prev[tid]
+	}
+	return time.Duration(d)
+}
+
+// waitQuiet waits, up to 5 s, until containerd used less than 1 ms of CPU
+// over 100 ms (the work a container restart leaves behind: exit events,
+// shim cleanup), so that it is not counted in the next relist.
+func waitQuiet(t testing.TB, pid int) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	prev := threadCPU(t, pid)
+	for time.Now().Before(deadline) {
+		time.Sleep(100 * time.Millisecond) // the quiet window itself
+		cur := threadCPU(t, pid)
+		if cur.since(prev) < time.Millisecond {
+			return
+		}
+		prev = cur
+	}
+	t.Logf("containerd (pid %d) not quiet after 5s; measuring anyway", pid)
+}
+
+// startPLEGRelist returns a relist function of a library generator on
+// the suite's containerd (events off), stopped at the end of t.
+func startPLEGRelist(t *testing.T) func() (float64, int, error) {
+	reg := prometheus.NewRegistry()
+	m := metrics.New(reg)
+	client, err := cri.Dial(CRIEndpoint(), cri.WithTimeout(10*time.Second), cri.WithMetrics(m), cri.WithLogger(logr.Discard()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	g, err := pleg.New(pleg.Options{Runtime: client, Metrics: m, Events: pleg.EventsOff})
+	if err != nil {
+		client.Close()
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		g.Stop()
+		client.Close()
+	})
+	events := g.Watch()
+	calls := func() float64 {
+		var n float64
+		mfs, err := reg.Gather()
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, mf := range mfs {
+			if mf.GetName() == "kubelet_runtime_operations_total" {
+				for _, mt := range mf.GetMetric() {
+					n += mt.GetCounter().GetValue()
+				}
+			}
+		}
+		return n
+	}
+	return func() (float64, int, error) {
+		c0 := calls()
+		ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+		defer cancel()
+		err := g.Relist(ctx)
+		n := 0
+		for drained := false; !drained; {
+			select {
+			case <-events:
+				n++
+			default:
+				drained = true
+			}
+		}
+		return calls() - c0, n, err
+	}
+}
+
+// startKubeletRelist starts the kubelet-relist program on the suite's
+// containerd and returns a relist function; the program is stopped at the
+// end of t (killed if it does not quit).
+func startKubeletRelist(t *testing.T, bin string) func() (float64, int, error) {
+	ctx, cancel := context.WithCancel(context.Background())
+	cmd := exec.CommandContext(ctx, bin, "--endpoint", CRIEndpoint(), "--runtime-request-timeout", "10s")
+	stderr := &lockedBuffer{}
+	cmd.Stderr = stderr
+	in, err := cmd.StdinPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	outPipe, err := cmd.StdoutPipe()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := cmd.Start(); err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	t.Cleanup(func() {
+		io.WriteString(in, "quit\n")
+		in.Close()
+		done := make(chan struct{})
+		go func() { cmd.Wait(); close(done) }()
+		select {
+		case <-done:
+		case <-time.After(10 * time.Second):
+			cancel() // kills it
+			<-done
+		}
+		cancel()
+	})
+	out := bufio.NewReader(outPipe)
+	read := func() (string, error) {
+		type line struct {
+			s   string
+			err error
+		}
+		ch := make(chan line, 1)
+		go func() { s, err := out.ReadString('\n'); ch <- line{s, err} }()
+		select {
+		case l := <-ch:
+			if l.err != nil {
+				return "", fmt.Errorf("kubelet-relist: %v (stderr: %s)", l.err, stderr.String())
+			}
+			return strings.TrimSpace(l.s), nil
+		case <-time.After(time.Minute):
+			cancel() // the read returns once the process is gone
+			return "", fmt.Errorf("kubelet-relist: no answer in 1m (stderr: %s)", stderr.String())
+		}
+	}
+	if l, err := read(); err != nil || l != "ready" {
+		t.Fatalf("kubelet-relist start: %q %v", l, err)
+	}
+	return func() (float64, int, error) {
+		if _, err := io.WriteString(in, "relist\n"); err != nil {
+			return 0, 0, err
+		}
+		l, err := read()
+		if err != nil {
+			return 0, 0, err
+		}
+		js, ok := strings.CutPrefix(l, "ok ")
+		if !ok {
+			return 0, 0, fmt.Errorf("kubelet-relist: %q", l)
+		}
+		var r struct {
+			Calls      map[string]float64 `json:"calls"`
+			Events     int                `json:"events"`
+			ListFailed bool               `json:"listFailed"`
+		}
+		if err := json.Unmarshal([]byte(js), &r); err != nil {
+			return 0, 0, err
+		}
+		if r.ListFailed {
+			return 0, 0, fmt.Errorf("kubelet-relist: the listing failed (stderr: %s)", stderr.String())
+		}
+		var calls float64
+		for _, v := range r.Calls {
+			calls += v
+		}
+		return calls, r.Events, nil
+	}
+}
+
+// lockedBuffer collects a process's stderr (exec copies it from a
+// goroutine) and can be read meanwhile.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}

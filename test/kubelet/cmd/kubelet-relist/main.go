@@ -1,0 +1,353 @@
+// Command kubelet-relist runs the kubelet v1.36.3's own pod lifecycle event
+// generator (pkg/kubelet/pleg GenericPLEG) over the kubelet's own runtime
+// manager (pkg/kubelet/kuberuntime) and CRI client (k8s.io/cri-client),
+// with the kubelet's pod status cache, against one CRI endpoint. It is the
+// kubelet baseline of `pleg bench` and of the e2e suite's measurements:
+// nothing of the relist is reimplemented here, every relist is the
+// kubelet's GenericPLEG.Relist.
+//
+// Relists are driven from outside, one at a time, over a line protocol on
+// stdin and stdout. The program first answers "ready", then each command
+// with "ok[ <result>]" or "error <message>":
+//
+//	relist   run one relist; the result is a JSON object: wall time, this
+//	         process's CPU time (user + system), Go heap allocations, the
+//	         runtime calls by CRI operation (the kubelet's own
+//	         kubelet_runtime_operations_total), the events the relist
+//	         emitted and discarded
+//	rss      this process's peak resident set size in bytes (VmHWM)
+//	quit     exit (as on end of input)
+//
+// Usage: kubelet-relist --endpoint unix:///run/cri.sock [--runtime-request-timeout 2m] [--cpuprofile FILE]
+package main
+
+import (
+	"bufio"
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	goruntime "runtime"
+	"runtime/pprof"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	cadvisorapi "github.com/google/cadvisor/info/v1"
+	dto "github.com/prometheus/client_model/go"
+	"go.opentelemetry.io/otel/trace/noop"
+	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/client-go/tools/record"
+	"k8s.io/client-go/util/flowcontrol"
+	"k8s.io/component-base/metrics/legacyregistry"
+	remote "k8s.io/cri-client/pkg"
+	"k8s.io/klog/v2"
+	"k8s.io/kubernetes/pkg/kubelet/cm"
+	kubecontainer "k8s.io/kubernetes/pkg/kubelet/container"
+	"k8s.io/kubernetes/pkg/kubelet/kuberuntime"
+	kubeletmetrics "k8s.io/kubernetes/pkg/kubelet/metrics"
+	"k8s.io/kubernetes/pkg/kubelet/pleg"
+	proberesults "k8s.io/kubernetes/pkg/kubelet/prober/results"
+	"k8s.io/utils/clock"
+)
+
+// eventCapacity is the capacity of the kubelet's PLEG event channel
+// (plegChannelCapacity in pkg/kubelet/kubelet.go); the kubelet drops a
+// relist's events beyond it unless its sync loop keeps up.
+const eventCapacity = 1000
+
+func main() {
+	endpoint := flag.String("endpoint", "", "CRI endpoint (unix:///path)")
+	timeout := flag.Duration("runtime-request-timeout", 2*time.Minute, "timeout of each CRI call (the kubelet's --runtime-request-timeout)")
+	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the whole run (relists, warm-up and start included) to this file")
+	flag.Parse()
+	if *endpoint == "" {
+		fmt.Fprintln(os.Stderr, "kubelet-relist: --endpoint is required")
+		os.Exit(2)
+	}
+	if err := run(*endpoint, *timeout, *cpuProfile, os.Stdin, os.Stdout); err != nil {
+		fmt.Fprintf(os.Stderr, "kubelet-relist: %v\n", err)
+		os.Exit(1)
+	}
+}
+
+// relister is the kubelet's PLEG over its runtime manager, and a goroutine
+// counting the events it emits (the kubelet's sync loop in its place).
+type relister struct {
+	gen    *pleg.GenericPLEG
+	events chan *pleg.PodLifecycleEvent
+	counts chan int // the count up to each nil marker sent on events
+}
+
+func newRelister(ctx context.Context, endpoint string, timeout time.Duration, rootDir string) (*relister, error) {
+	logger := klog.FromContext(ctx)
+	tp := noop.NewTracerProvider() // the kubelet's tracer provider without tracing configured
+	// As the kubelet does (PreInitRuntimeService), with the CRIListStreaming
+	// gate at its default (off).
+	rs, err := remote.NewRemoteRuntimeService(ctx, endpoint, timeout, tp, false)
+	if err != nil {
+		return nil, fmt.Errorf("runtime service: %w", err)
+	}
+	cmgr := cm.NewStubContainerManager() // container manager: only its internal lifecycle hooks are kept; a relist never calls them
+	rt, _, err := kuberuntime.NewKubeGenericRuntimeManager(
+		ctx,
+		kubecontainer.FilterEventRecorder(&record.FakeRecorder{}), // events of image pulls and hooks; a relist records none
+		proberesults.NewManager(),                                 // liveness, readiness and startup results: read by SyncPod only
+		proberesults.NewManager(),
+		proberesults.NewManager(),
+		rootDir,                    // root directory: the actuated-state checkpoint lives here
+		rootDir,                    // pod logs directory: used when creating containers
+		&cadvisorapi.MachineInfo{}, // read by APIVersion and container creation, not by a relist
+		noPodState{},
+		110, // max pods: sizes image pull caches
+		kubecontainer.RealOS{},
+		nil, // runtime helper (the kubelet itself): used by SyncPod and sandbox creation only
+		nil, // lifecycle HTTP client: used by container hooks only
+		flowcontrol.NewBackOff(10*time.Second, 300*time.Second), // image pull back-off
+		true, nil, 5, 10, // image pulls: serialized, no parallel limit, QPS, burst
+		// Image pull credential verification: the kubelet's default policy;
+		// no credential provider plugins.
+		"NeverVerifyPreloadedImages", nil, "", "",
+		nil,                                                     // singleProcessOOMKill: read when creating containers
+		true, metav1.Duration{Duration: 100 * time.Millisecond}, // CPU CFS quota settings: container creation only
+		rs,
+		nil, // image service: image pulls and image GC only (the simulated runtime has none)
+		cmgr,
+		nil,       // container log manager: log rotation, not a relist
+		nil,       // runtime class manager: sandbox creation only
+		false, "", // seccomp default, swap behaviour: container creation only
+		cmgr.GetNodeAllocatableAbsolute,
+		0.9, "", // memory throttling factor and reservation policy: container creation only
+		nil, // image pulling time recorder: image pulls only
+		tp,
+		nil, nil, // service account token manager and getter: credential providers only (off)
+		nil, // init container time recorder: SyncPod only
+	)
+	if err != nil {
+		return nil, fmt.Errorf("runtime manager: %w", err)
+	}
+	events := make(chan *pleg.PodLifecycleEvent, eventCapacity)
+	// The relist period (1 s) and threshold (3 m) are the kubelet's; relists
+	// here are driven by hand, so only Healthy would read them.
+	gen := pleg.NewGenericPLEG(logger, rt, events,
+		&pleg.RelistDuration{RelistPeriod: time.Second, RelistThreshold: 3 * time.Minute},
+		kubecontainer.NewCache(), clock.RealClock{})
+	g, ok := gen.(*pleg.GenericPLEG)
+	if !ok {
+		return nil, fmt.Errorf("NewGenericPLEG returned a %T, not a *GenericPLEG", gen)
+	}
+	r := &relister{gen: g, events: events, counts: make(chan int)}
+	go r.count()
+	return r, nil
+}
+
+// count receives events until the channel closes; at each nil marker it
+// hands over the number received since the previous one.
+func (r *relister) count() {
+	n := 0
+	for e := range r.events {
+		if e == nil {
+			r.counts <- n
+			n = 0
+			continue
+		}
+		n++
+	}
+	close(r.counts)
+}
+
+// stop ends the counting goroutine.
+func (r *relister) stop() { close(r.events) }
+
+// result is the answer to "relist".
+type result struct {
+	WallNs     int64              `json:"wallNs"`
+	CPUNs      int64              `json:"cpuNs"`
+	Mallocs    uint64             `json:"mallocs"`
+	AllocBytes uint64             `json:"allocBytes"`
+	Calls      map[string]float64 `json:"calls"`
+	Events     int                `json:"events"`
+	Discarded  float64            `json:"discardedEvents"`
+	// ListFailed says a list call of the relist failed (GenericPLEG.Relist
+	// then logs and returns).
+	ListFailed bool `json:"listFailed"`
+}
+
+func (r *relister) relist() (*result, error) {
+	calls0, errs0, disc0, err := counters()
+	if err != nil {
+		return nil, err
+	}
+	var m0, m1 goruntime.MemStats
+	goruntime.ReadMemStats(&m0)
+	c0, err := cpuTime()
+	if err != nil {
+		return nil, err
+	}
+	t0 := time.Now()
+	r.gen.Relist()
+	wall := time.Since(t0)
+	c1, err := cpuTime()
+	if err != nil {
+		return nil, err
+	}
+	goruntime.ReadMemStats(&m1)
+	// The marker queues behind every event of this relist.
+	r.events <- nil
+	n := <-r.counts
+	calls1, errs1, disc1, err := counters()
+	if err != nil {
+		return nil, err
+	}
+	res := &result{
+		WallNs: int64(wall), CPUNs: int64(c1 - c0),
+		Mallocs: m1.Mallocs - m0.Mallocs, AllocBytes: m1.TotalAlloc - m0.TotalAlloc,
+		Calls: map[string]float64{}, Events: n, Discarded: disc1 - disc0,
+		ListFailed: errs1["list_podsandbox"] > errs0["list_podsandbox"] || errs1["list_containers"] > errs0["list_containers"],
+	}
+	for op, v := range calls1 {
+		if d := v - calls0[op]; d > 0 {
+			res.Calls[op] = d
+		}
+	}
+	return res, nil
+}
+
+// counters reads the kubelet's runtime operation and operation error
+// counters by operation type, and its discarded PLEG event counter, from
+// its registry.
+func counters() (ops, errs map[string]float64, discarded float64, err error) {
+	mfs, err := legacyregistry.DefaultGatherer.Gather()
+	if err != nil {
+		return nil, nil, 0, fmt.Errorf("gathering the kubelet's metrics: %w", err)
+	}
+	ops, errs = map[string]float64{}, map[string]float64{}
+	byOp := func(into map[string]float64, mf *dto.MetricFamily) {
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "operation_type" {
+					into[l.GetValue()] += m.GetCounter().GetValue()
+				}
+			}
+		}
+	}
+	for _, mf := range mfs {
+		switch mf.GetName() {
+		case "kubelet_runtime_operations_total":
+			byOp(ops, mf)
+		case "kubelet_runtime_operations_errors_total":
+			byOp(errs, mf)
+		case "kubelet_pleg_discard_events":
+			for _, m := range mf.GetMetric() {
+				discarded += m.GetCounter().GetValue()
+			}
+		}
+	}
+	return ops, errs, discarded, nil
+}
+
+// cpuTime is this process's user plus system CPU time, all threads.
+func cpuTime() (time.Duration, error) {
+	var ru syscall.Rusage
+	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
+		return 0, fmt.Errorf("getrusage: %w", err)
+	}
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano()), nil
+}
+
+// peakRSS is VmHWM from /proc/self/status, in bytes.
+func peakRSS() (int64, error) {
+	b, err := os.ReadFile("/proc/self/status")
+	if err != nil {
+		return 0, err
+	}
+	for _, line := range strings.Split(string(b), "\n") {
+		if v, ok := strings.CutPrefix(line, "VmHWM:"); ok {
+			kb, err := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
+			if err != nil {
+				return 0, fmt.Errorf("VmHWM %q: %w", v, err)
+			}
+			return kb << 10, nil
+		}
+	}
+	return 0, errors.New("no VmHWM in /proc/self/status")
+}
+
+func run(endpoint string, timeout time.Duration, cpuProfile string, in io.Reader, out io.Writer) error {
+	if cpuProfile != "" {
+		f, err := os.Create(cpuProfile)
+		if err != nil {
+			return err
+		}
+		defer f.Close()
+		if err := pprof.StartCPUProfile(f); err != nil {
+			return err
+		}
+		defer pprof.StopCPUProfile()
+	}
+	// The kubelet registers its metrics at start; unregistered ones would
+	// record nothing, and the relist's metric work would be missing.
+	kubeletmetrics.Register()
+	rootDir, err := os.MkdirTemp("", "kubelet-relist-")
+	if err != nil {
+		return err
+	}
+	defer os.RemoveAll(rootDir)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	r, err := newRelister(ctx, endpoint, timeout, rootDir)
+	if err != nil {
+		return err
+	}
+	defer r.stop()
+
+	bw := bufio.NewWriter(out)
+	reply := func(format string, args ...any) error {
+		fmt.Fprintf(bw, format+"\n", args...)
+		return bw.Flush()
+	}
+	if err := reply("ready"); err != nil {
+		return err
+	}
+	sc := bufio.NewScanner(in)
+	for sc.Scan() {
+		var err error
+		switch cmd := strings.TrimSpace(sc.Text()); cmd {
+		case "relist":
+			var res *result
+			if res, err = r.relist(); err == nil {
+				js, _ := json.Marshal(res)
+				err = reply("ok %s", js)
+			}
+		case "rss":
+			var n int64
+			if n, err = peakRSS(); err == nil {
+				err = reply("ok %d", n)
+			}
+		case "quit":
+			return nil
+		default:
+			err = fmt.Errorf("unknown command %q", cmd)
+		}
+		if err != nil {
+			if rerr := reply("error %s", strings.ReplaceAll(err.Error(), "\n", " ")); rerr != nil {
+				return rerr
+			}
+		}
+	}
+	return sc.Err()
+}
+
+// noPodState answers the runtime manager's questions about the kubelet's
+// pod workers; only its container garbage collection asks them, never a
+// relist.
+type noPodState struct{}
+
+func (noPodState) IsPodTerminationRequested(types.UID) bool { return false }
+func (noPodState) ShouldPodContentBeRemoved(types.UID) bool { return false }
+func (noPodState) ShouldPodRuntimeBeRemoved(types.UID) bool { return false }
