@@ -14,10 +14,19 @@ import (
 // "Performance").
 const defaultGCPercent = 50
 
-func main() {
-	if _, ok := os.LookupEnv("GOGC"); !ok {
-		debug.SetGCPercent(defaultGCPercent)
+// gcSet is set before any init function runs, so that the children `pleg
+// bench` runs from an init function (bench.go) have the daemon's setting.
+var gcSet = setGCPercent()
+
+func setGCPercent() bool {
+	if _, ok := os.LookupEnv("GOGC"); ok {
+		return false
 	}
+	debug.SetGCPercent(defaultGCPercent)
+	return true
+}
+
+func main() {
 	os.Exit(execute(os.Args[1:]))
 }
 
