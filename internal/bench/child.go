@@ -312,22 +312,28 @@ func (d *childDriver) EventStats() (sim.EventStats, error) {
 }
 
 func (d *childDriver) Close() error {
-	_, _ = io.WriteString(d.in, "quit\n")
-	d.in.Close()
-	done := make(chan error, 1)
-	go func() { done <- d.cmd.Wait() }()
-	var err error
-	select {
-	case err = <-done:
-	case <-time.After(10 * time.Second):
-		_ = d.cmd.Process.Kill()
-		err = <-done
-	}
+	err := quitChild(d.cmd, d.in)
 	os.RemoveAll(d.dir)
 	if err != nil {
 		return d.failure(err)
 	}
 	return nil
+}
+
+// quitChild tells a child process on the line protocol to quit and waits
+// for it to exit, killing it after 10 s.
+func quitChild(cmd *exec.Cmd, in io.WriteCloser) error {
+	_, _ = io.WriteString(in, "quit\n")
+	in.Close()
+	done := make(chan error, 1)
+	go func() { done <- cmd.Wait() }()
+	select {
+	case err := <-done:
+		return err
+	case <-time.After(10 * time.Second):
+		_ = cmd.Process.Kill()
+		return <-done
+	}
 }
 
 func (d *childDriver) kill() {

@@ -393,17 +393,7 @@ func (p *procRelister) health() (*HealthResult, error) {
 }
 
 func (p *procRelister) close() error {
-	_, _ = io.WriteString(p.in, "quit\n")
-	p.in.Close()
-	wait := make(chan error, 1)
-	go func() { wait <- p.cmd.Wait() }()
-	var err error
-	select {
-	case err = <-wait:
-	case <-time.After(10 * time.Second):
-		_ = p.cmd.Process.Kill()
-		err = <-wait
-	}
+	err := quitChild(p.cmd, p.in)
 	close(p.done)
 	if err != nil {
 		return p.failure(err)
