@@ -512,7 +512,8 @@ func runtimeID(s string) string {
 	return s
 }
 
-// podReady reports whether the pod's Ready condition is True.
+// ready reports whether the pod's Ready condition is True (the kubelet's
+// view, probes included).
 func (p kubePod) ready() bool {
 	for _, c := range p.Status.Conditions {
 		if c.Type == "Ready" {
