@@ -157,6 +157,10 @@ type Generator struct {
 
 	// Owned by the relist goroutine: the kubelet's rules (core.go).
 	core *core
+	// listing is the last global listing that was checked and counted in
+	// the gauges: a runtime that returns the same pods again (runtime/cri
+	// does when nothing changed) needs neither again.
+	listing []*runtime.Pod
 	// again: pods to relist on their own when their single-pod relist
 	// call returns (a hint or a global relist came while it was out).
 	again map[types.UID]struct{}

@@ -27,7 +27,8 @@ func (g *Generator) relist(ctx context.Context) error {
 	g.log.V(5).Info("GenericPLEG: Relisting")
 
 	pods, err := g.rt.ListPods(ctx)
-	if err == nil {
+	same := err == nil && samePods(pods, g.listing)
+	if err == nil && !same {
 		err = checkPods(pods)
 	}
 	if err != nil {
@@ -39,7 +40,10 @@ func (g *Generator) relist(ctx context.Context) error {
 	}
 	g.lastRelist.Store(t0.UnixNano())
 	g.m.LastSeen.Set(float64(t0.Unix()))
-	g.updateGauges(pods)
+	if !same {
+		g.updateGauges(pods)
+		g.listing = append(g.listing[:0], pods...)
+	}
 	stat.Pods = len(pods)
 	for _, p := range pods {
 		stat.Containers += len(p.Containers) + len(p.Sandboxes)
@@ -96,6 +100,20 @@ func (g *Generator) apply(w work, status *runtime.PodStatus, err error, t time.T
 		g.m.EventDeliveryLatency.Observe(now.Sub(hint).Seconds())
 	}
 	return o
+}
+
+// samePods reports whether a and b are the same pods, the same pointers in
+// the same order: a listing that is the last one again.
+func samePods(a, b []*runtime.Pod) bool {
+	if len(a) != len(b) || len(a) == 0 {
+		return false
+	}
+	for i := range a {
+		if a[i] != b[i] {
+			return false
+		}
+	}
+	return true
 }
 
 // updateGauges sets the running-pods and running-containers gauges from a

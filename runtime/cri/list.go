@@ -70,9 +70,19 @@ func (c *Client) listPods(ctx context.Context, m *memo) ([]*runtime.Pod, error) 
 		return nil, err
 	}
 	strs.end(t)
-	pods := c.group(sandboxes.items, containers.items, sc, m)
+	nsb, nct := len(sandboxes.items), len(containers.items)
 	if m != nil {
 		sc.sandboxes, sc.containers = sandboxes.items[:0], containers.items[:0]
+		if m.unchanged(nsb, nct) {
+			// The steady state: the last listing again, nothing to group.
+			m.sandboxes.commit()
+			m.containers.commit()
+			return slices.Clone(m.last), nil
+		}
+	}
+	pods := c.group(sandboxes.items, containers.items, sc, m)
+	if m != nil {
+		m.keep(pods, nsb, nct)
 		m.commit()
 	}
 	return pods, nil

@@ -35,8 +35,12 @@ type memo struct {
 	sandboxes  itemMemo
 	containers itemMemo
 	pods, next map[string]memoPod // by pod UID: last listing's, and the one being built
-	scratch    groupScratch
-	strings    interner
+	// last is the last listing as returned (sorted), and its item counts:
+	// a listing that found every item of it, and no other, is it again.
+	last             []*runtime.Pod
+	lastSbs, lastCts int
+	scratch          groupScratch
+	strings          interner
 }
 
 // itemMemo maps the hash of an item's bytes to its decoded form, for the
@@ -191,6 +195,21 @@ func (m *memo) begin() {
 	}
 	m.sandboxes.init()
 	m.containers.init()
+}
+
+// unchanged reports whether the listing just decoded, of sbs sandboxes and
+// cts containers, is the last one: nothing was decoded, every item of the
+// last listing was found, and there are as many.
+func (m *memo) unchanged(sbs, cts int) bool {
+	return m.last != nil && m.sandboxes.decoded == 0 && m.containers.decoded == 0 &&
+		m.sandboxes.found == len(m.sandboxes.items) && m.containers.found == len(m.containers.items) &&
+		sbs == m.lastSbs && cts == m.lastCts
+}
+
+// keep records the listing just grouped, pods, as the last one.
+func (m *memo) keep(pods []*runtime.Pod, sbs, cts int) {
+	m.last = append(m.last[:0], pods...)
+	m.lastSbs, m.lastCts = sbs, cts
 }
 
 // commit keeps the listing just grouped for the next one.

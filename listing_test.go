@@ -1,0 +1,57 @@
+package pleg
+
+import (
+	"context"
+	"testing"
+
+	"github.com/podlifecycle/pleg/runtime"
+)
+
+func TestSamePods(t *testing.T) {
+	a, b := pod("a", "c=running"), pod("b", "c=running")
+	for _, c := range []struct {
+		x, y []*runtime.Pod
+		want bool
+	}{
+		{[]*runtime.Pod{a, b}, []*runtime.Pod{a, b}, true},
+		{[]*runtime.Pod{a, b}, []*runtime.Pod{b, a}, false},
+		{[]*runtime.Pod{a}, []*runtime.Pod{a, b}, false},
+		{[]*runtime.Pod{a, b}, []*runtime.Pod{a, pod("b", "c=running")}, false}, // equal, not the same
+		{nil, nil, false}, // nothing checked yet: check
+	} {
+		if got := samePods(c.x, c.y); got != c.want {
+			t.Errorf("samePods(%d pods, %d pods) = %v, want %v", len(c.x), len(c.y), got, c.want)
+		}
+	}
+}
+
+// A runtime that answers the same pods again: the listing is not checked
+// or counted again, and a malformed one after it still fails.
+func TestSameListingSkipsChecks(t *testing.T) {
+	rt := &sameRuntime{fakeRuntime: newFakeRuntime()}
+	rt.pods = []*runtime.Pod{pod("a", "s:sa=running", "c=running")}
+	g, _ := newTestGenerator(t, rt, nil)
+	for range 3 {
+		if err := g.Relist(t.Context()); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if len(g.listing) != 1 || g.listing[0] != rt.pods[0] {
+		t.Fatalf("listing %v", g.listing)
+	}
+	rt.pods = append(rt.pods, nil)
+	if err := g.Relist(t.Context()); err == nil {
+		t.Fatal("a listing with a nil pod after a steady one was accepted")
+	}
+}
+
+// sameRuntime lists the very same pods every time, as runtime/cri does for
+// an unchanged node.
+type sameRuntime struct {
+	*fakeRuntime
+	pods []*runtime.Pod
+}
+
+func (r *sameRuntime) ListPods(context.Context) ([]*runtime.Pod, error) {
+	return append([]*runtime.Pod(nil), r.pods...), nil
+}
