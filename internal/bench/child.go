@@ -106,17 +106,7 @@ func ServeChild(in io.Reader, out io.Writer) error {
 	}
 	defer r.Stop()
 	w := newWorkload(r)
-	bw := bufio.NewWriter(out)
-	reply := func(format string, args ...any) error {
-		fmt.Fprintf(bw, format+"\n", args...)
-		return bw.Flush()
-	}
-	if err := reply("ready %s", r.Endpoint()); err != nil {
-		return err
-	}
-	for sc.Scan() {
-		cmd, arg, _ := strings.Cut(strings.TrimSpace(sc.Text()), " ")
-		var err error
+	return serveLines(sc, out, "ready "+r.Endpoint(), func(cmd, arg string, reply replyFunc) (err error) {
 		switch cmd {
 		case "latency":
 			var d time.Duration
@@ -162,12 +152,35 @@ func ServeChild(in io.Reader, out io.Writer) error {
 		case "eventstats":
 			js, _ := json.Marshal(r.EventStats())
 			err = reply("ok %s", js)
-		case "quit":
-			return nil
 		default:
 			err = fmt.Errorf("unknown command %q", cmd)
 		}
-		if err != nil {
+		return err
+	})
+}
+
+// replyFunc writes one reply line to the parent.
+type replyFunc func(format string, args ...any) error
+
+// serveLines is a child's side of the line protocol: it says ready, then
+// hands each command line ("cmd arg...") to handle, which replies itself;
+// an error handle returns is answered "error <message>" on one line.
+// "quit" or the end of input ends it.
+func serveLines(sc *bufio.Scanner, out io.Writer, ready string, handle func(cmd, arg string, reply replyFunc) error) error {
+	bw := bufio.NewWriter(out)
+	reply := func(format string, args ...any) error {
+		fmt.Fprintf(bw, format+"\n", args...)
+		return bw.Flush()
+	}
+	if err := reply("%s", ready); err != nil {
+		return err
+	}
+	for sc.Scan() {
+		cmd, arg, _ := strings.Cut(strings.TrimSpace(sc.Text()), " ")
+		if cmd == "quit" {
+			return nil
+		}
+		if err := handle(cmd, arg, reply); err != nil {
 			if rerr := reply("error %s", strings.ReplaceAll(err.Error(), "\n", " ")); rerr != nil {
 				return rerr
 			}

@@ -208,18 +208,8 @@ func ServeRelister(c plegConfig, in io.Reader, out io.Writer) error {
 		return err
 	}
 	defer p.close()
-	bw := bufio.NewWriter(out)
-	reply := func(format string, args ...any) error {
-		fmt.Fprintf(bw, format+"\n", args...)
-		return bw.Flush()
-	}
-	if err := reply("ready"); err != nil {
-		return err
-	}
-	sc := bufio.NewScanner(in)
-	for sc.Scan() {
-		var err error
-		switch cmd := strings.TrimSpace(sc.Text()); cmd {
+	return serveLines(bufio.NewScanner(in), out, "ready", func(cmd, _ string, reply replyFunc) (err error) {
+		switch cmd {
 		case "relist":
 			var r *relistResult
 			// The parent bounds the relist (it kills this process when its
@@ -241,18 +231,11 @@ func ServeRelister(c plegConfig, in io.Reader, out io.Writer) error {
 			h, _ := p.health()
 			js, _ := json.Marshal(h)
 			err = reply("ok %s", js)
-		case "quit":
-			return nil
 		default:
 			err = fmt.Errorf("unknown command %q", cmd)
 		}
-		if err != nil {
-			if rerr := reply("error %s", strings.ReplaceAll(err.Error(), "\n", " ")); rerr != nil {
-				return rerr
-			}
-		}
-	}
-	return sc.Err()
+		return err
+	})
 }
 
 // errNoRSS is returned where the peak RSS cannot be read.

@@ -64,9 +64,8 @@ func (c *Client) listPods(ctx context.Context, m *memo) ([]*runtime.Pod, error) 
 		})
 	}
 	if err != nil {
-		if m != nil {
-			m.abort()
-		}
+		// The items decoded so far stay in the memo until the next
+		// complete listing's commit: each is what its bytes decode to.
 		return nil, err
 	}
 	strs.end(t)

@@ -173,11 +173,6 @@ func (m *itemMemo) commit() {
 	}
 }
 
-// abort ends a listing that failed half way. Its items stay until the next
-// complete listing's commit: every entry is what its bytes decode to,
-// whichever listing it came from.
-func (m *itemMemo) abort() {}
-
 // init starts decoding a listing.
 func (m *itemMemo) init() {
 	if m.items == nil {
@@ -217,12 +212,5 @@ func (m *memo) commit() {
 	m.sandboxes.commit()
 	m.containers.commit()
 	m.pods, m.next = m.next, m.pods
-	clear(m.next)
-}
-
-// abort forgets a listing that failed.
-func (m *memo) abort() {
-	m.sandboxes.abort()
-	m.containers.abort()
 	clear(m.next)
 }
