@@ -191,12 +191,19 @@ func serveLines(sc *bufio.Scanner, out io.Writer, ready string, handle func(cmd,
 
 // childDriver runs the simulated runtime in a child process.
 type childDriver struct {
-	cmd      *exec.Cmd
-	in       io.WriteCloser
-	out      *bufio.Reader
-	stderr   *lockedBuffer
+	lineChild
 	dir      string
 	endpoint string
+}
+
+// lineChild is the parent's side of a child process that speaks the line
+// protocol (serveLines): one command line, one answer line.
+type lineChild struct {
+	what   string // names the child in errors
+	cmd    *exec.Cmd
+	in     io.WriteCloser
+	out    *bufio.Reader
+	stderr *lockedBuffer
 }
 
 func startChild(cmd *exec.Cmd, cfg simConfig) (_ *childDriver, err error) {
@@ -223,7 +230,7 @@ func startChild(cmd *exec.Cmd, cfg simConfig) (_ *childDriver, err error) {
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("starting the simulated runtime process: %w", err)
 	}
-	d := &childDriver{cmd: cmd, in: in, out: bufio.NewReader(outPipe), stderr: stderr, dir: dir}
+	d := &childDriver{lineChild: lineChild{what: "simulated runtime", cmd: cmd, in: in, out: bufio.NewReader(outPipe), stderr: stderr}, dir: dir}
 	cfgLine, _ := json.Marshal(cfg)
 	ready, err := d.request(string(cfgLine), "ready")
 	if err != nil {
@@ -235,13 +242,18 @@ func startChild(cmd *exec.Cmd, cfg simConfig) (_ *childDriver, err error) {
 }
 
 // request sends one line and reads the answer, which must start with want.
-func (d *childDriver) request(line, want string) (string, error) {
-	if _, err := io.WriteString(d.in, line+"\n"); err != nil {
-		return "", d.failure(err)
+func (c *lineChild) request(line, want string) (string, error) {
+	if _, err := io.WriteString(c.in, line+"\n"); err != nil {
+		return "", c.failure(err)
 	}
-	answer, err := d.out.ReadString('\n')
+	return c.read(want)
+}
+
+// read reads one answer, which must start with want, and returns the rest.
+func (c *lineChild) read(want string) (string, error) {
+	answer, err := c.out.ReadString('\n')
 	if err != nil {
-		return "", d.failure(err)
+		return "", c.failure(err)
 	}
 	answer = strings.TrimRight(answer, "\n")
 	head, rest, _ := strings.Cut(answer, " ")
@@ -249,17 +261,17 @@ func (d *childDriver) request(line, want string) (string, error) {
 	case want:
 		return rest, nil
 	case "error":
-		return "", fmt.Errorf("simulated runtime: %s", rest)
+		return "", fmt.Errorf("%s: %s", c.what, rest)
 	}
-	return "", fmt.Errorf("simulated runtime: unexpected answer %q", answer)
+	return "", fmt.Errorf("%s: unexpected answer %q", c.what, answer)
 }
 
 // failure turns a broken pipe into an error carrying the child's stderr.
-func (d *childDriver) failure(err error) error {
-	if msg := strings.TrimSpace(d.stderr.String()); msg != "" {
-		return fmt.Errorf("simulated runtime process: %v: %s", err, msg)
+func (c *lineChild) failure(err error) error {
+	if msg := strings.TrimSpace(c.stderr.String()); msg != "" {
+		return fmt.Errorf("%s process: %v: %s", c.what, err, msg)
 	}
-	return fmt.Errorf("simulated runtime process: %w", err)
+	return fmt.Errorf("%s process: %w", c.what, err)
 }
 
 func (d *childDriver) Endpoint() string { return d.endpoint }
@@ -325,7 +337,7 @@ func (d *childDriver) EventStats() (sim.EventStats, error) {
 }
 
 func (d *childDriver) Close() error {
-	err := quitChild(d.cmd, d.in)
+	err := d.quit()
 	os.RemoveAll(d.dir)
 	if err != nil {
 		return d.failure(err)
@@ -333,26 +345,27 @@ func (d *childDriver) Close() error {
 	return nil
 }
 
-// quitChild tells a child process on the line protocol to quit and waits
-// for it to exit, killing it after 10 s.
-func quitChild(cmd *exec.Cmd, in io.WriteCloser) error {
-	_, _ = io.WriteString(in, "quit\n")
-	in.Close()
+// quit tells the child to quit and waits for it to exit, killing it after
+// 10 s.
+func (c *lineChild) quit() error {
+	_, _ = io.WriteString(c.in, "quit\n")
+	c.in.Close()
 	done := make(chan error, 1)
-	go func() { done <- cmd.Wait() }()
+	go func() { done <- c.cmd.Wait() }()
 	select {
 	case err := <-done:
 		return err
 	case <-time.After(10 * time.Second):
-		_ = cmd.Process.Kill()
+		_ = c.cmd.Process.Kill()
 		return <-done
 	}
 }
 
-func (d *childDriver) kill() {
-	d.in.Close()
-	_ = d.cmd.Process.Kill()
-	_ = d.cmd.Wait()
+// kill kills the child at once.
+func (c *lineChild) kill() {
+	c.in.Close()
+	_ = c.cmd.Process.Kill()
+	_ = c.cmd.Wait()
 }
 
 type lockedBuffer struct {

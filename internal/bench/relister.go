@@ -261,11 +261,8 @@ func peakRSS() (int64, error) {
 
 // procRelister drives a relister in a child process over the protocol.
 type procRelister struct {
+	lineChild
 	name string // for messages: "pleg" or "kubelet"
-	cmd  *exec.Cmd
-	in   io.WriteCloser
-	out  *bufio.Reader
-	errs *lockedBuffer
 	// watches says whether the child answers "health".
 	watches bool
 	done    chan struct{} // closed when cmd has been waited for
@@ -284,8 +281,9 @@ func startRelister(ctx context.Context, name string, cmd *exec.Cmd, watches bool
 	if err != nil {
 		return nil, err
 	}
-	p := &procRelister{name: name, cmd: cmd, in: in, out: bufio.NewReader(out), errs: &lockedBuffer{}, watches: watches, done: make(chan struct{})}
-	cmd.Stderr = p.errs
+	p := &procRelister{lineChild: lineChild{what: name + " relister", cmd: cmd, in: in, out: bufio.NewReader(out), stderr: &lockedBuffer{}},
+		name: name, watches: watches, done: make(chan struct{})}
+	cmd.Stderr = p.stderr
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("starting the %s relister: %w", name, err)
 	}
@@ -304,39 +302,8 @@ func startRelister(ctx context.Context, name string, cmd *exec.Cmd, watches bool
 	return p, nil
 }
 
-// request sends one command and returns the rest of its "ok" answer.
-func (p *procRelister) request(line string) (string, error) {
-	if _, err := io.WriteString(p.in, line+"\n"); err != nil {
-		return "", p.failure(err)
-	}
-	return p.read("ok")
-}
-
-func (p *procRelister) read(want string) (string, error) {
-	answer, err := p.out.ReadString('\n')
-	if err != nil {
-		return "", p.failure(err)
-	}
-	answer = strings.TrimRight(answer, "\n")
-	head, rest, _ := strings.Cut(answer, " ")
-	switch head {
-	case want:
-		return rest, nil
-	case "error":
-		return "", fmt.Errorf("%s relister: %s", p.name, rest)
-	}
-	return "", fmt.Errorf("%s relister: unexpected answer %q", p.name, answer)
-}
-
-func (p *procRelister) failure(err error) error {
-	if msg := strings.TrimSpace(p.errs.String()); msg != "" {
-		return fmt.Errorf("%s relister process: %v: %s", p.name, err, msg)
-	}
-	return fmt.Errorf("%s relister process: %w", p.name, err)
-}
-
 func (p *procRelister) relist(context.Context) (*relistResult, error) {
-	js, err := p.request("relist")
+	js, err := p.request("relist", "ok")
 	if err != nil {
 		return nil, err
 	}
@@ -348,7 +315,7 @@ func (p *procRelister) relist(context.Context) (*relistResult, error) {
 }
 
 func (p *procRelister) peakRSS() (int64, error) {
-	got, err := p.request("rss")
+	got, err := p.request("rss", "ok")
 	if err != nil {
 		return 0, err
 	}
@@ -359,7 +326,7 @@ func (p *procRelister) watchHealth() error {
 	if !p.watches {
 		return nil
 	}
-	_, err := p.request("watch")
+	_, err := p.request("watch", "ok")
 	return err
 }
 
@@ -367,7 +334,7 @@ func (p *procRelister) health() (*HealthResult, error) {
 	if !p.watches {
 		return nil, nil
 	}
-	js, err := p.request("health")
+	js, err := p.request("health", "ok")
 	if err != nil {
 		return nil, err
 	}
@@ -376,7 +343,7 @@ func (p *procRelister) health() (*HealthResult, error) {
 }
 
 func (p *procRelister) close() error {
-	err := quitChild(p.cmd, p.in)
+	err := p.quit()
 	close(p.done)
 	if err != nil {
 		return p.failure(err)
@@ -385,9 +352,7 @@ func (p *procRelister) close() error {
 }
 
 func (p *procRelister) kill() {
-	p.in.Close()
-	_ = p.cmd.Process.Kill()
-	_ = p.cmd.Wait()
+	p.lineChild.kill()
 	close(p.done)
 }
 
