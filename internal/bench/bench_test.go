@@ -85,6 +85,33 @@ func TestRunQuickChildProcess(t *testing.T) {
 	}
 }
 
+// TestRunIdleFloor: in an idle scenario pleg's process also measures the
+// bare list calls, and the report shows them beside its CPU per relist.
+func TestRunIdleFloor(t *testing.T) {
+	sc := small()
+	sc.Name, sc.Changed, sc.Latency = "small-idle", 0, 0
+	rep, err := Run(context.Background(), Options{Scenarios: []Scenario{sc}, Quick: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := rep.Scenarios[0].PLEG
+	// 12 sandboxes and 36 containers are kilobytes; a reply discarded
+	// without being received would count nothing.
+	if !cpuMeasured {
+		t.Skip("CPU time is not measured on this platform")
+	}
+	if p.ListFloorCPUMs <= 0 || p.ListBytes < 5000 {
+		t.Errorf("bare list calls: %v ms, %d bytes", p.ListFloorCPUMs, p.ListBytes)
+	}
+	var text bytes.Buffer
+	if err := rep.WriteText(&text); err != nil {
+		t.Fatal(err)
+	}
+	if want := "the bare list calls (" + fmtBytes(float64(p.ListBytes)) + ")"; !strings.Contains(text.String(), want) {
+		t.Errorf("text report lacks %q:\n%s", want, text.String())
+	}
+}
+
 // checkRun checks the figures of a run of the small scenario that the
 // simulated runtime determines: the runtime calls and events of every
 // relist, the pods inspected, and that everything was measured.
@@ -123,6 +150,9 @@ func checkRun(t *testing.T, sc Scenario, r *RunResult, relists int) {
 	}
 	if r.RelistP50Ms <= 0 || r.RelistP99Ms < r.RelistP50Ms {
 		t.Errorf("%s: relist p50 %v p99 %v", r.Algorithm, r.RelistP50Ms, r.RelistP99Ms)
+	}
+	if r.ListFloorCPUMs != -1 || r.ListBytes != -1 {
+		t.Errorf("%s: bare list calls measured while pods change: %v ms, %d bytes", r.Algorithm, r.ListFloorCPUMs, r.ListBytes)
 	}
 	if r.AllocsPerRelist <= 0 || r.AllocBytesPerRelist <= 0 || r.CPUPerRelistMs <= 0 || r.SimCPUPerRelistMs < 0 {
 		t.Errorf("%s: allocs %v, bytes %v, cpu %v, sim cpu %v", r.Algorithm, r.AllocsPerRelist, r.AllocBytesPerRelist, r.CPUPerRelistMs, r.SimCPUPerRelistMs)
@@ -410,6 +440,13 @@ func TestEvaluate(t *testing.T) {
 		if got := met(evaluate(Scenario{Name: c.name}, c.p, c.k)); !slices.Equal(got, c.want) {
 			t.Errorf("%s (pleg %+v): met %v, want %v: %+v", c.name, c.p, got, c.want, evaluate(Scenario{Name: c.name}, c.p, c.k))
 		}
+	}
+	// The idle CPU target says what the bare list calls alone cost.
+	f := *p
+	f.ListFloorCPUMs = 1.5
+	got := evaluate(Scenario{Name: "110x5-idle"}, &f, k)[0].Figure
+	if want := "; the bare list calls alone 1.50ms = 0.075 of the kubelet's, pleg's decoding and diff 500µs"; !strings.HasSuffix(got, want) {
+		t.Errorf("figure %q, want it to end with %q", got, want)
 	}
 }
 

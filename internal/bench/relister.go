@@ -165,6 +165,34 @@ func (p *plegRelister) relist(ctx context.Context) (*relistResult, error) {
 	return r, nil
 }
 
+// floorResult is what a listing's two calls cost with their replies
+// discarded undecoded (cri.Client.ListDiscard), in the relister's process:
+// the transport's floor under a relist.
+type floorResult struct {
+	CPUNs int64 `json:"cpuNs"` // mean per pair of calls
+	Bytes int   `json:"bytes"` // both replies
+}
+
+// floor makes the bare list calls n times, one pair at a time as a relist
+// makes them, on the generator's own connection.
+func (p *plegRelister) floor(ctx context.Context, n int) (*floorResult, error) {
+	if n < 1 {
+		return nil, fmt.Errorf("floor: %d rounds", n)
+	}
+	var cpu time.Duration
+	var bytes int
+	for range n {
+		c0 := processCPU()
+		b, err := p.client.ListDiscard(ctx)
+		cpu += processCPU() - c0
+		if err != nil {
+			return nil, fmt.Errorf("bare list calls: %w", err)
+		}
+		bytes = b
+	}
+	return &floorResult{CPUNs: int64(cpu) / int64(n), Bytes: bytes}, nil
+}
+
 func (p *plegRelister) watchHealth() error {
 	if p.threshold > 0 {
 		p.watch = newHealthWatch(p.g, p.threshold)
@@ -197,6 +225,7 @@ const RelisterEnv = "PLEG_BENCH_RELISTER_CHILD"
 // each command with "ok[ <result>]" or "error <message>":
 //
 //	relist   one relist; answers the relistResult as JSON
+//	floor N  the bare list calls N times; answers the floorResult as JSON
 //	rss      the process's peak resident set size in bytes (VmHWM)
 //	watch    watch health from the next relist on
 //	health   what Healthy said around the relists since "watch", as JSON
@@ -208,7 +237,7 @@ func ServeRelister(c plegConfig, in io.Reader, out io.Writer) error {
 		return err
 	}
 	defer p.close()
-	return serveLines(bufio.NewScanner(in), out, "ready", func(cmd, _ string, reply replyFunc) (err error) {
+	return serveLines(bufio.NewScanner(in), out, "ready", func(cmd, arg string, reply replyFunc) (err error) {
 		switch cmd {
 		case "relist":
 			var r *relistResult
@@ -217,6 +246,15 @@ func ServeRelister(c plegConfig, in io.Reader, out io.Writer) error {
 			if r, err = p.relist(context.Background()); err == nil {
 				js, _ := json.Marshal(r)
 				err = reply("ok %s", js)
+			}
+		case "floor":
+			var n int
+			var f *floorResult
+			if n, err = strconv.Atoi(arg); err == nil {
+				if f, err = p.floor(context.Background(), n); err == nil {
+					js, _ := json.Marshal(f)
+					err = reply("ok %s", js)
+				}
 			}
 		case "rss":
 			var n int64
@@ -312,6 +350,18 @@ func (p *procRelister) relist(context.Context) (*relistResult, error) {
 		return nil, fmt.Errorf("%s relister: relist answer: %w", p.name, err)
 	}
 	return &r, nil
+}
+
+func (p *procRelister) floor(_ context.Context, n int) (*floorResult, error) {
+	js, err := p.request("floor "+strconv.Itoa(n), "ok")
+	if err != nil {
+		return nil, err
+	}
+	var f floorResult
+	if err := json.Unmarshal([]byte(js), &f); err != nil {
+		return nil, fmt.Errorf("%s relister: floor answer: %w", p.name, err)
+	}
+	return &f, nil
 }
 
 func (p *procRelister) peakRSS() (int64, error) {

@@ -217,6 +217,14 @@ func startRelisterFor(ctx context.Context, o Options, sc Scenario, col column, e
 	return startRelister(ctx, "pleg", cmd, cfg.RelistThreshold > 0)
 }
 
+// floorer measures the transport's floor under a relist: the listing's
+// two calls with the replies discarded undecoded. pleg's relisters do; the
+// floor is measured in idle scenarios, where the listing is all a relist
+// does.
+type floorer interface {
+	floor(ctx context.Context, n int) (*floorResult, error)
+}
+
 // warmupRelists are run before the measured ones, without call latency:
 // the first inspects every pod, the second finds nothing to do. On a busy
 // machine a pod inspection can time out in the first and be retried in
@@ -375,6 +383,15 @@ func runOne(ctx context.Context, o Options, sc Scenario, col column, relists int
 	simCPU1, err := drv.CPU()
 	if err != nil {
 		return nil, err
+	}
+	res.ListFloorCPUMs, res.ListBytes = -1, -1
+	if fl, ok := rl.(floorer); ok && !col.kubelet && sc.Changed == 0 && sc.HungPods == 0 && cpuMeasured {
+		// After the relists, so that the simulator's CPU above is theirs.
+		f, err := fl.floor(ctx, relists)
+		if err != nil {
+			return nil, err
+		}
+		res.ListFloorCPUMs, res.ListBytes = ms(time.Duration(f.CPUNs)), f.Bytes
 	}
 
 	n := float64(relists)

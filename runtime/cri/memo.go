@@ -110,6 +110,7 @@ var (
 func itemKey(seed maphash.Seed, b []byte, maps mapFields) (uint64, []byte) {
 	var h maphash.Hash
 	h.SetSeed(seed)
+	hashing := false // h holds bytes: the state came after a map
 	var id []byte
 	stateSeen := false
 	run := 0 // start of the bytes not hashed yet
@@ -138,7 +139,13 @@ func itemKey(seed maphash.Seed, b []byte, maps mapFields) (uint64, []byte) {
 		}
 		switch {
 		case typ == protowire.BytesType && (num == maps.labels || num == maps.annotations):
+			if id != nil && stateSeen && !hashing {
+				// The common case: one contiguous run, hashed in one
+				// call (the same sum as writing it to h).
+				return maphash.Bytes(seed, b[run:off]), id
+			}
 			h.Write(b[run:off])
+			hashing = true
 			if id != nil && stateSeen {
 				return h.Sum64(), id
 			}

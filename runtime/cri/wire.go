@@ -438,12 +438,15 @@ func (leanCodec) Marshal(v any) (mem.BufferSlice, error) {
 }
 
 func (leanCodec) Unmarshal(data mem.BufferSlice, v any) error {
-	r, ok := v.(*listReply)
-	if !ok {
-		return encoding.GetCodecV2("proto").Unmarshal(data, v)
+	switch r := v.(type) {
+	case *listReply:
+		if err := decodeListSlice(data, r); err != nil {
+			return fmt.Errorf("decoding the list reply: %w", err)
+		}
+		return nil
+	case *discardReply:
+		*r += discardReply(data.Len())
+		return nil
 	}
-	if err := decodeListSlice(data, r); err != nil {
-		return fmt.Errorf("decoding the list reply: %w", err)
-	}
-	return nil
+	return encoding.GetCodecV2("proto").Unmarshal(data, v)
 }
