@@ -340,26 +340,32 @@ func startRelister(ctx context.Context, name string, cmd *exec.Cmd, watches bool
 	return p, nil
 }
 
-func (p *procRelister) relist(context.Context) (*relistResult, error) {
-	js, err := p.request("relist", "ok")
+// requestJSON sends the command line and decodes the JSON of its "ok"
+// answer into v.
+func (p *procRelister) requestJSON(line string, v any) error {
+	js, err := p.request(line, "ok")
 	if err != nil {
-		return nil, err
+		return err
 	}
+	if err := json.Unmarshal([]byte(js), v); err != nil {
+		cmd, _, _ := strings.Cut(line, " ")
+		return fmt.Errorf("%s relister: %s answer: %w", p.name, cmd, err)
+	}
+	return nil
+}
+
+func (p *procRelister) relist(context.Context) (*relistResult, error) {
 	var r relistResult
-	if err := json.Unmarshal([]byte(js), &r); err != nil {
-		return nil, fmt.Errorf("%s relister: relist answer: %w", p.name, err)
+	if err := p.requestJSON("relist", &r); err != nil {
+		return nil, err
 	}
 	return &r, nil
 }
 
 func (p *procRelister) floor(_ context.Context, n int) (*floorResult, error) {
-	js, err := p.request("floor "+strconv.Itoa(n), "ok")
-	if err != nil {
-		return nil, err
-	}
 	var f floorResult
-	if err := json.Unmarshal([]byte(js), &f); err != nil {
-		return nil, fmt.Errorf("%s relister: floor answer: %w", p.name, err)
+	if err := p.requestJSON("floor "+strconv.Itoa(n), &f); err != nil {
+		return nil, err
 	}
 	return &f, nil
 }
@@ -384,12 +390,11 @@ func (p *procRelister) health() (*HealthResult, error) {
 	if !p.watches {
 		return nil, nil
 	}
-	js, err := p.request("health", "ok")
-	if err != nil {
+	var h *HealthResult
+	if err := p.requestJSON("health", &h); err != nil {
 		return nil, err
 	}
-	var h *HealthResult
-	return h, json.Unmarshal([]byte(js), &h)
+	return h, nil
 }
 
 func (p *procRelister) close() error {
