@@ -472,7 +472,7 @@ func writeLive(w io.Writer, s ScenarioResult) {
 	r := s.Live
 	fmt.Fprintf(w, "\n== %s: %s\n", s.Scenario.Name, s.Description)
 	fmt.Fprintf(w, "   live: Generator.Start (real clock, relist goroutine, runtime events on) measured for %s after its first %d relists (startup %s, not measured)\n",
-		fmtMs(r.WindowMs), liveWarmupRelists, fmtMs(r.StartupMs))
+		fmtMs(r.WindowMs), r.WarmupRelists, fmtMs(r.StartupMs))
 	fmt.Fprintf(w, "   relist period %s; pod inspection timeout %s; runtime request timeout %s; relist threshold %s; MaxParallelInspections %d\n",
 		fmtMs(r.RelistPeriodMs), fmtMs(r.PodInspectionTimeoutMs), fmtMs(r.RequestTimeoutMs), fmtMs(r.RelistThresholdMs), r.MaxParallelInspections)
 	fmt.Fprintln(w, "   kubelet: not applicable: the kubelet makes no single-pod relists from runtime events, so it has no baseline here")

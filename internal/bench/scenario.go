@@ -80,8 +80,8 @@ type Scenario struct {
 // LiveSpec is what a live scenario adds to a Scenario.
 type LiveSpec struct {
 	// Window is the measured wall time (Quick in quick mode), after the
-	// generator's first two global relists and the event stream's
-	// connection.
+	// generator's warm-up: its first two global relists, more until one
+	// inspects no pod, and the event stream's connection.
 	Window time.Duration `json:"window"`
 	Quick  time.Duration `json:"-"`
 	// RelistPeriod is the generator's relist period.
@@ -93,7 +93,8 @@ type LiveSpec struct {
 	// each hung pod at this interval.
 	HungPodEvents time.Duration `json:"hungPodEvents,omitempty"`
 	// EventStorm, when positive, makes the runtime stream this many
-	// events per second, spread over every pod in turn.
+	// events per second, spread over every pod in turn, from the
+	// window's start.
 	EventStorm int `json:"eventStormPerSecond,omitempty"`
 }
 

@@ -3,6 +3,7 @@ package diagnose
 import (
 	"cmp"
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -162,9 +163,10 @@ func (d *diagnoser) probeShims(ctx context.Context, pods []*runtime.Pod, list Li
 		probed bool
 		// cut: ctx's deadline came before the probe timeout, so an error
 		// tells nothing of the shim.
-		cut  bool
-		took time.Duration
-		err  error
+		cut    bool
+		took   time.Duration
+		err    error
+		answer shimAnswer
 	}
 	results := make([]result, len(sandboxes))
 	sem := make(chan struct{}, d.opts.MaxParallel)
@@ -186,13 +188,19 @@ func (d *diagnoser) probeShims(ctx context.Context, pods []*runtime.Pod, list Li
 		go func() {
 			defer wg.Done()
 			defer func() { <-sem }()
+			// Timed from before the deadline is set: a goroutine
+			// descheduled between the two on a loaded machine would
+			// otherwise report a call that hit its deadline as faster
+			// than the probe timeout (the e2e test saw 0.991s of 1s).
+			t := time.Now()
 			cctx, cancel := context.WithTimeout(ctx, d.opts.ProbeTimeout)
 			defer cancel()
-			t := time.Now()
 			dl, ok := ctx.Deadline()
 			cut := ok && dl.Before(t.Add(d.opts.ProbeTimeout))
-			_, err := rs.PodSandboxStatus(cctx, &runtimeapi.PodSandboxStatusRequest{PodSandboxId: s.id, Verbose: true})
-			results[i] = result{probed: true, cut: cut, took: time.Since(t), err: err}
+			resp, err := rs.PodSandboxStatus(cctx, &runtimeapi.PodSandboxStatusRequest{PodSandboxId: s.id, Verbose: true})
+			took := time.Since(t)
+			results[i] = result{probed: true, cut: cut, took: took, err: err,
+				answer: classifyShimAnswer(resp, err, took, d.opts.ProbeTimeout)}
 		}()
 	}
 	wg.Wait()
@@ -201,16 +209,22 @@ func (d *diagnoser) probeShims(ctx context.Context, pods []*runtime.Pod, list Li
 	for i, res := range results {
 		s := sandboxes[i]
 		switch {
-		case !res.probed, res.err != nil && (res.cut || ctx.Err() != nil):
+		case !res.probed, res.answer != shimAnswered && (res.cut || ctx.Err() != nil):
 			// Not probed, or interrupted.
 			sp.Skipped++
-		case res.err == nil, status.Code(res.err) == codes.NotFound:
+		case res.answer == shimAnswered:
 			sp.Answered++
-		case status.Code(res.err) == codes.DeadlineExceeded || errors.Is(res.err, context.DeadlineExceeded):
+		case res.answer == shimTimedOut, res.answer == shimAnsweredLate:
 			sp.Stuck++
 			stuck = append(stuck, StuckShim{Pod: s.ref(), PodUID: s.uid, SandboxID: s.id,
 				SandboxState: s.state.String(), Seconds: res.took.Seconds(),
 				Error: fmt.Sprintf("verbose PodSandboxStatus: no answer within %v", d.opts.ProbeTimeout)})
+		case res.answer == shimUnknown:
+			sp.Stuck++
+			stuck = append(stuck, StuckShim{Pod: s.ref(), PodUID: s.uid, SandboxID: s.id,
+				SandboxState: s.state.String(), Seconds: res.took.Seconds(),
+				Error: fmt.Sprintf("verbose PodSandboxStatus: the runtime got no task status from the shim (processStatus %q after %v)",
+					processStatusUnknown, res.took.Round(time.Millisecond))})
 		default:
 			sp.Failed++
 			if sp.Error == "" {
@@ -224,6 +238,78 @@ func (d *diagnoser) probeShims(ctx context.Context, pods []*runtime.Pod, list Li
 			cmp.Compare(a.Pod, b.Pod), cmp.Compare(a.SandboxID, b.SandboxID))
 	})
 	return sp, stuck
+}
+
+// shimAnswer is what one verbose PodSandboxStatus of the shim probe
+// tells of the sandbox's shim.
+type shimAnswer int
+
+const (
+	// shimFailed: an error that says nothing of the shim (see the
+	// probe's Failed).
+	shimFailed shimAnswer = iota
+	// shimAnswered: a status within the probe timeout whose task status
+	// the runtime got from the shim, or NotFound (the sandbox is gone).
+	shimAnswered
+	// shimTimedOut: no answer within the probe timeout.
+	shimTimedOut
+	// shimAnsweredLate: a status, but only once the probe timeout had
+	// passed: the call raced its own deadline (see classifyShimAnswer).
+	shimAnsweredLate
+	// shimUnknown: a status in time, but its task status is "unknown":
+	// the runtime asked the shim and gave up waiting.
+	shimUnknown
+)
+
+// processStatusUnknown is the processStatus of containerd's verbose
+// sandbox info when the shim did not answer containerd's task State call.
+const processStatusUnknown = "unknown"
+
+// classifyShimAnswer tells what a verbose PodSandboxStatus that took took,
+// with the probe timeout timeout, says of the sandbox's shim.
+//
+// A stopped shim does not always make the call fail: containerd 2.x
+// (plugins/services/tasks, getProcessState) bounds its task State call to
+// the shim by the caller's deadline and by its own 2 s task state
+// timeout, and when that call fails it logs the error and answers the
+// task's status as UNKNOWN, without an error. The verbose info then says
+// "processStatus":"unknown", and the answer leaves containerd as the
+// caller's deadline expires (containerd's copy of the deadline runs a
+// transit time behind the caller's): on a loaded machine the caller's
+// gRPC client may read that answer before its own deadline fires, so an
+// error-free answer at the probe timeout is no answer of the shim either.
+// CI saw the stopped shim of the e2e test "answer" that way in one run
+// of `pleg diagnose` and hang in the next.
+func classifyShimAnswer(resp *runtimeapi.PodSandboxStatusResponse, err error, took, timeout time.Duration) shimAnswer {
+	switch {
+	case err == nil && verboseProcessStatus(resp) == processStatusUnknown:
+		return shimUnknown
+	case err == nil && took >= timeout:
+		return shimAnsweredLate
+	case err == nil, status.Code(err) == codes.NotFound:
+		return shimAnswered
+	case status.Code(err) == codes.DeadlineExceeded || errors.Is(err, context.DeadlineExceeded):
+		return shimTimedOut
+	}
+	return shimFailed
+}
+
+// verboseProcessStatus returns the sandbox task's processStatus from the
+// verbose info of a PodSandboxStatus answer, as containerd reports it
+// (its "info" JSON); "" when the answer has none (another runtime, a
+// non-verbose answer).
+func verboseProcessStatus(resp *runtimeapi.PodSandboxStatusResponse) string {
+	info := resp.GetInfo()["info"]
+	if info == "" {
+		return ""
+	}
+	var si struct {
+		ProcessStatus string `json:"processStatus"`
+	}
+	if json.Unmarshal([]byte(info), &si) != nil {
+		return ""
+	}
+	return si.ProcessStatus
 }
 
 func stateRank(s string) int {

@@ -32,8 +32,13 @@ type shimCRI struct {
 
 	sandboxes []*runtimeapi.PodSandbox
 	stuck     map[string]bool // sandbox IDs whose verbose status hangs
-	hangList  bool
-	delay     time.Duration // of the verbose status calls that answer
+	// unknown: sandbox IDs whose verbose status answers at once with the
+	// task's processStatus "unknown", as containerd 2.x does once its
+	// task State call to a stopped shim fails (see classifyShimAnswer).
+	// The others' verbose info says "running".
+	unknown  map[string]bool
+	hangList bool
+	delay    time.Duration // of the verbose status calls that answer
 	// rendezvous, when not 0, holds the verbose status calls that answer
 	// until that many have been in flight at once (or their context
 	// ends), so that a test of the parallelism does not depend on how soon
@@ -108,6 +113,11 @@ func (f *shimCRI) PodSandboxStatus(ctx context.Context, r *runtimeapi.PodSandbox
 		if f.stuck[r.PodSandboxId] {
 			return nil, hang(ctx)
 		}
+		if f.unknown[r.PodSandboxId] {
+			return &runtimeapi.PodSandboxStatusResponse{Status: &runtimeapi.PodSandboxStatus{
+				Id: sb.Id, Metadata: sb.Metadata, State: sb.State, CreatedAt: sb.CreatedAt, Labels: sb.Labels},
+				Info: map[string]string{"info": `{"pid":4242,"processStatus":"unknown"}`}}, nil
+		}
 		for ctx.Err() == nil {
 			f.mu.Lock()
 			met := f.maxInflight >= f.rendezvous
@@ -119,8 +129,12 @@ func (f *shimCRI) PodSandboxStatus(ctx context.Context, r *runtimeapi.PodSandbox
 		}
 		time.Sleep(f.delay)
 	}
-	return &runtimeapi.PodSandboxStatusResponse{Status: &runtimeapi.PodSandboxStatus{
-		Id: sb.Id, Metadata: sb.Metadata, State: sb.State, CreatedAt: sb.CreatedAt, Labels: sb.Labels}}, nil
+	resp := &runtimeapi.PodSandboxStatusResponse{Status: &runtimeapi.PodSandboxStatus{
+		Id: sb.Id, Metadata: sb.Metadata, State: sb.State, CreatedAt: sb.CreatedAt, Labels: sb.Labels}}
+	if r.Verbose && f.unknown != nil {
+		resp.Info = map[string]string{"info": `{"pid":4242,"processStatus":"running"}`}
+	}
+	return resp, nil
 }
 
 // serveShimCRI serves f on a unix socket and returns its endpoint and a
@@ -255,6 +269,74 @@ func TestHungListNamesStuckShim(t *testing.T) {
 	for _, k := range []string{"pod", "podUID", "sandboxID", "sandboxState", "seconds", "error"} {
 		if _, ok := shims[0].(map[string]any)[k]; !ok {
 			t.Errorf("stuck shim JSON lacks %s: %v", k, shims[0])
+		}
+	}
+}
+
+// containerd 2.x answers the verbose PodSandboxStatus of a stopped shim
+// without an error once its own task State call to the shim gives up
+// (at the caller's deadline or after its 2 s task state timeout), with
+// the task's processStatus "unknown": the shim did not answer, and the
+// probe says so, though the call returned at once here.
+func TestStuckShimAnswersUnknown(t *testing.T) {
+	const probe = time.Second // room for the calls that answer
+	stuck := sandbox('b', "stuck", true)
+	f := &shimCRI{
+		sandboxes: []*runtimeapi.PodSandbox{sandbox('a', "fine", true), stuck, sandbox('c', "other", true)},
+		unknown:   map[string]bool{stuck.Id: true},
+		hangList:  true,
+	}
+	endpoint, c := serveShimCRI(t, f, probe)
+	r, err := Run(context.Background(), c, Options{Endpoint: endpoint, ProbeTimeout: probe})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if sp := r.ShimProbe; sp == nil || sp.Sandboxes != 3 || sp.Answered != 2 || sp.Stuck != 1 || sp.Failed != 0 || sp.Skipped != 0 {
+		t.Errorf("shim probe = %+v, want 3 sandboxes, 2 answered, 1 stuck", sp)
+	}
+	if len(r.StuckShims) != 1 || r.StuckShims[0].Pod != "ns/stuck" || r.StuckShims[0].SandboxID != stuck.Id ||
+		!strings.Contains(r.StuckShims[0].Error, `processStatus "unknown"`) {
+		t.Errorf("stuck shims = %+v, want ns/stuck's, its task status unknown", r.StuckShims)
+	}
+	if c := r.Cause; c == nil || c.Call != "ListContainers" || c.Pod != "ns/stuck" || c.PodUID != "uid-stuck" {
+		t.Errorf("cause = %+v, want ListContainers hung, pod ns/stuck", r.Cause)
+	}
+	if !strings.Contains(r.Verdict, "the shim of pod ns/stuck does not answer (crictl inspectp bbbbbbbbbbbbb hangs)") {
+		t.Errorf("verdict %q does not name ns/stuck's shim", r.Verdict)
+	}
+}
+
+func TestClassifyShimAnswer(t *testing.T) {
+	const timeout = time.Second
+	withInfo := func(info string) *runtimeapi.PodSandboxStatusResponse {
+		return &runtimeapi.PodSandboxStatusResponse{Status: &runtimeapi.PodSandboxStatus{}, Info: map[string]string{"info": info}}
+	}
+	for _, c := range []struct {
+		name string
+		resp *runtimeapi.PodSandboxStatusResponse
+		err  error
+		took time.Duration
+		want shimAnswer
+	}{
+		{"running", withInfo(`{"processStatus":"running"}`), nil, 3 * time.Millisecond, shimAnswered},
+		{"no verbose info (another runtime)", &runtimeapi.PodSandboxStatusResponse{}, nil, 3 * time.Millisecond, shimAnswered},
+		{"info not JSON", withInfo(`{`), nil, 3 * time.Millisecond, shimAnswered},
+		{"deleted task", withInfo(`{"processStatus":"deleted"}`), nil, 3 * time.Millisecond, shimAnswered},
+		{"gone", nil, status.Error(codes.NotFound, "sandbox not found"), time.Millisecond, shimAnswered},
+		// containerd gave up on the shim before the deadline (its 2 s
+		// task state timeout under a longer probe timeout).
+		{"unknown in time", withInfo(`{"processStatus":"unknown"}`), nil, 300 * time.Millisecond, shimUnknown},
+		// containerd gave up at the (its copy of the) deadline, and the
+		// answer beat the client's deadline timer.
+		{"unknown at the deadline", withInfo(`{"processStatus":"unknown"}`), nil, timeout + time.Millisecond, shimUnknown},
+		{"answer after the deadline", withInfo(`{"processStatus":"running"}`), nil, timeout + 2*time.Millisecond, shimAnsweredLate},
+		{"answer exactly at the deadline", nil, nil, timeout, shimAnsweredLate},
+		{"deadline (gRPC)", nil, status.Error(codes.DeadlineExceeded, "context deadline exceeded"), timeout, shimTimedOut},
+		{"deadline (context)", nil, context.DeadlineExceeded, timeout, shimTimedOut},
+		{"other error", nil, status.Error(codes.Unavailable, "connection refused"), time.Millisecond, shimFailed},
+	} {
+		if got := classifyShimAnswer(c.resp, c.err, c.took, timeout); got != c.want {
+			t.Errorf("%s: classifyShimAnswer = %d, want %d", c.name, got, c.want)
 		}
 	}
 }
