@@ -60,6 +60,10 @@ func TestRunQuickChildProcess(t *testing.T) {
 	if p.PeakRSSBytes < 1<<20 {
 		t.Errorf("pleg peak RSS %d bytes", p.PeakRSSBytes)
 	}
+	// Part of it is the binary's pages: megabytes, less than the whole.
+	if p.ResidentFileBytes < 1<<20 || p.ResidentFileBytes >= p.PeakRSSBytes {
+		t.Errorf("pleg's resident file pages %d bytes of a %d byte peak", p.ResidentFileBytes, p.PeakRSSBytes)
+	}
 
 	var text bytes.Buffer
 	if err := rep.WriteText(&text); err != nil {
@@ -67,7 +71,7 @@ func TestRunQuickChildProcess(t *testing.T) {
 	}
 	for _, want := range []string{"== small: 12 pods x 3 containers, 4 pods changed per relist, 1ms per runtime call",
 		"no kubelet baseline", "relist p50", "relist p99", "runtime calls / relist", "CPU / relist",
-		"allocations / relist", "peak RSS", "every relist inspected exactly 4 pods", "child process"} {
+		"allocations / relist", "peak RSS", "the binary's pages (RssFile, at the end)", "every relist inspected exactly 4 pods", "child process"} {
 		if !strings.Contains(text.String(), want) {
 			t.Errorf("text report lacks %q:\n%s", want, text.String())
 		}
@@ -440,6 +444,11 @@ func TestEvaluate(t *testing.T) {
 		if got := met(evaluate(Scenario{Name: c.name}, c.p, c.k)); !slices.Equal(got, c.want) {
 			t.Errorf("%s (pleg %+v): met %v, want %v: %+v", c.name, c.p, got, c.want, evaluate(Scenario{Name: c.name}, c.p, c.k))
 		}
+	}
+	// The RSS target says how much of the peak is the binary's pages.
+	r := &RunResult{CPUPerRelistMs: 2, PeakRSSBytes: 23 << 20, ResidentFileBytes: 15 << 20}
+	if got, want := evaluate(Scenario{Name: "110x5-idle"}, r, k)[1].Figure, "23.0 MiB, of which the binary's pages 15.0 MiB at the end"; got != want {
+		t.Errorf("RSS figure %q, want %q", got, want)
 	}
 	// The idle CPU target says what the bare list calls alone cost.
 	f := *p

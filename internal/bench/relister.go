@@ -4,7 +4,6 @@ import (
 	"bufio"
 	"context"
 	"encoding/json"
-	"errors"
 	"fmt"
 	"io"
 	"os"
@@ -227,6 +226,7 @@ const RelisterEnv = "PLEG_BENCH_RELISTER_CHILD"
 //	relist   one relist; answers the relistResult as JSON
 //	floor N  the bare list calls N times; answers the floorResult as JSON
 //	rss      the process's peak resident set size in bytes (VmHWM)
+//	rssfile  its resident pages mapped from files in bytes (RssFile)
 //	watch    watch health from the next relist on
 //	health   what Healthy said around the relists since "watch", as JSON
 //	         ("null" when health is not watched)
@@ -261,6 +261,11 @@ func ServeRelister(c plegConfig, in io.Reader, out io.Writer) error {
 			if n, err = peakRSS(); err == nil {
 				err = reply("ok %d", n)
 			}
+		case "rssfile":
+			var n int64
+			if n, err = residentFile(); err == nil {
+				err = reply("ok %d", n)
+			}
 		case "watch":
 			if err = p.watchHealth(); err == nil {
 				err = reply("ok")
@@ -276,25 +281,30 @@ func ServeRelister(c plegConfig, in io.Reader, out io.Writer) error {
 	})
 }
 
-// errNoRSS is returned where the peak RSS cannot be read.
-var errNoRSS = errors.New("no VmHWM in /proc/self/status")
-
 // peakRSS returns VmHWM from /proc/self/status, in bytes.
-func peakRSS() (int64, error) {
+func peakRSS() (int64, error) { return procStatusBytes("VmHWM") }
+
+// residentFile returns RssFile from /proc/self/status, in bytes: the
+// resident pages mapped from files, mostly the binary's own.
+func residentFile() (int64, error) { return procStatusBytes("RssFile") }
+
+// procStatusBytes returns a field of /proc/self/status given in kB, in
+// bytes.
+func procStatusBytes(field string) (int64, error) {
 	b, err := os.ReadFile("/proc/self/status")
 	if err != nil {
 		return 0, err
 	}
 	for _, line := range strings.Split(string(b), "\n") {
-		if v, ok := strings.CutPrefix(line, "VmHWM:"); ok {
+		if v, ok := strings.CutPrefix(line, field+":"); ok {
 			kb, err := strconv.ParseInt(strings.TrimSpace(strings.TrimSuffix(strings.TrimSpace(v), "kB")), 10, 64)
 			if err != nil {
-				return 0, fmt.Errorf("VmHWM %q: %w", v, err)
+				return 0, fmt.Errorf("%s %q: %w", field, v, err)
 			}
 			return kb << 10, nil
 		}
 	}
-	return 0, errNoRSS
+	return 0, fmt.Errorf("no %s in /proc/self/status", field)
 }
 
 // procRelister drives a relister in a child process over the protocol.
@@ -368,6 +378,14 @@ func (p *procRelister) floor(_ context.Context, n int) (*floorResult, error) {
 		return nil, err
 	}
 	return &f, nil
+}
+
+func (p *procRelister) residentFile() (int64, error) {
+	got, err := p.request("rssfile", "ok")
+	if err != nil {
+		return 0, err
+	}
+	return strconv.ParseInt(got, 10, 64)
 }
 
 func (p *procRelister) peakRSS() (int64, error) {

@@ -225,6 +225,12 @@ type floorer interface {
 	floor(ctx context.Context, n int) (*floorResult, error)
 }
 
+// residentFiler reports the resident pages a relister's process maps from
+// files (its binary's, mostly): pleg's child process does.
+type residentFiler interface {
+	residentFile() (int64, error)
+}
+
 // warmupRelists are run before the measured ones, without call latency:
 // the first inspects every pod, the second finds nothing to do. On a busy
 // machine a pod inspection can time out in the first and be retried in
@@ -379,6 +385,12 @@ func runOne(ctx context.Context, o Options, sc Scenario, col column, relists int
 	}
 	if res.PeakRSSBytes, err = rl.peakRSS(); err != nil {
 		return nil, err
+	}
+	res.ResidentFileBytes = -1
+	if rf, ok := rl.(residentFiler); ok && !col.kubelet {
+		if res.ResidentFileBytes, err = rf.residentFile(); err != nil {
+			return nil, err
+		}
 	}
 	simCPU1, err := drv.CPU()
 	if err != nil {
