@@ -113,13 +113,15 @@ func (c *Client) ListPod(ctx context.Context, uid types.UID) (*runtime.Pod, erro
 	if err != nil {
 		return nil, err
 	}
-	sbs := make([]listed, 0, len(sandboxes))
+	sbs := make([]itemRef, 0, len(sandboxes))
 	for _, s := range sandboxes {
-		sbs = append(sbs, sandboxItem(s))
+		it := sandboxItem(s)
+		sbs = append(sbs, itemRef{listed: &it})
 	}
-	cts := make([]listed, 0, len(containers))
+	cts := make([]itemRef, 0, len(containers))
 	for _, ct := range containers {
-		cts = append(cts, containerItem(ct))
+		it := containerItem(ct)
+		cts = append(cts, itemRef{listed: &it})
 	}
 	// The runtime filters already; keep only uid should it not.
 	for _, p := range c.group(sbs, cts, &groupScratch{}, nil) {
@@ -151,7 +153,7 @@ func containerItem(ct *runtimeapi.Container) listed {
 // groupScratch is the working space of group, kept from one listing to
 // the next by the memo.
 type groupScratch struct {
-	sandboxes, containers []listed // the decoded replies
+	sandboxes, containers []itemRef // the decoded replies
 	builds                map[string]int
 	pods                  []podBuild
 	valid                 []bool
@@ -173,13 +175,13 @@ type podBuild struct {
 // Each pod's items share one backing array of their own, so a pod record
 // the generator keeps for long pins only that pod's items, never a whole
 // listing.
-func (c *Client) group(sandboxes, containers []listed, sc *groupScratch, m *memo) []*runtime.Pod {
+func (c *Client) group(sandboxes, containers []itemRef, sc *groupScratch, m *memo) []*runtime.Pod {
 	if sc.builds == nil {
 		sc.builds = make(map[string]int, len(sandboxes))
 	}
 	clear(sc.builds)
 	sc.pods = sc.pods[:0]
-	find := func(it *listed) *podBuild {
+	find := func(it itemRef) *podBuild {
 		i, ok := sc.builds[it.uid]
 		if !ok {
 			i = len(sc.pods)
@@ -201,7 +203,7 @@ func (c *Client) group(sandboxes, containers []listed, sc *groupScratch, m *memo
 	valid := sc.valid[:n]
 	clear(valid)
 	for i := range sandboxes {
-		s := &sandboxes[i]
+		s := sandboxes[i]
 		switch {
 		case s.id == "":
 			c.log.V(4).Info("Skipping listed sandbox", "reason", "empty ID", "index", i)
@@ -215,7 +217,7 @@ func (c *Client) group(sandboxes, containers []listed, sc *groupScratch, m *memo
 		}
 	}
 	for i := range containers {
-		ct := &containers[i]
+		ct := containers[i]
 		switch {
 		case ct.id == "":
 			c.log.V(4).Info("Skipping listed container", "reason", "empty ID", "index", i)
@@ -257,7 +259,7 @@ func (c *Client) group(sandboxes, containers []listed, sc *groupScratch, m *memo
 		if !valid[i] {
 			continue
 		}
-		s := &sandboxes[i]
+		s := sandboxes[i]
 		b := &sc.pods[sc.builds[s.uid]]
 		if b.store == nil {
 			continue // the previous listing's pod
@@ -270,7 +272,7 @@ func (c *Client) group(sandboxes, containers []listed, sc *groupScratch, m *memo
 		if !valid[len(sandboxes)+i] {
 			continue
 		}
-		ct := &containers[i]
+		ct := containers[i]
 		b := &sc.pods[sc.builds[ct.uid]]
 		if b.store == nil {
 			continue

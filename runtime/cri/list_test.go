@@ -207,8 +207,8 @@ func TestListPodsEmptyResponses(t *testing.T) {
 func TestGroupNilItems(t *testing.T) {
 	c := &Client{log: logr.Discard()}
 	pods := c.group(
-		[]listed{sandboxItem(nil), sandboxItem(sandbox("sb", "uid", "p", "n", 0, 0, 1))},
-		[]listed{containerItem(nil), containerItem(&runtimeapi.Container{Id: "c", Metadata: &runtimeapi.ContainerMetadata{}, Labels: label("uid", "", "", "")})},
+		refs(sandboxItem(nil), sandboxItem(sandbox("sb", "uid", "p", "n", 0, 0, 1))),
+		refs(containerItem(nil), containerItem(&runtimeapi.Container{Id: "c", Metadata: &runtimeapi.ContainerMetadata{}, Labels: label("uid", "", "", "")})),
 		&groupScratch{}, nil,
 	)
 	if len(pods) != 1 || len(pods[0].Sandboxes) != 1 || len(pods[0].Containers) != 1 {
@@ -319,4 +319,13 @@ func TestListPodsConcurrent(t *testing.T) {
 		})
 	}
 	wg.Wait()
+}
+
+// refs makes freshly decoded items of items.
+func refs(items ...listed) []itemRef {
+	out := make([]itemRef, len(items))
+	for i := range items {
+		out[i] = itemRef{listed: &items[i]}
+	}
+	return out
 }

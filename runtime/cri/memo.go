@@ -71,18 +71,17 @@ type memoPod struct {
 // lookup returns the decoded form of the item b if the previous listing had
 // it, and notes it for the next listing. maps says which field numbers of
 // the item are maps.
-func (m *itemMemo) lookup(seed maphash.Seed, b []byte, maps mapFields) (listed, uint64, bool) {
+// The item returned is the memo's own: the caller only reads it.
+func (m *itemMemo) lookup(seed maphash.Seed, b []byte, maps mapFields) (*listed, uint64, bool) {
 	h, id := itemKey(seed, b, maps)
 	if e, ok := m.items[h]; ok && e.size == len(b) && string(id) == e.it.id {
 		if e.seen != m.gen {
 			e.seen = m.gen
 			m.found++
 		}
-		it := e.it
-		it.reused = true
-		return it, h, true
+		return &e.it, h, true
 	}
-	return listed{}, h, false
+	return nil, h, false
 }
 
 // mapFields are the field numbers of an item's label and annotation maps,
@@ -161,9 +160,10 @@ func itemKey(seed maphash.Seed, b []byte, maps mapFields) (uint64, []byte) {
 	return h.Sum64(), id
 }
 
-// add notes a freshly decoded item for the next listing.
-func (m *itemMemo) add(h uint64, b []byte, it listed) {
-	m.items[h] = &memoItem{it: it, size: len(b), seen: m.gen}
+// add notes e, whose item was just decoded from b, for the next listing.
+func (m *itemMemo) add(h uint64, b []byte, e *memoItem) {
+	e.size, e.seen = len(b), m.gen
+	m.items[h] = e
 	m.decoded++
 }
 

@@ -35,7 +35,13 @@ type listed struct {
 	image                      string
 	state                      runtime.State
 	createdAt                  int64
-	reused                     bool // taken from the memo of the previous listing, not decoded
+}
+
+// itemRef is one item of a reply being grouped: the decoded item, which an
+// item of the memo is shared with the memo, not copied.
+type itemRef struct {
+	*listed
+	reused bool // taken from the memo of the previous listing, not decoded
 }
 
 // Field numbers of CRI v1 (api.proto).
@@ -155,7 +161,7 @@ func (t *table) str(b []byte) string {
 // listReply is the target of a lean decode.
 type listReply struct {
 	sandboxes bool
-	items     []listed
+	items     []itemRef
 	strings   *table
 	// memo, when set, holds the items of the previous listing: an item
 	// with the same bytes is taken from it instead of decoded (memo.go).
@@ -163,6 +169,9 @@ type listReply struct {
 	seed maphash.Seed
 	// scratch holds an item split across the pieces of a reply.
 	scratch []byte
+	// slab holds the items decoded without a memo, a chunk at a time:
+	// items point into it, so a chunk is never grown, only replaced.
+	slab []listed
 }
 
 func decodeList(b []byte, r *listReply) error {
@@ -228,25 +237,36 @@ func (r *listReply) item(v []byte) error {
 		}
 		it, hash, ok := r.memo.lookup(r.seed, v, maps)
 		if ok {
-			r.items = append(r.items, it)
+			r.items = append(r.items, itemRef{listed: it, reused: true})
 			return nil
 		}
 		h = hash
 	}
-	var it listed
+	var e *memoItem
+	var it *listed
+	if r.memo != nil {
+		e = &memoItem{}
+		it = &e.it
+	} else {
+		if len(r.slab) == cap(r.slab) {
+			r.slab = make([]listed, 0, 64)
+		}
+		r.slab = r.slab[:len(r.slab)+1]
+		it = &r.slab[len(r.slab)-1]
+	}
 	var err error
 	if r.sandboxes {
-		err = decodeSandbox(v, &it, r.strings)
+		err = decodeSandbox(v, it, r.strings)
 	} else {
-		err = decodeContainer(v, &it, r.strings)
+		err = decodeContainer(v, it, r.strings)
 	}
 	if err != nil {
 		return err
 	}
-	if r.memo != nil {
-		r.memo.add(h, v, it)
+	if e != nil {
+		r.memo.add(h, v, e)
 	}
-	r.items = append(r.items, it)
+	r.items = append(r.items, itemRef{listed: it})
 	return nil
 }
 

@@ -78,11 +78,11 @@ func TestWireDecodeMatchesProto(t *testing.T) {
 		for _, c := range ct.Containers {
 			wantCT = append(wantCT, containerItem(c))
 		}
-		if !reflect.DeepEqual(gotSB.items, wantSB) {
-			t.Fatalf("round %d sandboxes\n got %+v\nwant %+v", round, gotSB.items, wantSB)
+		if got := decoded(t, gotSB.items); !reflect.DeepEqual(got, wantSB) {
+			t.Fatalf("round %d sandboxes\n got %+v\nwant %+v", round, got, wantSB)
 		}
-		if !reflect.DeepEqual(gotCT.items, wantCT) {
-			t.Fatalf("round %d containers\n got %+v\nwant %+v", round, gotCT.items, wantCT)
+		if got := decoded(t, gotCT.items); !reflect.DeepEqual(got, wantCT) {
+			t.Fatalf("round %d containers\n got %+v\nwant %+v", round, got, wantCT)
 		}
 	}
 }
@@ -182,4 +182,18 @@ func marshal(t *testing.T, m proto.Message) []byte {
 		t.Fatal(err)
 	}
 	return b
+}
+
+// decoded returns the items a decode without the memo made, which are all
+// fresh.
+func decoded(t *testing.T, items []itemRef) []listed {
+	t.Helper()
+	var out []listed
+	for _, it := range items {
+		if it.reused {
+			t.Errorf("item %s marked reused without a memo", it.id)
+		}
+		out = append(out, *it.listed)
+	}
+	return out
 }
