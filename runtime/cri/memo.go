@@ -15,11 +15,12 @@ import (
 //
 //   - An item (a sandbox or container of a list reply) whose bytes are those
 //     of an item of the previous listing is not decoded: its decoded form is
-//     taken from the memo. Items are matched by a hash of their bytes,
-//     confirmed by their length and their ID, so a wrong match needs two
-//     versions of one item, of the same length, whose 64-bit hashes collide.
-//     Labels and annotations are left out of the hash: CRI never changes
-//     them, and runtimes encode their entries in random order.
+//     taken from the memo. Items are matched by a 64-bit hash of their bytes
+//     (ID included), with a seed random to the process, confirmed by their
+//     length: a wrong match needs two different items of the same length
+//     whose hashes collide, about one chance in 2^64 for a pair. Labels and
+//     annotations are left out of the hash: CRI never changes them, and
+//     runtimes encode their entries in random order.
 //   - A pod whose items were all matched, and as many as last time, is the
 //     previous listing's *runtime.Pod itself: nothing is built for it, and
 //     the generator sees the same pointer (its diff is a comparison).
@@ -44,23 +45,14 @@ type memo struct {
 }
 
 // itemMemo maps the hash of an item's bytes to its decoded form, for the
-// previous listing (prev) and the one being decoded (next).
+// previous listing and the one being decoded, told apart by the listing
+// they were last seen in: one lookup per item, and a sweep after the
+// listing instead of a second table.
 type itemMemo struct {
-	// items holds the entries of the previous listing and of the one being
-	// decoded, told apart by the listing they were last seen in: one map
-	// lookup per item, and a sweep after the listing instead of a second
-	// map. The entries are pointers: a value this large would be stored
-	// apart by the map anyway, allocated again on every insert.
-	items   map[uint64]*memoItem
-	gen     uint64 // the listing being decoded
+	items   itemTable
+	gen     uint32 // the listing being decoded (wrapping: only equality counts)
 	decoded int    // items it did not find, and decoded
 	found   int    // items it found
-}
-
-type memoItem struct {
-	it   listed
-	size int    // length of the item's bytes
-	seen uint64 // the last listing that had it
 }
 
 type memoPod struct {
@@ -73,13 +65,13 @@ type memoPod struct {
 // the item are maps.
 // The item returned is the memo's own: the caller only reads it.
 func (m *itemMemo) lookup(seed maphash.Seed, b []byte, maps mapFields) (*listed, uint64, bool) {
-	h, id := itemKey(seed, b, maps)
-	if e, ok := m.items[h]; ok && e.size == len(b) && string(id) == e.it.id {
-		if e.seen != m.gen {
-			e.seen = m.gen
+	h := itemKey(seed, b, maps)
+	if s := m.items.find(h); s != nil && int(s.size) == len(b) {
+		if s.seen != m.gen {
+			s.seen = m.gen
 			m.found++
 		}
-		return &e.it, h, true
+		return s.it, h, true
 	}
 	return nil, h, false
 }
@@ -93,7 +85,7 @@ var (
 	containerMaps = mapFields{labels: fieldContainerLabels, annotations: fieldContainerAnnotations, state: fieldContainerState}
 )
 
-// itemKey hashes an encoded item and returns its ID (field 1).
+// itemKey hashes an encoded item.
 //
 // CRI never changes an item's labels and annotations (they are set when the
 // sandbox or container is created), nor anything after them in the
@@ -103,15 +95,14 @@ var (
 // the next anyway. So the key is the hash of the bytes before the first map
 // entry, once the ID and the state have been read there (Go encoders write
 // fields in number order: ID, metadata, image, state, creation time, then
-// the maps); the caller checks the item's whole length and its ID. An
+// the maps); the caller checks the item's whole length. An
 // encoder that writes the state after a map is hashed in full, maps left
 // out. Malformed bytes hash as far as they can be read.
-func itemKey(seed maphash.Seed, b []byte, maps mapFields) (uint64, []byte) {
+func itemKey(seed maphash.Seed, b []byte, maps mapFields) uint64 {
 	var h maphash.Hash
 	h.SetSeed(seed)
 	hashing := false // h holds bytes: the state came after a map
-	var id []byte
-	stateSeen := false
+	idSeen, stateSeen := false, false
 	run := 0 // start of the bytes not hashed yet
 	for off := 0; off < len(b); {
 		var num protowire.Number
@@ -138,53 +129,45 @@ func itemKey(seed maphash.Seed, b []byte, maps mapFields) (uint64, []byte) {
 		}
 		switch {
 		case typ == protowire.BytesType && (num == maps.labels || num == maps.annotations):
-			if id != nil && stateSeen && !hashing {
+			if idSeen && stateSeen && !hashing {
 				// The common case: one contiguous run, hashed in one
 				// call (the same sum as writing it to h).
-				return maphash.Bytes(seed, b[run:off]), id
+				return maphash.Bytes(seed, b[run:off])
 			}
 			h.Write(b[run:off])
 			hashing = true
-			if id != nil && stateSeen {
-				return h.Sum64(), id
+			if idSeen && stateSeen {
+				return h.Sum64()
 			}
 			run = off + n + m
-		case typ == protowire.BytesType && num == fieldSandboxID && id == nil: // the same number for containers
-			id, _ = protowire.ConsumeBytes(b[off+n:])
+		case typ == protowire.BytesType && num == fieldSandboxID: // the same number for containers
+			idSeen = true
 		case typ == protowire.VarintType && num == maps.state:
 			stateSeen = true
 		}
 		off += n + m
 	}
 	h.Write(b[run:])
-	return h.Sum64(), id
+	return h.Sum64()
 }
 
-// add notes e, whose item was just decoded from b, for the next listing.
-func (m *itemMemo) add(h uint64, b []byte, e *memoItem) {
-	e.size, e.seen = len(b), m.gen
-	m.items[h] = e
+// add notes it, just decoded from b, for the next listing.
+func (m *itemMemo) add(h uint64, b []byte, it *listed) {
+	m.items.put(itemSlot{h: h, it: it, size: uint32(len(b)), seen: m.gen})
 	m.decoded++
 }
 
 // commit makes the listing just decoded the previous one: the items it did
 // not have go.
 func (m *itemMemo) commit() {
-	if m.found+m.decoded == len(m.items) {
+	if m.found+m.decoded == m.items.n {
 		return // every entry was seen: the steady state
 	}
-	for h, e := range m.items {
-		if e.seen != m.gen {
-			delete(m.items, h)
-		}
-	}
+	m.items.sweep(m.gen)
 }
 
 // init starts decoding a listing.
 func (m *itemMemo) init() {
-	if m.items == nil {
-		m.items = map[uint64]*memoItem{}
-	}
 	m.gen++
 	m.decoded, m.found = 0, 0
 }
@@ -204,7 +187,7 @@ func (m *memo) begin() {
 // last listing was found, and there are as many.
 func (m *memo) unchanged(sbs, cts int) bool {
 	return m.last != nil && m.sandboxes.decoded == 0 && m.containers.decoded == 0 &&
-		m.sandboxes.found == len(m.sandboxes.items) && m.containers.found == len(m.containers.items) &&
+		m.sandboxes.found == m.sandboxes.items.n && m.containers.found == m.containers.items.n &&
 		sbs == m.lastSbs && cts == m.lastCts
 }
 

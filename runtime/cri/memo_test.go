@@ -1,6 +1,7 @@
 package cri
 
 import (
+	"bytes"
 	"context"
 	"fmt"
 	"hash/maphash"
@@ -189,9 +190,9 @@ func TestListPodsMemo(t *testing.T) {
 				}
 				// The memo holds what the node has, no more.
 				n.mu.Lock()
-				if len(c.memo.containers.items) != len(n.containers) || len(c.memo.sandboxes.items) != len(n.sandboxes) {
+				if c.memo.containers.items.n != len(n.containers) || c.memo.sandboxes.items.n != len(n.sandboxes) {
 					t.Fatalf("round %d: memo holds %d containers and %d sandboxes, the node %d and %d", round,
-						len(c.memo.containers.items), len(c.memo.sandboxes.items), len(n.containers), len(n.sandboxes))
+						c.memo.containers.items.n, c.memo.sandboxes.items.n, len(n.containers), len(n.sandboxes))
 				}
 				n.mu.Unlock()
 				before := map[string]*runtime.Pod{}
@@ -333,11 +334,13 @@ func TestItemKey(t *testing.T) {
 		return b
 	}
 	for _, last := range []bool{false, true} {
-		k1, id := itemKey(seed, enc(last, 1, "a", "b"), containerMaps)
-		k2, _ := itemKey(seed, enc(last, 1, "b", "a"), containerMaps)
-		k3, _ := itemKey(seed, enc(last, 2, "a", "b"), containerMaps)
-		if string(id) != "c1" {
-			t.Errorf("state last=%v: id %q", last, id)
+		k1 := itemKey(seed, enc(last, 1, "a", "b"), containerMaps)
+		k2 := itemKey(seed, enc(last, 1, "b", "a"), containerMaps)
+		k3 := itemKey(seed, enc(last, 2, "a", "b"), containerMaps)
+		// The key covers the ID: the memo confirms a match by length only.
+		other := bytes.Replace(enc(last, 1, "a", "b"), []byte("c1"), []byte("c9"), 1)
+		if k4 := itemKey(seed, other, containerMaps); k4 == k1 {
+			t.Errorf("state last=%v: another ID kept the key", last)
 		}
 		if k1 != k2 {
 			t.Errorf("state last=%v: the order of map entries changed the key", last)

@@ -242,11 +242,9 @@ func (r *listReply) item(v []byte) error {
 		}
 		h = hash
 	}
-	var e *memoItem
 	var it *listed
 	if r.memo != nil {
-		e = &memoItem{}
-		it = &e.it
+		it = &listed{}
 	} else {
 		if len(r.slab) == cap(r.slab) {
 			r.slab = make([]listed, 0, 64)
@@ -263,8 +261,8 @@ func (r *listReply) item(v []byte) error {
 	if err != nil {
 		return err
 	}
-	if e != nil {
-		r.memo.add(h, v, e)
+	if r.memo != nil {
+		r.memo.add(h, v, it)
 	}
 	r.items = append(r.items, itemRef{listed: it})
 	return nil
