@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime/debug"
 	"slices"
 	"strings"
 	"testing"
@@ -255,6 +256,10 @@ func TestWorkloadChangesExactlyN(t *testing.T) {
 }
 
 func TestServeChildProtocol(t *testing.T) {
+	// The simulator runs with Go's default GC target, whatever the binary
+	// set for the daemon (checked below).
+	_, gogc := os.LookupEnv("GOGC")
+	defer debug.SetGCPercent(debug.SetGCPercent(25))
 	dir, err := os.MkdirTemp("", "pleg-bench-test-")
 	if err != nil {
 		t.Fatal(err)
@@ -265,6 +270,11 @@ func TestServeChildProtocol(t *testing.T) {
 	done := make(chan error, 1)
 	go func() { done <- ServeChild(inR, outW); outW.Close() }()
 	out := bufio.NewReader(outR)
+	defer func() {
+		if got := debug.SetGCPercent(25); !gogc && got != 100 {
+			t.Errorf("the simulator's GC percent is %d, want Go's default 100", got)
+		}
+	}()
 	say := func(line string) string {
 		t.Helper()
 		if _, err := io.WriteString(inW, line+"\n"); err != nil {

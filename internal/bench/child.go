@@ -10,6 +10,7 @@ import (
 	"os"
 	"os/exec"
 	"path/filepath"
+	"runtime/debug"
 	"strconv"
 	"strings"
 	"sync"
@@ -85,6 +86,12 @@ func DefaultChildCommand() (*exec.Cmd, error) {
 // ServeChild runs the child side of the protocol until quit or the end of
 // in.
 func ServeChild(in io.Reader, out io.Writer) error {
+	// The simulator stands for the runtime, another program: it runs with
+	// Go's default GC target, not the one the pleg binary it is started
+	// from sets for the daemon, unless GOGC says otherwise.
+	if _, ok := os.LookupEnv("GOGC"); !ok {
+		debug.SetGCPercent(100)
+	}
 	sc := bufio.NewScanner(in)
 	sc.Buffer(make([]byte, 64<<10), 1<<20)
 	if !sc.Scan() {
