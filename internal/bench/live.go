@@ -165,35 +165,21 @@ func (p *liveProbe) ListPod(ctx context.Context, uid types.UID) (*runtime.Pod, e
 }
 
 func (p *liveProbe) PodStatus(ctx context.Context, pod *runtime.Pod) (*runtime.PodStatus, error) {
-	p.podStatuses.Add(1)
-	if pod != nil && p.isHung(pod.UID) {
-		p.hungPodStatuses.Add(1)
-	}
+	p.countStatus(pod)
 	return p.Runtime.PodStatus(ctx, pod)
 }
 
-// asRuntime returns the probe as the generator's runtime, with the
-// client's single-item status fetches when it has them (see probe.asRuntime).
-func (p *liveProbe) asRuntime() runtime.Runtime {
-	if is, ok := p.Runtime.(runtime.ItemStatuser); ok {
-		return liveItemProbe{p, is}
-	}
-	return p
-}
-
-// liveItemProbe is a liveProbe whose client fetches single items; a fetch
-// of a pod's changed items counts as a pod status fetch.
-type liveItemProbe struct {
-	*liveProbe
-	is runtime.ItemStatuser
-}
-
-func (p liveItemProbe) ItemStatuses(ctx context.Context, pod *runtime.Pod, sbs, cts []*runtime.Container) ([]*runtime.SandboxStatus, []*runtime.ContainerStatus, error) {
+// countStatus counts a pod status fetch, whole or of the changed items.
+func (p *liveProbe) countStatus(pod *runtime.Pod) {
 	p.podStatuses.Add(1)
 	if pod != nil && p.isHung(pod.UID) {
 		p.hungPodStatuses.Add(1)
 	}
-	return p.is.ItemStatuses(ctx, pod, sbs, cts)
+}
+
+// asRuntime returns the probe as the generator's runtime (withItemStatuses).
+func (p *liveProbe) asRuntime() runtime.Runtime {
+	return withItemStatuses(p, p.Runtime, p.countStatus)
 }
 
 // listsIn returns the durations of the listings that started in [from, to].

@@ -160,26 +160,33 @@ func (p *probe) ListPod(ctx context.Context, uid types.UID) (*runtime.Pod, error
 	return p.Runtime.ListPod(ctx, uid)
 }
 
-// asRuntime returns the probe as the generator's runtime: with single-item
-// status fetches (runtime.ItemStatuser, pleg's delta inspection) when the
-// client has them, so that the probe hides nothing of the client.
+// asRuntime returns the probe as the generator's runtime (withItemStatuses).
 func (p *probe) asRuntime() runtime.Runtime {
-	if is, ok := p.Runtime.(runtime.ItemStatuser); ok {
-		return itemProbe{p, is}
+	return withItemStatuses(p, p.Runtime, func(*runtime.Pod) { p.inspected.Add(1) })
+}
+
+// withItemStatuses returns the probe p of client as the generator's
+// runtime: with the client's single-item status fetches
+// (runtime.ItemStatuser, pleg's delta inspection) when it has them, so that
+// the probe hides nothing of the client. Such a fetch is counted by count,
+// as the probe counts a PodStatus call.
+func withItemStatuses(p, client runtime.Runtime, count func(*runtime.Pod)) runtime.Runtime {
+	if is, ok := client.(runtime.ItemStatuser); ok {
+		return itemCounter{Runtime: p, is: is, count: count}
 	}
 	return p
 }
 
-// itemProbe is a probe whose client fetches single items; a fetch of a
-// pod's changed items counts as the pod's inspection.
-type itemProbe struct {
-	*probe
-	is runtime.ItemStatuser
+// itemCounter is a probe whose client fetches single items.
+type itemCounter struct {
+	runtime.Runtime
+	is    runtime.ItemStatuser
+	count func(*runtime.Pod)
 }
 
-func (p itemProbe) ItemStatuses(ctx context.Context, pod *runtime.Pod, sbs, cts []*runtime.Container) ([]*runtime.SandboxStatus, []*runtime.ContainerStatus, error) {
-	p.inspected.Add(1)
-	return p.is.ItemStatuses(ctx, pod, sbs, cts)
+func (r itemCounter) ItemStatuses(ctx context.Context, pod *runtime.Pod, sbs, cts []*runtime.Container) ([]*runtime.SandboxStatus, []*runtime.ContainerStatus, error) {
+	r.count(pod)
+	return r.is.ItemStatuses(ctx, pod, sbs, cts)
 }
 
 func startDriver(o Options, cfg simConfig) (driver, error) {
