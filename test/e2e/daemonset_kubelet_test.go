@@ -383,14 +383,18 @@ func (k *kubelet) enablePodNetwork(t testing.TB) {
 }
 
 // httpGet fetches url; any status but 200 is an error.
-func httpGet(url string) ([]byte, error) {
+func httpGet(url string) ([]byte, error) { return getOK(http.DefaultClient, url) }
+
+// getOK fetches url with client, within 10 s; any status but 200 is an
+// error carrying the start of the body.
+func getOK(client *http.Client, url string) ([]byte, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
 	if err != nil {
 		return nil, err
 	}
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := client.Do(req)
 	if err != nil {
 		return nil, err
 	}

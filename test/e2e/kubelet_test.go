@@ -358,18 +358,7 @@ func (k *kubelet) Healthz(t testing.TB) (int, string) {
 }
 
 // get fetches path from the kubelet's HTTPS port.
-func (k *kubelet) get(path string) ([]byte, error) {
-	resp, err := k.client.Get(k.base() + path)
-	if err != nil {
-		return nil, err
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err == nil && resp.StatusCode != http.StatusOK {
-		err = fmt.Errorf("GET %s: %s: %.200s", path, resp.Status, b)
-	}
-	return b, err
-}
+func (k *kubelet) get(path string) ([]byte, error) { return getOK(k.client, k.base()+path) }
 
 // ---------------------------------------------------------------------------
 // Static pods.

@@ -453,6 +453,9 @@ type lockedBuffer struct {
 func (l *lockedBuffer) Write(p []byte) (int, error) {
 	l.mu.Lock()
 	defer l.mu.Unlock()
+	if l.b.Len() > 64<<10 {
+		return len(p), nil // enough to explain a failure; a chatty child holds no more
+	}
 	return l.b.Write(p)
 }
 
