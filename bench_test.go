@@ -6,19 +6,19 @@ import (
 	"sync/atomic"
 	"testing"
 
-	"github.com/podlifecycle/pleg/runtime"
+	"github.com/podlifecycle/pleg/cruntime"
 	"k8s.io/apimachinery/pkg/types"
 )
 
 // benchPod builds a running pod with one ready sandbox and n running
 // containers; gen distinguishes the container IDs of successive attempts.
-func benchPod(i, n, gen int) *runtime.Pod {
+func benchPod(i, n, gen int) *cruntime.Pod {
 	uid := types.UID(fmt.Sprintf("pod-%05d", i))
-	p := &runtime.Pod{UID: uid, Name: fmt.Sprintf("app-%05d", i), Namespace: "default"}
-	p.Sandboxes = []*runtime.Container{{ID: fmt.Sprintf("sb-%05d", i), Name: p.Name, State: runtime.StateRunning}}
+	p := &cruntime.Pod{UID: uid, Name: fmt.Sprintf("app-%05d", i), Namespace: "default"}
+	p.Sandboxes = []*cruntime.Container{{ID: fmt.Sprintf("sb-%05d", i), Name: p.Name, State: cruntime.StateRunning}}
 	for c := range n {
-		p.Containers = append(p.Containers, &runtime.Container{
-			ID: fmt.Sprintf("ctr-%05d-%02d-%d", i, c, gen), Name: fmt.Sprintf("c%d", c), State: runtime.StateRunning,
+		p.Containers = append(p.Containers, &cruntime.Container{
+			ID: fmt.Sprintf("ctr-%05d-%02d-%d", i, c, gen), Name: fmt.Sprintf("c%d", c), State: cruntime.StateRunning,
 		})
 	}
 	return p
@@ -71,18 +71,18 @@ func TestDiffUnchangedAllocs(t *testing.T) {
 // it returns prebuilt listings (alternating between them, one per call)
 // and prebuilt statuses, so that what is measured is the generator alone.
 type benchRuntime struct {
-	listings [][]*runtime.Pod
+	listings [][]*cruntime.Pod
 	next     atomic.Int64
-	statuses map[types.UID]*runtime.PodStatus
+	statuses map[types.UID]*cruntime.PodStatus
 	calls    atomic.Int64
 }
 
-func (r *benchRuntime) ListPods(context.Context) ([]*runtime.Pod, error) {
+func (r *benchRuntime) ListPods(context.Context) ([]*cruntime.Pod, error) {
 	i := r.next.Add(1) - 1
 	return r.listings[int(i)%len(r.listings)], nil
 }
 
-func (r *benchRuntime) ListPod(_ context.Context, uid types.UID) (*runtime.Pod, error) {
+func (r *benchRuntime) ListPod(_ context.Context, uid types.UID) (*cruntime.Pod, error) {
 	for _, p := range r.listings[0] {
 		if p.UID == uid {
 			return p, nil
@@ -91,24 +91,24 @@ func (r *benchRuntime) ListPod(_ context.Context, uid types.UID) (*runtime.Pod, 
 	return nil, nil
 }
 
-func (r *benchRuntime) PodStatus(_ context.Context, p *runtime.Pod) (*runtime.PodStatus, error) {
+func (r *benchRuntime) PodStatus(_ context.Context, p *cruntime.Pod) (*cruntime.PodStatus, error) {
 	r.calls.Add(1)
 	if s := r.statuses[p.UID]; s != nil {
 		return s, nil
 	}
-	return &runtime.PodStatus{UID: p.UID, Name: p.Name, Namespace: p.Namespace}, nil
+	return &cruntime.PodStatus{UID: p.UID, Name: p.Name, Namespace: p.Namespace}, nil
 }
 
 // newBenchNode returns a runtime of pods x containers whose successive
 // listings differ in changed pods (a container restarted each time).
 func newBenchNode(pods, containers, changed int) *benchRuntime {
-	r := &benchRuntime{statuses: map[types.UID]*runtime.PodStatus{}}
+	r := &benchRuntime{statuses: map[types.UID]*cruntime.PodStatus{}}
 	gens := 1
 	if changed > 0 {
 		gens = 2
 	}
 	for gen := range gens {
-		var l []*runtime.Pod
+		var l []*cruntime.Pod
 		for i := range pods {
 			g := 0
 			if i < changed {
@@ -119,9 +119,9 @@ func newBenchNode(pods, containers, changed int) *benchRuntime {
 		r.listings = append(r.listings, l)
 	}
 	for _, p := range r.listings[0] {
-		s := &runtime.PodStatus{UID: p.UID, Name: p.Name, Namespace: p.Namespace, IPs: []string{"10.88.0.1"}}
+		s := &cruntime.PodStatus{UID: p.UID, Name: p.Name, Namespace: p.Namespace, IPs: []string{"10.88.0.1"}}
 		for _, sb := range p.Sandboxes {
-			s.SandboxStatuses = append(s.SandboxStatuses, &runtime.SandboxStatus{ID: sb.ID, State: sb.State, IPs: s.IPs})
+			s.SandboxStatuses = append(s.SandboxStatuses, &cruntime.SandboxStatus{ID: sb.ID, State: sb.State, IPs: s.IPs})
 		}
 		r.statuses[p.UID] = s
 	}

@@ -5,7 +5,7 @@ import (
 	"strings"
 	"time"
 
-	"github.com/podlifecycle/pleg/runtime"
+	"github.com/podlifecycle/pleg/cruntime"
 	"k8s.io/apimachinery/pkg/types"
 )
 
@@ -46,18 +46,18 @@ type core struct {
 type record struct {
 	// old is the listing events have been emitted for; current the
 	// latest listing (nil: the pod is not listed).
-	old, current *runtime.Pod
+	old, current *cruntime.Pod
 	// ips are the IPs of the pod's last successfully cached status: a
 	// status without IPs and without a ready sandbox keeps them (the
 	// kubelet's carry-over for a dead pod).
 	ips []string
 	// status is the pod's last successfully inspected status (nil after a
 	// failure): the items a delta inspection may reuse.
-	status *runtime.PodStatus
+	status *cruntime.PodStatus
 }
 
 // pod returns the most recent listing of the record.
-func (r *record) pod() *runtime.Pod {
+func (r *record) pod() *cruntime.Pod {
 	if r.current != nil {
 		return r.current
 	}
@@ -69,28 +69,28 @@ func (r *record) pod() *runtime.Pod {
 // (possibly none, when it was flagged for reinspection).
 type work struct {
 	uid    types.UID
-	pod    *runtime.Pod
+	pod    *cruntime.Pod
 	events []Event
 	gen    uint64 // the generation of the listing
 	// prev, when not nil, is the pod's last status: the inspection may
 	// reuse its items whose listing has not changed (delta.go). It is nil
 	// for a full inspection: after a failure, when asked for from outside
 	// (RequestReinspect), or with Options.FullInspection.
-	prev *runtime.PodStatus
+	prev *cruntime.PodStatus
 }
 
 // outcome is what the shell does after an inspection.
 type outcome struct {
 	// The cache write: Delete the entry, or Set Status and Err at At.
 	Delete bool
-	Status *runtime.PodStatus
+	Status *cruntime.PodStatus
 	Err    error
 	At     time.Time
 	// OK is whether the inspection succeeded; only then are Events
 	// delivered, leading to State (nil: the pod is gone).
 	OK     bool
 	Events []Event
-	State  *runtime.Pod
+	State  *cruntime.Pod
 	// Stale is true when the outcome was dropped because a newer global
 	// relist superseded its listing: nothing to do.
 	Stale bool
@@ -103,7 +103,7 @@ func newCore(full bool) *core {
 // prev returns the status a delta inspection of r may reuse: none when the
 // core inspects fully, or when the pod is flagged (its last inspection
 // failed, or a full one was asked for).
-func (c *core) prev(r *record, flagged bool) *runtime.PodStatus {
+func (c *core) prev(r *record, flagged bool) *cruntime.PodStatus {
 	if c.full || flagged {
 		return nil
 	}
@@ -124,7 +124,7 @@ func (c *core) flagged(uid types.UID) bool {
 // listed steps a successful global relist that started at t with its
 // listing. requested are the pods asked for reinspection from outside
 // (RequestReinspect). It returns the pods to inspect, in UID order.
-func (c *core) listed(t time.Time, pods []*runtime.Pod, requested []types.UID) []work {
+func (c *core) listed(t time.Time, pods []*cruntime.Pod, requested []types.UID) []work {
 	c.gen++
 	c.lastRelist = t
 	for _, r := range c.records {
@@ -163,7 +163,7 @@ func (c *core) listed(t time.Time, pods []*runtime.Pod, requested []types.UID) [
 // request to reinspect the pod. It returns the pod to inspect, or ok false
 // when nothing changed (the shell marks the cache entry observed) or when
 // the listing is older than the records (stale).
-func (c *core) podListed(uid types.UID, pod *runtime.Pod, gen uint64, requested bool) (w work, ok, stale bool) {
+func (c *core) podListed(uid types.UID, pod *cruntime.Pod, gen uint64, requested bool) (w work, ok, stale bool) {
 	if gen != c.gen {
 		return work{}, false, true
 	}
@@ -191,7 +191,7 @@ func (c *core) podListed(uid types.UID, pod *runtime.Pod, gen uint64, requested 
 // runtime (nil, nil for a pod gone from the listing). An outcome for a
 // listing the records have moved past (a single-pod relist's, overtaken by
 // a global relist) is dropped as Stale.
-func (c *core) inspected(w work, status *runtime.PodStatus, err error, t time.Time) outcome {
+func (c *core) inspected(w work, status *cruntime.PodStatus, err error, t time.Time) outcome {
 	r := c.records[w.uid]
 	if w.gen != c.gen || r == nil || r.current != w.pod {
 		return outcome{Stale: true}
@@ -208,7 +208,7 @@ func (c *core) inspected(w work, status *runtime.PodStatus, err error, t time.Ti
 			r.ips = nil
 			r.status = nil
 			if status == nil {
-				status = &runtime.PodStatus{UID: w.uid, Name: r.current.Name, Namespace: r.current.Namespace}
+				status = &cruntime.PodStatus{UID: w.uid, Name: r.current.Name, Namespace: r.current.Namespace}
 			}
 		}
 		o.Status, o.Err, o.At = status, err, t
@@ -252,21 +252,21 @@ func (c *core) inspected(w work, status *runtime.PodStatus, err error, t time.Ti
 
 // carryIPs keeps a dead pod's last IPs: when the fresh status has none and
 // no sandbox is ready, the previous IPs stay.
-func carryIPs(prev []string, status *runtime.PodStatus) []string {
+func carryIPs(prev []string, status *cruntime.PodStatus) []string {
 	if len(status.IPs) != 0 || len(prev) == 0 {
 		return status.IPs
 	}
 	for _, s := range status.SandboxStatuses {
-		if s.State == runtime.StateRunning {
+		if s.State == cruntime.StateRunning {
 			return status.IPs
 		}
 	}
 	return prev
 }
 
-func findContainerStatus(s *runtime.PodStatus, id string) *runtime.ContainerStatus {
+func findContainerStatus(s *cruntime.PodStatus, id string) *cruntime.ContainerStatus {
 	for _, c := range s.ContainerStatuses {
-		if c.ID == id && c.State == runtime.StateExited {
+		if c.ID == id && c.State == cruntime.StateExited {
 			return c
 		}
 	}

@@ -7,7 +7,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/podlifecycle/pleg/runtime"
+	"github.com/podlifecycle/pleg/cruntime"
 	"k8s.io/apimachinery/pkg/types"
 )
 
@@ -28,7 +28,7 @@ func FuzzCore(f *testing.F) {
 	f.Add([]byte{0, 0, 0, 9, 9, 9, 1, 1, 1, 200, 17, 33, 65, 129, 2, 2, 2})
 	f.Add([]byte("crash loop, hung pod, stale hint, runtime restart"))
 	f.Fuzz(func(t *testing.T, data []byte) {
-		fz := &fuzzer{data: data, c: newCore(false), told: map[types.UID]*runtime.Pod{}, now: time.Unix(1_700_000_000, 0)}
+		fz := &fuzzer{data: data, c: newCore(false), told: map[types.UID]*cruntime.Pod{}, now: time.Unix(1_700_000_000, 0)}
 		for steps := 0; !fz.done() && steps < 200; steps++ {
 			fz.step(t)
 		}
@@ -42,7 +42,7 @@ type fuzzer struct {
 	now  time.Time
 	// told: the listing each pod's delivered events lead to (the
 	// reference model of a subscriber).
-	told map[types.UID]*runtime.Pod
+	told map[types.UID]*cruntime.Pod
 	// retry: pods whose last inspection failed, which the next global
 	// relist must inspect.
 	retry map[types.UID]bool
@@ -63,19 +63,19 @@ var fuzzPods = []types.UID{"a", "b", "c", "d"}
 
 // listing makes one pod's listing: nil (not listed) or up to four items
 // from a small pool of IDs per pod, in any state, sometimes a nil item.
-func (fz *fuzzer) listing(uid types.UID) *runtime.Pod {
+func (fz *fuzzer) listing(uid types.UID) *cruntime.Pod {
 	b := fz.byte()
 	if b%5 == 0 {
 		return nil
 	}
-	p := &runtime.Pod{UID: uid, Name: "name-" + string(uid), Namespace: "ns"}
-	states := []runtime.State{runtime.StateCreated, runtime.StateRunning, runtime.StateExited, runtime.StateUnknown}
+	p := &cruntime.Pod{UID: uid, Name: "name-" + string(uid), Namespace: "ns"}
+	states := []cruntime.State{cruntime.StateCreated, cruntime.StateRunning, cruntime.StateExited, cruntime.StateUnknown}
 	for i := range 4 {
 		s := fz.byte()
 		if s%3 == 0 {
 			continue
 		}
-		c := &runtime.Container{ID: fmt.Sprintf("%s-%d", uid, i), State: states[int(s>>2)%4]}
+		c := &cruntime.Container{ID: fmt.Sprintf("%s-%d", uid, i), State: states[int(s>>2)%4]}
 		switch {
 		case s == 255:
 			p.Containers = append(p.Containers, nil) // malformed
@@ -90,11 +90,11 @@ func (fz *fuzzer) listing(uid types.UID) *runtime.Pod {
 
 // outcome answers an inspection of w: success, failure, a timeout, or a
 // malformed status (which the shell turns into an error).
-func (fz *fuzzer) outcome(w work) (*runtime.PodStatus, error) {
+func (fz *fuzzer) outcome(w work) (*cruntime.PodStatus, error) {
 	if w.pod == nil {
 		return nil, nil
 	}
-	var status *runtime.PodStatus
+	var status *cruntime.PodStatus
 	var err error
 	switch fz.byte() % 6 {
 	case 0:
@@ -102,14 +102,14 @@ func (fz *fuzzer) outcome(w work) (*runtime.PodStatus, error) {
 	case 1:
 		err = &InspectionTimeoutError{UID: w.uid, Operation: "container_status"}
 	case 2:
-		status = &runtime.PodStatus{UID: w.uid, ContainerStatuses: []*runtime.ContainerStatus{nil}}
+		status = &cruntime.PodStatus{UID: w.uid, ContainerStatuses: []*cruntime.ContainerStatus{nil}}
 	default:
-		status = &runtime.PodStatus{UID: w.uid}
+		status = &cruntime.PodStatus{UID: w.uid}
 		for _, c := range w.pod.Containers {
-			status.ContainerStatuses = append(status.ContainerStatuses, &runtime.ContainerStatus{ID: c.ID, State: c.State, ExitCode: 7})
+			status.ContainerStatuses = append(status.ContainerStatuses, &cruntime.ContainerStatus{ID: c.ID, State: c.State, ExitCode: 7})
 		}
 		for _, s := range w.pod.Sandboxes {
-			status.SandboxStatuses = append(status.SandboxStatuses, &runtime.SandboxStatus{ID: s.ID, State: s.State})
+			status.SandboxStatuses = append(status.SandboxStatuses, &cruntime.SandboxStatus{ID: s.ID, State: s.State})
 		}
 	}
 	if err == nil {
@@ -227,7 +227,7 @@ func (fz *fuzzer) step(t *testing.T) {
 // globalRelist steps a global relist with a random listing and checks the
 // model after it.
 func (fz *fuzzer) globalRelist(t *testing.T) {
-	var pods []*runtime.Pod
+	var pods []*cruntime.Pod
 	for _, uid := range fuzzPods {
 		if p := fz.listing(uid); p != nil {
 			pods = append(pods, p)

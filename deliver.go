@@ -7,8 +7,8 @@ import (
 	"sync"
 
 	"github.com/go-logr/logr"
+	"github.com/podlifecycle/pleg/cruntime"
 	"github.com/podlifecycle/pleg/metrics"
-	"github.com/podlifecycle/pleg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 )
 
@@ -59,8 +59,8 @@ type hub struct {
 	mu     sync.Mutex
 	ch     chan *Event
 	subs   map[*Subscription]struct{}
-	pods   map[types.UID]*runtime.Pod // the listing events were delivered for
-	seq    uint64                     // publishes so far: the state pods is at
+	pods   map[types.UID]*cruntime.Pod // the listing events were delivered for
+	seq    uint64                      // publishes so far: the state pods is at
 	closed bool
 
 	// scratch is the publisher's copy of subs (publish is called from
@@ -70,7 +70,7 @@ type hub struct {
 
 func newHub(capacity, buffer int, log logr.Logger, m *metrics.Metrics) *hub {
 	return &hub{log: log, m: m, capacity: capacity, buffer: buffer,
-		subs: make(map[*Subscription]struct{}), pods: make(map[types.UID]*runtime.Pod)}
+		subs: make(map[*Subscription]struct{}), pods: make(map[types.UID]*cruntime.Pod)}
 }
 
 func (h *hub) watch() <-chan *Event {
@@ -88,7 +88,7 @@ func (h *hub) watch() <-chan *Event {
 // publish delivers the events of one pod and records pod (nil: gone) as
 // the state they lead to. The relist goroutine calls it; it never blocks on
 // a consumer, and holds no lock while it logs.
-func (h *hub) publish(uid types.UID, pod *runtime.Pod, events []Event) {
+func (h *hub) publish(uid types.UID, pod *cruntime.Pod, events []Event) {
 	h.mu.Lock()
 	if h.closed {
 		h.mu.Unlock()
@@ -156,8 +156,8 @@ func (l logEvent) MarshalLog() any {
 }
 
 // snapshotLocked returns the listings of every pod, for snapshot.
-func (h *hub) snapshotLocked() []*runtime.Pod {
-	pods := make([]*runtime.Pod, 0, len(h.pods))
+func (h *hub) snapshotLocked() []*cruntime.Pod {
+	pods := make([]*cruntime.Pod, 0, len(h.pods))
 	for _, p := range h.pods {
 		pods = append(pods, p)
 	}
@@ -167,7 +167,7 @@ func (h *hub) snapshotLocked() []*runtime.Pod {
 // snapshot returns the state of every pod, sorted by namespace/name. It
 // runs without the hub's lock: the listings it reads are never changed once
 // published.
-func snapshot(pods []*runtime.Pod) []PodState {
+func snapshot(pods []*cruntime.Pod) []PodState {
 	out := make([]PodState, 0, len(pods))
 	for _, p := range pods {
 		ps := PodState{UID: p.UID, Name: p.Name, Namespace: p.Namespace,

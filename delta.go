@@ -4,7 +4,7 @@ import (
 	"context"
 	"fmt"
 
-	"github.com/podlifecycle/pleg/runtime"
+	"github.com/podlifecycle/pleg/cruntime"
 )
 
 // A delta inspection fetches only what changed (docs/semantics.md, "Delta
@@ -18,17 +18,17 @@ import (
 // sandbox and container of the listing, in its order, the reused status
 // (nil: fetch it), and the items to fetch.
 type delta struct {
-	sandboxes  []*runtime.SandboxStatus
-	containers []*runtime.ContainerStatus
-	fetchSbs   []*runtime.Container
-	fetchCts   []*runtime.Container
+	sandboxes  []*cruntime.SandboxStatus
+	containers []*cruntime.ContainerStatus
+	fetchSbs   []*cruntime.Container
+	fetchCts   []*cruntime.Container
 }
 
 // planDelta plans the inspection of pod given its last status prev.
-func planDelta(pod *runtime.Pod, prev *runtime.PodStatus) delta {
+func planDelta(pod *cruntime.Pod, prev *cruntime.PodStatus) delta {
 	d := delta{
-		sandboxes:  make([]*runtime.SandboxStatus, len(pod.Sandboxes)),
-		containers: make([]*runtime.ContainerStatus, len(pod.Containers)),
+		sandboxes:  make([]*cruntime.SandboxStatus, len(pod.Sandboxes)),
+		containers: make([]*cruntime.ContainerStatus, len(pod.Containers)),
 	}
 	for i, sb := range pod.Sandboxes {
 		if s := reusable(sb, prev.SandboxStatuses, sandboxKey); s != nil {
@@ -49,8 +49,8 @@ func planDelta(pod *runtime.Pod, prev *runtime.PodStatus) delta {
 
 // reusable returns the status in prev of the listed item c, if it can be
 // reused: the same ID in the same known state.
-func reusable[S any](c *runtime.Container, prev []*S, key func(*S) (string, runtime.State)) *S {
-	if c.State == runtime.StateUnknown {
+func reusable[S any](c *cruntime.Container, prev []*S, key func(*S) (string, cruntime.State)) *S {
+	if c.State == cruntime.StateUnknown {
 		return nil
 	}
 	for _, s := range prev {
@@ -61,14 +61,14 @@ func reusable[S any](c *runtime.Container, prev []*S, key func(*S) (string, runt
 	return nil
 }
 
-func sandboxKey(s *runtime.SandboxStatus) (string, runtime.State)     { return s.ID, s.State }
-func containerKey(s *runtime.ContainerStatus) (string, runtime.State) { return s.ID, s.State }
+func sandboxKey(s *cruntime.SandboxStatus) (string, cruntime.State)     { return s.ID, s.State }
+func containerKey(s *cruntime.ContainerStatus) (string, cruntime.State) { return s.ID, s.State }
 
 // fetchStatus fetches the status of the listed pod: only its changed items
 // when prev (its last status) is given and the runtime fetches single
 // items, every item otherwise.
-func (g *Generator) fetchStatus(ctx context.Context, pod *runtime.Pod, prev *runtime.PodStatus) (*runtime.PodStatus, error) {
-	is, ok := g.rt.(runtime.ItemStatuser)
+func (g *Generator) fetchStatus(ctx context.Context, pod *cruntime.Pod, prev *cruntime.PodStatus) (*cruntime.PodStatus, error) {
+	is, ok := g.rt.(cruntime.ItemStatuser)
 	if prev == nil || !ok {
 		status, err := g.rt.PodStatus(ctx, pod)
 		if err == nil && status != nil {
@@ -91,7 +91,7 @@ func (g *Generator) fetchStatus(ctx context.Context, pod *runtime.Pod, prev *run
 		g.m.StatusItems.WithLabelValues("fetched").Add(float64(n))
 	}
 	g.m.StatusItems.WithLabelValues("reused").Add(float64(len(pod.Sandboxes) + len(pod.Containers) - len(d.fetchSbs) - len(d.fetchCts)))
-	return runtime.NewPodStatus(pod, d.sandboxes, d.containers), nil
+	return cruntime.NewPodStatus(pod, d.sandboxes, d.containers), nil
 }
 
 // fill puts the fetched statuses into the free (nil) slots of plan, in

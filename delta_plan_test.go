@@ -9,16 +9,16 @@ import (
 
 	"k8s.io/apimachinery/pkg/types"
 
-	"github.com/podlifecycle/pleg/runtime"
+	"github.com/podlifecycle/pleg/cruntime"
 )
 
 func TestPlanDelta(t *testing.T) {
-	prev := &runtime.PodStatus{
-		SandboxStatuses: []*runtime.SandboxStatus{{ID: "s1", State: runtime.StateRunning}},
-		ContainerStatuses: []*runtime.ContainerStatus{
-			{ID: "a", State: runtime.StateRunning},
-			{ID: "b", State: runtime.StateRunning},
-			{ID: "u", State: runtime.StateUnknown},
+	prev := &cruntime.PodStatus{
+		SandboxStatuses: []*cruntime.SandboxStatus{{ID: "s1", State: cruntime.StateRunning}},
+		ContainerStatuses: []*cruntime.ContainerStatus{
+			{ID: "a", State: cruntime.StateRunning},
+			{ID: "b", State: cruntime.StateRunning},
+			{ID: "u", State: cruntime.StateUnknown},
 		},
 	}
 	// a unchanged, b exited, c new, u unknown; the sandbox unchanged.
@@ -48,15 +48,15 @@ func TestPlanDelta(t *testing.T) {
 // itemRuntime answers ItemStatuses with what it is told to.
 type itemRuntime struct {
 	*fakeRuntime
-	sbs  []*runtime.SandboxStatus
-	cts  []*runtime.ContainerStatus
+	sbs  []*cruntime.SandboxStatus
+	cts  []*cruntime.ContainerStatus
 	err  error
 	asks [][]string
 }
 
-func (r *itemRuntime) ItemStatuses(_ context.Context, _ *runtime.Pod, sbs, cts []*runtime.Container) ([]*runtime.SandboxStatus, []*runtime.ContainerStatus, error) {
+func (r *itemRuntime) ItemStatuses(_ context.Context, _ *cruntime.Pod, sbs, cts []*cruntime.Container) ([]*cruntime.SandboxStatus, []*cruntime.ContainerStatus, error) {
 	var ids []string
-	for _, c := range append(append([]*runtime.Container(nil), sbs...), cts...) {
+	for _, c := range append(append([]*cruntime.Container(nil), sbs...), cts...) {
 		ids = append(ids, c.ID)
 	}
 	r.asks = append(r.asks, ids)
@@ -66,15 +66,15 @@ func (r *itemRuntime) ItemStatuses(_ context.Context, _ *runtime.Pod, sbs, cts [
 func TestFetchStatusDelta(t *testing.T) {
 	rt := &itemRuntime{fakeRuntime: newFakeRuntime()}
 	g, _ := newTestGenerator(t, rt, nil)
-	prev := &runtime.PodStatus{
-		SandboxStatuses:   []*runtime.SandboxStatus{{ID: "s1", State: runtime.StateRunning, IPs: []string{"10.0.0.1"}}},
-		ContainerStatuses: []*runtime.ContainerStatus{{ID: "a", State: runtime.StateRunning}},
+	prev := &cruntime.PodStatus{
+		SandboxStatuses:   []*cruntime.SandboxStatus{{ID: "s1", State: cruntime.StateRunning, IPs: []string{"10.0.0.1"}}},
+		ContainerStatuses: []*cruntime.ContainerStatus{{ID: "a", State: cruntime.StateRunning}},
 	}
 	p := pod("p", "s:s1=running", "a=running", "b=exited")
 
 	// The changed container is fetched alone; the rest is reused, and the
 	// pod's IPs come from the reused sandbox.
-	rt.cts = []*runtime.ContainerStatus{{ID: "b", State: runtime.StateExited, ExitCode: 3}}
+	rt.cts = []*cruntime.ContainerStatus{{ID: "b", State: cruntime.StateExited, ExitCode: 3}}
 	s, err := g.fetchStatus(context.Background(), p, prev)
 	if err != nil {
 		t.Fatal(err)
@@ -122,16 +122,16 @@ func TestCorePrev(t *testing.T) {
 	step := func(c *core, requested []types.UID, items ...string) work {
 		t.Helper()
 		now = now.Add(time.Second)
-		todo := c.listed(now, []*runtime.Pod{pod("p", items...)}, requested)
+		todo := c.listed(now, []*cruntime.Pod{pod("p", items...)}, requested)
 		if len(todo) != 1 {
 			t.Fatalf("todo %v", todo)
 		}
 		return todo[0]
 	}
-	ok := func(w work) *runtime.PodStatus {
-		s := &runtime.PodStatus{UID: w.uid}
+	ok := func(w work) *cruntime.PodStatus {
+		s := &cruntime.PodStatus{UID: w.uid}
 		for _, c := range w.pod.Containers {
-			s.ContainerStatuses = append(s.ContainerStatuses, &runtime.ContainerStatus{ID: c.ID, State: c.State})
+			s.ContainerStatuses = append(s.ContainerStatuses, &cruntime.ContainerStatus{ID: c.ID, State: c.State})
 		}
 		return s
 	}

@@ -16,10 +16,10 @@ import (
 	testclock "k8s.io/utils/clock/testing"
 
 	"github.com/podlifecycle/pleg"
+	"github.com/podlifecycle/pleg/cruntime"
+	"github.com/podlifecycle/pleg/cruntime/cri"
+	"github.com/podlifecycle/pleg/cruntime/sim"
 	"github.com/podlifecycle/pleg/metrics"
-	"github.com/podlifecycle/pleg/runtime"
-	"github.com/podlifecycle/pleg/runtime/cri"
-	"github.com/podlifecycle/pleg/runtime/sim"
 )
 
 // inspector is a generator relisted by hand against a shared simulated
@@ -106,17 +106,17 @@ func labelIs(m *dto.Metric, name, value string) bool {
 // canonical is a cache entry in a form two generators can be compared by:
 // items created at the same instant are in listing order, which a runtime
 // does not keep from one list call to the next, so ties are ordered by ID.
-func canonical(s *runtime.PodStatus) *runtime.PodStatus {
+func canonical(s *cruntime.PodStatus) *cruntime.PodStatus {
 	if s == nil {
 		return nil
 	}
 	c := *s
 	c.SandboxStatuses = slices.Clone(s.SandboxStatuses)
 	c.ContainerStatuses = slices.Clone(s.ContainerStatuses)
-	slices.SortStableFunc(c.SandboxStatuses, func(a, b *runtime.SandboxStatus) int {
+	slices.SortStableFunc(c.SandboxStatuses, func(a, b *cruntime.SandboxStatus) int {
 		return cmp.Or(b.CreatedAt.Compare(a.CreatedAt), cmp.Compare(a.ID, b.ID))
 	})
-	slices.SortStableFunc(c.ContainerStatuses, func(a, b *runtime.ContainerStatus) int {
+	slices.SortStableFunc(c.ContainerStatuses, func(a, b *cruntime.ContainerStatus) int {
 		return cmp.Or(b.CreatedAt.Compare(a.CreatedAt), cmp.Compare(a.ID, b.ID))
 	})
 	return &c
@@ -232,7 +232,7 @@ func TestDeltaInspectionMatchesFull(t *testing.T) {
 	}
 }
 
-func dump(s *runtime.PodStatus) string {
+func dump(s *cruntime.PodStatus) string {
 	if s == nil {
 		return "<nil>"
 	}

@@ -3,7 +3,7 @@ package pleg
 import (
 	"slices"
 
-	"github.com/podlifecycle/pleg/runtime"
+	"github.com/podlifecycle/pleg/cruntime"
 	"k8s.io/apimachinery/pkg/types"
 )
 
@@ -32,11 +32,11 @@ func (s state) String() string {
 
 // stateOf maps a runtime state to a generator state. Created containers
 // count as unknown, exactly as the kubelet does.
-func stateOf(s runtime.State) state {
+func stateOf(s cruntime.State) state {
 	switch s {
-	case runtime.StateRunning:
+	case cruntime.StateRunning:
 		return stateRunning
-	case runtime.StateExited:
+	case cruntime.StateExited:
 		return stateExited
 	default:
 		return stateUnknown
@@ -65,7 +65,7 @@ func transition(dst []EventType, old, new state) []EventType {
 }
 
 // find returns the state and entry of container or sandbox id in pod.
-func find(pod *runtime.Pod, id string) (state, *runtime.Container, bool) {
+func find(pod *cruntime.Pod, id string) (state, *cruntime.Container, bool) {
 	if pod == nil {
 		return stateNonExistent, nil, false
 	}
@@ -90,14 +90,14 @@ func find(pod *runtime.Pod, id string) (state, *runtime.Container, bool) {
 // occurrence; the events of one ID keep their causal order (Died before
 // Removed). ContainerChanged events are included: callers that deliver
 // events drop them, but they still say the pod changed.
-func Diff(uid types.UID, old, new *runtime.Pod) []Event {
+func Diff(uid types.UID, old, new *cruntime.Pod) []Event {
 	if sameStates(old, new) {
 		return nil // the steady state: nothing to allocate
 	}
 	var events []Event
 	seen := make([]string, 0, podSize(old)+podSize(new))
 	var types []EventType
-	visit := func(c *runtime.Container) {
+	visit := func(c *cruntime.Container) {
 		if c.ID == "" || slices.Contains(seen, c.ID) {
 			return
 		}
@@ -122,7 +122,7 @@ func Diff(uid types.UID, old, new *runtime.Pod) []Event {
 			})
 		}
 	}
-	for _, p := range [2]*runtime.Pod{old, new} {
+	for _, p := range [2]*cruntime.Pod{old, new} {
 		if p == nil {
 			continue
 		}
@@ -136,7 +136,7 @@ func Diff(uid types.UID, old, new *runtime.Pod) []Event {
 	return events
 }
 
-func podSize(p *runtime.Pod) int {
+func podSize(p *cruntime.Pod) int {
 	if p == nil {
 		return 0
 	}
@@ -145,7 +145,7 @@ func podSize(p *runtime.Pod) int {
 
 // sameStates reports whether a and b list the same IDs in the same order
 // with the same generator states, in which case they differ by no event.
-func sameStates(a, b *runtime.Pod) bool {
+func sameStates(a, b *cruntime.Pod) bool {
 	if a == b {
 		return true // also the same listing: a runtime reuses an unchanged pod
 	}
@@ -155,7 +155,7 @@ func sameStates(a, b *runtime.Pod) bool {
 	return sameList(a.Containers, b.Containers) && sameList(a.Sandboxes, b.Sandboxes)
 }
 
-func sameList(a, b []*runtime.Container) bool {
+func sameList(a, b []*cruntime.Container) bool {
 	if len(a) != len(b) {
 		return false
 	}

@@ -5,7 +5,7 @@ import (
 	"reflect"
 	"testing"
 
-	"github.com/podlifecycle/pleg/runtime"
+	"github.com/podlifecycle/pleg/cruntime"
 )
 
 func TestTransitionTable(t *testing.T) {
@@ -30,7 +30,7 @@ func TestTransitionTable(t *testing.T) {
 func TestDiff(t *testing.T) {
 	tests := []struct {
 		name     string
-		old, new *runtime.Pod
+		old, new *cruntime.Pod
 		want     []string
 	}{
 		{"both nil", nil, nil, nil},
@@ -43,7 +43,7 @@ func TestDiff(t *testing.T) {
 			[]string{"a ContainerDied c1", "a ContainerDied s1", "a ContainerStarted c2", "a ContainerStarted s2"}},
 		{"container becomes sandbox id (first occurrence wins)", pod("a", "x=running"), pod("a", "s:x=exited"), []string{"a ContainerDied x"}},
 		{"duplicate ids in one listing", nil, pod("a", "c1=running", "c1=exited"), []string{"a ContainerStarted c1"}},
-		{"empty ids are skipped", nil, &runtime.Pod{UID: "a", Containers: []*runtime.Container{{ID: "", State: runtime.StateRunning}}}, nil},
+		{"empty ids are skipped", nil, &cruntime.Pod{UID: "a", Containers: []*cruntime.Container{{ID: "", State: cruntime.StateRunning}}}, nil},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -74,11 +74,11 @@ func FuzzDiff(f *testing.F) {
 		}
 		// Replay: the state each ID ends in must be its state in new.
 		got := map[string]state{}
-		for _, p := range []*runtime.Pod{old} {
+		for _, p := range []*cruntime.Pod{old} {
 			if p == nil {
 				continue
 			}
-			for _, c := range append(append([]*runtime.Container{}, p.Containers...), p.Sandboxes...) {
+			for _, c := range append(append([]*cruntime.Container{}, p.Containers...), p.Sandboxes...) {
 				if _, ok := got[c.ID]; !ok && c.ID != "" {
 					st, _, _ := find(old, c.ID)
 					got[c.ID] = st
@@ -110,11 +110,11 @@ func FuzzDiff(f *testing.F) {
 			}
 		}
 		ids := map[string]bool{}
-		for _, p := range []*runtime.Pod{old, new} {
+		for _, p := range []*cruntime.Pod{old, new} {
 			if p == nil {
 				continue
 			}
-			for _, c := range append(append([]*runtime.Container{}, p.Containers...), p.Sandboxes...) {
+			for _, c := range append(append([]*cruntime.Container{}, p.Containers...), p.Sandboxes...) {
 				ids[c.ID] = true
 			}
 		}
@@ -137,17 +137,17 @@ func FuzzDiff(f *testing.F) {
 // fuzzPod decodes bytes into a listing: each byte is one item, the low
 // nibble picking the ID (0 is empty), bits 4-5 the state, bit 6 sandbox;
 // an empty input is a missing pod.
-func fuzzPod(b []byte) *runtime.Pod {
+func fuzzPod(b []byte) *cruntime.Pod {
 	if len(b) == 0 {
 		return nil
 	}
-	p := &runtime.Pod{UID: "p"}
+	p := &cruntime.Pod{UID: "p"}
 	for _, x := range b {
 		id := ""
 		if x&0x0f != 0 {
 			id = fmt.Sprintf("id%d", x&0x0f)
 		}
-		c := &runtime.Container{ID: id, State: runtime.State((x >> 4) & 0x3)}
+		c := &cruntime.Container{ID: id, State: cruntime.State((x >> 4) & 0x3)}
 		if x&0x40 != 0 {
 			p.Sandboxes = append(p.Sandboxes, c)
 		} else {
@@ -157,7 +157,7 @@ func fuzzPod(b []byte) *runtime.Pod {
 	return p
 }
 
-func dump(p *runtime.Pod) string {
+func dump(p *cruntime.Pod) string {
 	if p == nil {
 		return "<nil>"
 	}

@@ -65,7 +65,7 @@
 // status fetches), stream.go (the runtime event stream as hints),
 // deliver.go (the Watch channel and subscriptions). The diff of two
 // listings is the pure function Diff. The runtime interface and its types
-// are in package runtime, the CRI client in runtime/cri, a simulated CRI
-// runtime in runtime/sim, the pod status cache in podcache and the
+// are in package cruntime, the CRI client in cruntime/cri, a simulated CRI
+// runtime in cruntime/sim, the pod status cache in podcache and the
 // Prometheus collectors in metrics.
 package pleg

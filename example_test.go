@@ -8,8 +8,8 @@ import (
 	"time"
 
 	"github.com/podlifecycle/pleg"
-	"github.com/podlifecycle/pleg/runtime/cri"
-	"github.com/podlifecycle/pleg/runtime/sim"
+	"github.com/podlifecycle/pleg/cruntime/cri"
+	"github.com/podlifecycle/pleg/cruntime/sim"
 )
 
 // Example runs a generator against a simulated CRI runtime and prints the

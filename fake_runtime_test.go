@@ -9,32 +9,32 @@ import (
 	"sync"
 	"time"
 
-	"github.com/podlifecycle/pleg/runtime"
+	"github.com/podlifecycle/pleg/cruntime"
 	"k8s.io/apimachinery/pkg/types"
 )
 
-// fakeRuntime is an in-memory runtime.Runtime for the generator's tests.
+// fakeRuntime is an in-memory cruntime.Runtime for the generator's tests.
 // Statuses are derived from the listing unless overridden.
 type fakeRuntime struct {
 	mu       sync.Mutex
-	pods     []*runtime.Pod
+	pods     []*cruntime.Pod
 	listErr  error
-	fail     map[types.UID]error              // PodStatus fails for these pods
-	statuses map[types.UID]*runtime.PodStatus // overrides
-	hang     map[types.UID]chan struct{}      // PodStatus blocks until closed or ctx done
-	hangList map[types.UID]chan struct{}      // ListPod blocks until closed or ctx done
-	nilPods  bool                             // ListPods answers a nil pod
+	fail     map[types.UID]error               // PodStatus fails for these pods
+	statuses map[types.UID]*cruntime.PodStatus // overrides
+	hang     map[types.UID]chan struct{}       // PodStatus blocks until closed or ctx done
+	hangList map[types.UID]chan struct{}       // ListPod blocks until closed or ctx done
+	nilPods  bool                              // ListPods answers a nil pod
 	ips      map[types.UID][]string
 	calls    map[string]int
 	statusOf []types.UID // PodStatus calls in order
 }
 
 func newFakeRuntime() *fakeRuntime {
-	return &fakeRuntime{fail: map[types.UID]error{}, statuses: map[types.UID]*runtime.PodStatus{},
+	return &fakeRuntime{fail: map[types.UID]error{}, statuses: map[types.UID]*cruntime.PodStatus{},
 		hang: map[types.UID]chan struct{}{}, hangList: map[types.UID]chan struct{}{}, ips: map[types.UID][]string{}, calls: map[string]int{}}
 }
 
-func (f *fakeRuntime) setPods(pods ...*runtime.Pod) {
+func (f *fakeRuntime) setPods(pods ...*cruntime.Pod) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.pods = pods
@@ -46,7 +46,7 @@ func (f *fakeRuntime) count(name string) int {
 	return f.calls[name]
 }
 
-func (f *fakeRuntime) ListPods(ctx context.Context) ([]*runtime.Pod, error) {
+func (f *fakeRuntime) ListPods(ctx context.Context) ([]*cruntime.Pod, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.calls["ListPods"]++
@@ -59,7 +59,7 @@ func (f *fakeRuntime) ListPods(ctx context.Context) ([]*runtime.Pod, error) {
 	return clonePods(f.pods), nil
 }
 
-func (f *fakeRuntime) ListPod(ctx context.Context, uid types.UID) (*runtime.Pod, error) {
+func (f *fakeRuntime) ListPod(ctx context.Context, uid types.UID) (*cruntime.Pod, error) {
 	f.mu.Lock()
 	f.calls["ListPod"]++
 	hang := f.hangList[uid]
@@ -74,7 +74,7 @@ func (f *fakeRuntime) ListPod(ctx context.Context, uid types.UID) (*runtime.Pod,
 	}
 	for _, p := range f.pods {
 		if p.UID == uid {
-			return clonePods([]*runtime.Pod{p})[0], nil
+			return clonePods([]*cruntime.Pod{p})[0], nil
 		}
 	}
 	return nil, nil
@@ -86,7 +86,7 @@ func hangOn(ctx context.Context, hang chan struct{}, op, id string) error {
 	if hang == nil {
 		return nil
 	}
-	if t := runtime.CallTracerFrom(ctx); t != nil {
+	if t := cruntime.CallTracerFrom(ctx); t != nil {
 		done := t.StartCall(op, id)
 		defer done(0, nil)
 	}
@@ -98,7 +98,7 @@ func hangOn(ctx context.Context, hang chan struct{}, op, id string) error {
 	}
 }
 
-func (f *fakeRuntime) PodStatus(ctx context.Context, pod *runtime.Pod) (*runtime.PodStatus, error) {
+func (f *fakeRuntime) PodStatus(ctx context.Context, pod *cruntime.Pod) (*cruntime.PodStatus, error) {
 	f.mu.Lock()
 	f.calls["PodStatus"]++
 	f.statusOf = append(f.statusOf, pod.UID)
@@ -115,18 +115,18 @@ func (f *fakeRuntime) PodStatus(ctx context.Context, pod *runtime.Pod) (*runtime
 	if s := f.statuses[pod.UID]; s != nil {
 		return s, nil
 	}
-	s := &runtime.PodStatus{UID: pod.UID, Name: pod.Name, Namespace: pod.Namespace, IPs: f.ips[pod.UID]}
+	s := &cruntime.PodStatus{UID: pod.UID, Name: pod.Name, Namespace: pod.Namespace, IPs: f.ips[pod.UID]}
 	for _, c := range pod.Containers {
-		s.ContainerStatuses = append(s.ContainerStatuses, &runtime.ContainerStatus{ID: c.ID, Name: c.Name, State: c.State})
+		s.ContainerStatuses = append(s.ContainerStatuses, &cruntime.ContainerStatus{ID: c.ID, Name: c.Name, State: c.State})
 	}
 	for _, sb := range pod.Sandboxes {
-		s.SandboxStatuses = append(s.SandboxStatuses, &runtime.SandboxStatus{ID: sb.ID, State: sb.State})
+		s.SandboxStatuses = append(s.SandboxStatuses, &cruntime.SandboxStatus{ID: sb.ID, State: sb.State})
 	}
 	return s, nil
 }
 
-func clonePods(pods []*runtime.Pod) []*runtime.Pod {
-	out := make([]*runtime.Pod, len(pods))
+func clonePods(pods []*cruntime.Pod) []*cruntime.Pod {
+	out := make([]*cruntime.Pod, len(pods))
 	for i, p := range pods {
 		q := *p
 		q.Containers = cloneContainers(p.Containers)
@@ -136,8 +136,8 @@ func clonePods(pods []*runtime.Pod) []*runtime.Pod {
 	return out
 }
 
-func cloneContainers(cs []*runtime.Container) []*runtime.Container {
-	out := make([]*runtime.Container, len(cs))
+func cloneContainers(cs []*cruntime.Container) []*cruntime.Container {
+	out := make([]*cruntime.Container, len(cs))
 	for i, c := range cs {
 		d := *c
 		out[i] = &d
@@ -147,8 +147,8 @@ func cloneContainers(cs []*runtime.Container) []*runtime.Container {
 
 // pod builds a listed pod; containers and sandboxes are given as
 // "id=state" with an "s:" prefix for sandboxes.
-func pod(uid string, items ...string) *runtime.Pod {
-	p := &runtime.Pod{UID: types.UID(uid), Name: "name-" + uid, Namespace: "ns"}
+func pod(uid string, items ...string) *cruntime.Pod {
+	p := &cruntime.Pod{UID: types.UID(uid), Name: "name-" + uid, Namespace: "ns"}
 	for _, it := range items {
 		sandbox := false
 		if rest, ok := strings.CutPrefix(it, "s:"); ok {
@@ -158,7 +158,7 @@ func pod(uid string, items ...string) *runtime.Pod {
 		if !ok {
 			panic("bad item " + it)
 		}
-		c := &runtime.Container{ID: id, Name: "ctr-" + id, State: parseState(st)}
+		c := &cruntime.Container{ID: id, Name: "ctr-" + id, State: parseState(st)}
 		if sandbox {
 			p.Sandboxes = append(p.Sandboxes, c)
 		} else {
@@ -168,16 +168,16 @@ func pod(uid string, items ...string) *runtime.Pod {
 	return p
 }
 
-func parseState(s string) runtime.State {
+func parseState(s string) cruntime.State {
 	switch s {
 	case "running":
-		return runtime.StateRunning
+		return cruntime.StateRunning
 	case "exited":
-		return runtime.StateExited
+		return cruntime.StateExited
 	case "created":
-		return runtime.StateCreated
+		return cruntime.StateCreated
 	case "unknown":
-		return runtime.StateUnknown
+		return cruntime.StateUnknown
 	}
 	panic("unknown state " + s)
 }

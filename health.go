@@ -9,7 +9,7 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
-	"github.com/podlifecycle/pleg/runtime"
+	"github.com/podlifecycle/pleg/cruntime"
 	"k8s.io/utils/clock"
 )
 
@@ -48,7 +48,7 @@ func (c Condition) Ready() bool { return c.Status == "True" }
 type Readiness struct {
 	checks   map[string]HealthChecker
 	order    []string
-	rt       runtime.StatusChecker
+	rt       cruntime.StatusChecker
 	clock    clock.WithTicker
 	interval time.Duration
 	timeout  time.Duration
@@ -65,7 +65,7 @@ type Readiness struct {
 type ReadinessOptions struct {
 	// Runtime is asked for its status every Interval (default 5s), with
 	// Timeout (default 2m) per call.
-	Runtime  runtime.StatusChecker
+	Runtime  cruntime.StatusChecker
 	Interval time.Duration
 	Timeout  time.Duration
 	Clock    clock.WithTicker
@@ -150,7 +150,7 @@ func (r *Readiness) CheckRuntime(ctx context.Context) {
 // condition: "container runtime not ready: ..." for RuntimeReady, then
 // "container runtime network not ready: ..." for NetworkReady. None when
 // both are true.
-func RuntimeConditionErrors(conds []runtime.Condition) []error {
+func RuntimeConditionErrors(conds []cruntime.Condition) []error {
 	rtErr, netErr := runtimeConditions(conds)
 	var errs []error
 	for _, e := range []error{rtErr, netErr} {
@@ -163,26 +163,26 @@ func RuntimeConditionErrors(conds []runtime.Condition) []error {
 
 // runtimeConditions is the rule of RuntimeConditionErrors, one error for
 // each condition.
-func runtimeConditions(conds []runtime.Condition) (runtimeErr, networkErr error) {
-	var rtReady, netReady *runtime.Condition
+func runtimeConditions(conds []cruntime.Condition) (runtimeErr, networkErr error) {
+	var rtReady, netReady *cruntime.Condition
 	for i := range conds {
 		switch conds[i].Type {
-		case runtime.RuntimeReady:
+		case cruntime.RuntimeReady:
 			rtReady = &conds[i]
-		case runtime.NetworkReady:
+		case cruntime.NetworkReady:
 			netReady = &conds[i]
 		}
 	}
 	if netReady == nil || !netReady.Status {
-		networkErr = fmt.Errorf("container runtime network not ready: %s", formatCondition(runtime.NetworkReady, netReady))
+		networkErr = fmt.Errorf("container runtime network not ready: %s", formatCondition(cruntime.NetworkReady, netReady))
 	}
 	if rtReady == nil || !rtReady.Status {
-		runtimeErr = fmt.Errorf("container runtime not ready: %s", formatCondition(runtime.RuntimeReady, rtReady))
+		runtimeErr = fmt.Errorf("container runtime not ready: %s", formatCondition(cruntime.RuntimeReady, rtReady))
 	}
 	return runtimeErr, networkErr
 }
 
-func formatCondition(typ string, c *runtime.Condition) string {
+func formatCondition(typ string, c *cruntime.Condition) string {
 	if c == nil {
 		return typ + " condition is missing"
 	}

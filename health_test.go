@@ -6,16 +6,16 @@ import (
 	"testing"
 	"time"
 
-	"github.com/podlifecycle/pleg/runtime"
+	"github.com/podlifecycle/pleg/cruntime"
 	testclock "k8s.io/utils/clock/testing"
 )
 
 type fakeStatus struct {
-	conds []runtime.Condition
+	conds []cruntime.Condition
 	err   error
 }
 
-func (f *fakeStatus) Status(context.Context) ([]runtime.Condition, error) { return f.conds, f.err }
+func (f *fakeStatus) Status(context.Context) ([]cruntime.Condition, error) { return f.conds, f.err }
 
 type fakeHealth struct{ err error }
 
@@ -23,7 +23,7 @@ func (f fakeHealth) Healthy() (bool, error) { return f.err == nil, f.err }
 
 func TestReadinessCondition(t *testing.T) {
 	clk := testclock.NewFakeClock(time.Unix(1_700_000_000, 0))
-	ready := []runtime.Condition{{Type: runtime.RuntimeReady, Status: true}, {Type: runtime.NetworkReady, Status: true}}
+	ready := []cruntime.Condition{{Type: cruntime.RuntimeReady, Status: true}, {Type: cruntime.NetworkReady, Status: true}}
 	st := &fakeStatus{conds: ready}
 	h := &fakeHealth{}
 	r := NewReadiness(nil, ReadinessOptions{Runtime: st, Clock: clk})
@@ -50,7 +50,7 @@ func TestReadinessCondition(t *testing.T) {
 
 	// The runtime answers but is not ready.
 	st.err, h.err = nil, nil
-	st.conds = []runtime.Condition{{Type: runtime.RuntimeReady, Status: false, Reason: "Starting", Message: "not yet"}, ready[1]}
+	st.conds = []cruntime.Condition{{Type: cruntime.RuntimeReady, Status: false, Reason: "Starting", Message: "not yet"}, ready[1]}
 	r.CheckRuntime(context.Background())
 	want = "[container runtime is down, container runtime not ready: RuntimeReady=false reason:Starting message:not yet]"
 	if c := r.Condition(); c.Message != want {

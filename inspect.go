@@ -7,8 +7,8 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/podlifecycle/pleg/cruntime"
 	"github.com/podlifecycle/pleg/metrics"
-	"github.com/podlifecycle/pleg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 )
 
@@ -20,13 +20,13 @@ import (
 // than one call out.
 type inspection struct {
 	uid     types.UID
-	pod     *runtime.Pod       // the listing whose status is fetched; for a list call, the last one known (it names the pod), or nil
-	prev    *runtime.PodStatus // for a status fetch: the pod's last status, whose unchanged items are reused (nil: fetch all)
-	list    bool               // a single-pod relist's filtered list call (ListPod)
+	pod     *cruntime.Pod       // the listing whose status is fetched; for a list call, the last one known (it names the pod), or nil
+	prev    *cruntime.PodStatus // for a status fetch: the pod's last status, whose unchanged items are reused (nil: fetch all)
+	list    bool                // a single-pod relist's filtered list call (ListPod)
 	started time.Time
 	done    chan struct{}
-	status  *runtime.PodStatus
-	listed  *runtime.Pod // the result of a list call
+	status  *cruntime.PodStatus
+	listed  *cruntime.Pod // the result of a list call
 	err     error
 	calls   callTracker
 
@@ -179,10 +179,10 @@ func callName(op string) string {
 // once, and calls apply on the calling goroutine for each, in the order the
 // inspections finish (the order of todo when the bound is 1). Pods gone from
 // the listing need no runtime call.
-func (g *Generator) inspectAll(ctx context.Context, todo []work, apply func(work, *runtime.PodStatus, error)) {
+func (g *Generator) inspectAll(ctx context.Context, todo []work, apply func(work, *cruntime.PodStatus, error)) {
 	type result struct {
 		w      work
-		status *runtime.PodStatus
+		status *cruntime.PodStatus
 		err    error
 	}
 	var calls []work
@@ -236,7 +236,7 @@ func (g *Generator) inspectAll(ctx context.Context, todo []work, apply func(work
 // inspection timeout. When a single-pod relist has a call out for the pod,
 // it makes no second call until that one returns, and the wait counts
 // against the same timeout.
-func (g *Generator) inspect(ctx context.Context, w work) (*runtime.PodStatus, error) {
+func (g *Generator) inspect(ctx context.Context, w work) (*cruntime.PodStatus, error) {
 	pod := w.pod
 	timeout := g.opts.PodInspectionTimeout
 	var expired <-chan time.Time
@@ -283,7 +283,7 @@ func (g *Generator) inspect(ctx context.Context, w work) (*runtime.PodStatus, er
 // inspectionTimedOut gives up waiting for in after waited: it names the
 // call outstanding in the log, counts it, abandons in (tracked until it
 // returns, then the pod is relisted) and returns the error to cache.
-func (g *Generator) inspectionTimedOut(uid types.UID, pod *runtime.Pod, in *inspection, waited time.Duration) error {
+func (g *Generator) inspectionTimedOut(uid types.UID, pod *cruntime.Pod, in *inspection, waited time.Duration) error {
 	op, id := in.calls.outstanding()
 	g.m.InspectionTimeouts.WithLabelValues(op).Inc()
 	err := &InspectionTimeoutError{Pod: podRef(pod), UID: uid, Operation: op, ID: id, Waited: waited}
@@ -303,7 +303,7 @@ func (g *Generator) call(in *inspection) {
 	go func() {
 		defer g.wg.Done()
 		defer g.m.InspectionsInFlight.Dec()
-		ctx := runtime.WithCallTracer(g.rootCtx, &in.calls)
+		ctx := cruntime.WithCallTracer(g.rootCtx, &in.calls)
 		if in.list {
 			in.listed, in.err = g.rt.ListPod(ctx, in.uid)
 		} else {

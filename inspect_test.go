@@ -8,8 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/podlifecycle/pleg/cruntime"
 	"github.com/podlifecycle/pleg/metrics"
-	"github.com/podlifecycle/pleg/runtime"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"k8s.io/apimachinery/pkg/types"
 )
@@ -17,9 +17,9 @@ import (
 // Parallel inspection changes nothing observable but speed: the same events
 // per pod in the same order, the same reinspection, the same cache.
 func TestParallelInspectionMatchesSerial(t *testing.T) {
-	listings := [][]*runtime.Pod{}
+	listings := [][]*cruntime.Pod{}
 	for step := range 6 {
-		var pods []*runtime.Pod
+		var pods []*cruntime.Pod
 		for i := range 20 {
 			if (i+step)%7 == 0 {
 				continue // pods come and go

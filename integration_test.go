@@ -13,9 +13,9 @@ import (
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/podlifecycle/pleg"
+	"github.com/podlifecycle/pleg/cruntime/cri"
+	"github.com/podlifecycle/pleg/cruntime/sim"
 	"github.com/podlifecycle/pleg/internal/bench"
-	"github.com/podlifecycle/pleg/runtime/cri"
-	"github.com/podlifecycle/pleg/runtime/sim"
 )
 
 // node is a generator against a simulated CRI runtime over real gRPC.

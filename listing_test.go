@@ -4,19 +4,19 @@ import (
 	"context"
 	"testing"
 
-	"github.com/podlifecycle/pleg/runtime"
+	"github.com/podlifecycle/pleg/cruntime"
 )
 
 func TestSamePods(t *testing.T) {
 	a, b := pod("a", "c=running"), pod("b", "c=running")
 	for _, c := range []struct {
-		x, y []*runtime.Pod
+		x, y []*cruntime.Pod
 		want bool
 	}{
-		{[]*runtime.Pod{a, b}, []*runtime.Pod{a, b}, true},
-		{[]*runtime.Pod{a, b}, []*runtime.Pod{b, a}, false},
-		{[]*runtime.Pod{a}, []*runtime.Pod{a, b}, false},
-		{[]*runtime.Pod{a, b}, []*runtime.Pod{a, pod("b", "c=running")}, false}, // equal, not the same
+		{[]*cruntime.Pod{a, b}, []*cruntime.Pod{a, b}, true},
+		{[]*cruntime.Pod{a, b}, []*cruntime.Pod{b, a}, false},
+		{[]*cruntime.Pod{a}, []*cruntime.Pod{a, b}, false},
+		{[]*cruntime.Pod{a, b}, []*cruntime.Pod{a, pod("b", "c=running")}, false}, // equal, not the same
 		{nil, nil, false}, // nothing checked yet: check
 	} {
 		if got := samePods(c.x, c.y); got != c.want {
@@ -29,7 +29,7 @@ func TestSamePods(t *testing.T) {
 // or counted again, and a malformed one after it still fails.
 func TestSameListingSkipsChecks(t *testing.T) {
 	rt := &sameRuntime{fakeRuntime: newFakeRuntime()}
-	rt.pods = []*runtime.Pod{pod("a", "s:sa=running", "c=running")}
+	rt.pods = []*cruntime.Pod{pod("a", "s:sa=running", "c=running")}
 	g, _ := newTestGenerator(t, rt, nil)
 	for range 3 {
 		if err := g.Relist(t.Context()); err != nil {
@@ -45,13 +45,13 @@ func TestSameListingSkipsChecks(t *testing.T) {
 	}
 }
 
-// sameRuntime lists the very same pods every time, as runtime/cri does for
+// sameRuntime lists the very same pods every time, as cruntime/cri does for
 // an unchanged node.
 type sameRuntime struct {
 	*fakeRuntime
-	pods []*runtime.Pod
+	pods []*cruntime.Pod
 }
 
-func (r *sameRuntime) ListPods(context.Context) ([]*runtime.Pod, error) {
-	return append([]*runtime.Pod(nil), r.pods...), nil
+func (r *sameRuntime) ListPods(context.Context) ([]*cruntime.Pod, error) {
+	return append([]*cruntime.Pod(nil), r.pods...), nil
 }

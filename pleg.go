@@ -9,9 +9,9 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	"github.com/podlifecycle/pleg/cruntime"
 	"github.com/podlifecycle/pleg/metrics"
 	"github.com/podlifecycle/pleg/podcache"
-	"github.com/podlifecycle/pleg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/clock"
 )
@@ -30,7 +30,7 @@ const (
 // Options configure a Generator. Only Runtime is required.
 type Options struct {
 	// Runtime is the container runtime to relist.
-	Runtime runtime.Runtime
+	Runtime cruntime.Runtime
 	// Cache receives pod statuses; New creates one when nil.
 	Cache *podcache.Cache
 	// Clock drives every timing rule; the real clock when nil.
@@ -61,7 +61,7 @@ type Options struct {
 	PodInspectionTimeout time.Duration
 	// FullInspection makes every inspection of a changed pod fetch the
 	// status of all its sandboxes and containers, as the kubelet does. By
-	// default, when the Runtime implements runtime.ItemStatuser, only the
+	// default, when the Runtime implements cruntime.ItemStatuser, only the
 	// items whose listing changed since their last status are fetched and
 	// the others' last statuses reused (docs/semantics.md, "Delta
 	// inspection").
@@ -76,8 +76,8 @@ type Options struct {
 	// hints that trigger single-pod relists. Default EventsAuto.
 	Events EventsMode
 	// EventSource is the event stream; the Runtime when it implements
-	// runtime.EventSource and this is nil.
-	EventSource runtime.EventSource
+	// cruntime.EventSource and this is nil.
+	EventSource cruntime.EventSource
 }
 
 func (o *Options) setDefaults() {
@@ -118,7 +118,7 @@ func (o *Options) setDefaults() {
 		o.Events = EventsAuto
 	}
 	if o.EventSource == nil {
-		o.EventSource, _ = o.Runtime.(runtime.EventSource)
+		o.EventSource, _ = o.Runtime.(cruntime.EventSource)
 	}
 }
 
@@ -149,7 +149,7 @@ func (o *Options) validate() error {
 // methods are safe for concurrent use.
 type Generator struct {
 	opts  Options
-	rt    runtime.Runtime
+	rt    cruntime.Runtime
 	cache *podcache.Cache
 	clock clock.WithTicker
 	log   logr.Logger
@@ -158,9 +158,9 @@ type Generator struct {
 	// Owned by the relist goroutine: the kubelet's rules (core.go).
 	core *core
 	// listing is the last global listing that was checked and counted in
-	// the gauges: a runtime that returns the same pods again (runtime/cri
+	// the gauges: a runtime that returns the same pods again (cruntime/cri
 	// does when nothing changed) needs neither again.
-	listing []*runtime.Pod
+	listing []*cruntime.Pod
 	// again: pods to relist on their own when their single-pod relist
 	// call returns (a hint or a global relist came while it was out).
 	again map[types.UID]struct{}

@@ -8,15 +8,15 @@ import (
 	"testing"
 	"time"
 
+	"github.com/podlifecycle/pleg/cruntime"
 	"github.com/podlifecycle/pleg/metrics"
-	"github.com/podlifecycle/pleg/runtime"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"k8s.io/apimachinery/pkg/types"
 	testclock "k8s.io/utils/clock/testing"
 )
 
-func newTestGenerator(t *testing.T, rt runtime.Runtime, mod func(*Options)) (*Generator, *testclock.FakeClock) {
+func newTestGenerator(t *testing.T, rt cruntime.Runtime, mod func(*Options)) (*Generator, *testclock.FakeClock) {
 	t.Helper()
 	clk := testclock.NewFakeClock(time.Unix(1_700_000_000, 0))
 	opts := Options{Runtime: rt, Clock: clk}
@@ -85,7 +85,7 @@ func TestPodIPCarryOver(t *testing.T) {
 		}
 		clk.Step(time.Second)
 		rt.setPods(pod("p", "c0=exited"))
-		rt.statuses["p"] = &runtime.PodStatus{UID: "p", ContainerStatuses: []*runtime.ContainerStatus{{ID: "c0", State: runtime.StateExited, ExitCode: 1}}}
+		rt.statuses["p"] = &cruntime.PodStatus{UID: "p", ContainerStatuses: []*cruntime.ContainerStatus{{ID: "c0", State: cruntime.StateExited, ExitCode: 1}}}
 		g.relist(context.Background())
 		if got := formatEvents(drain(ch)); !reflect.DeepEqual(got, []string{"p ContainerDied c0 exit=1"}) {
 			t.Fatalf("relist 2: %v", got)
@@ -94,7 +94,7 @@ func TestPodIPCarryOver(t *testing.T) {
 			t.Fatalf("dead pod's IPs %v, want %v", s.IPs, ips)
 		}
 		// A ready sandbox without IPs keeps none.
-		rt.statuses["p"] = &runtime.PodStatus{UID: "p", SandboxStatuses: []*runtime.SandboxStatus{{ID: "s", State: runtime.StateRunning}}}
+		rt.statuses["p"] = &cruntime.PodStatus{UID: "p", SandboxStatuses: []*cruntime.SandboxStatus{{ID: "s", State: cruntime.StateRunning}}}
 		g.RequestReinspect("p")
 		g.relist(context.Background())
 		if s, _ := g.Cache().Get("p"); len(s.IPs) != 0 {

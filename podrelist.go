@@ -4,8 +4,8 @@ import (
 	"context"
 	"time"
 
+	"github.com/podlifecycle/pleg/cruntime"
 	"github.com/podlifecycle/pleg/metrics"
-	"github.com/podlifecycle/pleg/runtime"
 )
 
 // Single-pod relists (docs/semantics.md, "Single-pod relists") never run on
@@ -54,7 +54,7 @@ func (g *Generator) dispatchPodRelists() {
 			} // else: the abandoned call's return relists the pod
 			continue
 		}
-		var last *runtime.Pod
+		var last *cruntime.Pod
 		if r := g.core.records[req.uid]; r != nil {
 			last = r.pod()
 		}

@@ -8,8 +8,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/podlifecycle/pleg/cruntime"
 	"github.com/podlifecycle/pleg/metrics"
-	"github.com/podlifecycle/pleg/runtime"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	testclock "k8s.io/utils/clock/testing"
 )
@@ -50,7 +50,7 @@ func relistedOnePod(t *testing.T, mod func(*Options)) (*fakeRuntime, *Generator,
 func TestHungPodWithEventsDoesNotHoldRelists(t *testing.T) {
 	rt := newFakeRuntime()
 	rt.setPods(pod("ok", "c1=running"), pod("hung", "c2=running"))
-	src := &fakeEvents{live: make(chan runtime.Event, 100)}
+	src := &fakeEvents{live: make(chan cruntime.Event, 100)}
 	m := metrics.New(nil)
 	g, clk := newTestGenerator(t, rt, func(o *Options) {
 		o.EventSource = src
@@ -70,7 +70,7 @@ func TestHungPodWithEventsDoesNotHoldRelists(t *testing.T) {
 	rt.setPods(pod("ok", "c1=running"), pod("hung", "c2=exited"))
 
 	event := func() {
-		src.live <- runtime.Event{PodUID: "hung", ContainerID: "c2", Type: runtime.ContainerStopped, CreatedAt: clk.Now()}
+		src.live <- cruntime.Event{PodUID: "hung", ContainerID: "c2", Type: cruntime.EventStopped, CreatedAt: clk.Now()}
 	}
 	event()
 	advanceUntil(t, clk, "the single-pod relist's list call", func() bool { return rt.count("ListPod") == 1 })
@@ -142,7 +142,7 @@ func TestHungPodWithEventsDoesNotHoldRelists(t *testing.T) {
 // out, and the requests a global relist covered are dropped without a call.
 func TestHintStormDoesNotStarveRelists(t *testing.T) {
 	rt := newFakeRuntime()
-	var pods []*runtime.Pod
+	var pods []*cruntime.Pod
 	for i := range 500 {
 		pods = append(pods, pod(fmt.Sprintf("p%03d", i), fmt.Sprintf("c%d=running", i)))
 	}
@@ -190,7 +190,7 @@ func TestHintStormDoesNotStarveRelists(t *testing.T) {
 func TestStaleRuntimeEventsMakeNoCall(t *testing.T) {
 	rt := newFakeRuntime()
 	rt.setPods(pod("a", "c1=running"))
-	src := &fakeEvents{live: make(chan runtime.Event, 10)}
+	src := &fakeEvents{live: make(chan cruntime.Event, 10)}
 	m := metrics.New(nil)
 	g, clk := newTestGenerator(t, rt, func(o *Options) { o.EventSource = src; o.Metrics = m })
 	g.Start()
@@ -198,7 +198,7 @@ func TestStaleRuntimeEventsMakeNoCall(t *testing.T) {
 	relisted := clk.Now()
 	stale := testutil.ToFloat64(m.PodRelistSkipped.WithLabelValues(metrics.SkipStaleEvent))
 	for i := range 5 {
-		src.live <- runtime.Event{PodUID: "a", ContainerID: "c1", Type: runtime.ContainerStarted,
+		src.live <- cruntime.Event{PodUID: "a", ContainerID: "c1", Type: cruntime.EventStarted,
 			CreatedAt: relisted.Add(-5*time.Minute + time.Duration(i)*time.Second)}
 	}
 	advanceUntil(t, clk, "the replay counted", func() bool {
@@ -208,7 +208,7 @@ func TestStaleRuntimeEventsMakeNoCall(t *testing.T) {
 		t.Fatalf("replayed events made %d list calls", n)
 	}
 	// A fresh event does make one.
-	src.live <- runtime.Event{PodUID: "a", ContainerID: "c1", Type: runtime.ContainerStopped, CreatedAt: relisted}
+	src.live <- cruntime.Event{PodUID: "a", ContainerID: "c1", Type: cruntime.EventStopped, CreatedAt: relisted}
 	advanceUntil(t, clk, "the fresh event's relist", func() bool { return rt.count("ListPod") == 1 })
 }
 
@@ -266,7 +266,7 @@ func TestGlobalRelistWaitsForPodCallOut(t *testing.T) {
 	}
 }
 
-// A runtime.Runtime that answers nil where the contract promises a value
+// A cruntime.Runtime that answers nil where the contract promises a value
 // gets a clear error, never a panic, and loses nothing.
 func TestMalformedRuntimeAnswers(t *testing.T) {
 	t.Run("nil pod in a listing", func(t *testing.T) {
@@ -287,10 +287,10 @@ func TestMalformedRuntimeAnswers(t *testing.T) {
 			t.Fatalf("events once the listing is whole: %v", got)
 		}
 	})
-	for name, status := range map[string]*runtime.PodStatus{
+	for name, status := range map[string]*cruntime.PodStatus{
 		"nil status":           nil,
-		"nil container status": {UID: "a", ContainerStatuses: []*runtime.ContainerStatus{nil}},
-		"nil sandbox status":   {UID: "a", SandboxStatuses: []*runtime.SandboxStatus{nil}},
+		"nil container status": {UID: "a", ContainerStatuses: []*cruntime.ContainerStatus{nil}},
+		"nil sandbox status":   {UID: "a", SandboxStatuses: []*cruntime.SandboxStatus{nil}},
 	} {
 		t.Run(name, func(t *testing.T) {
 			rt := &nilStatusRuntime{fakeRuntime: newFakeRuntime(), status: status}
@@ -316,11 +316,11 @@ func TestMalformedRuntimeAnswers(t *testing.T) {
 
 type nilStatusRuntime struct {
 	*fakeRuntime
-	status *runtime.PodStatus
+	status *cruntime.PodStatus
 	fixed  bool
 }
 
-func (r *nilStatusRuntime) PodStatus(ctx context.Context, p *runtime.Pod) (*runtime.PodStatus, error) {
+func (r *nilStatusRuntime) PodStatus(ctx context.Context, p *cruntime.Pod) (*cruntime.PodStatus, error) {
 	if r.fixed {
 		return r.fakeRuntime.PodStatus(ctx, p)
 	}

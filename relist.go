@@ -5,7 +5,7 @@ import (
 	"errors"
 	"time"
 
-	"github.com/podlifecycle/pleg/runtime"
+	"github.com/podlifecycle/pleg/cruntime"
 	"k8s.io/apimachinery/pkg/types"
 )
 
@@ -51,7 +51,7 @@ func (g *Generator) relist(ctx context.Context) error {
 
 	todo := g.core.listed(t0, pods, g.takeRequestedReinspections())
 	stat.Inspected = len(todo)
-	g.inspectAll(ctx, todo, func(w work, status *runtime.PodStatus, err error) {
+	g.inspectAll(ctx, todo, func(w work, status *cruntime.PodStatus, err error) {
 		o := g.apply(w, status, err, t0)
 		stat.Events += len(o.Events)
 		if !o.OK {
@@ -69,7 +69,7 @@ func (g *Generator) relist(ctx context.Context) error {
 // apply steps the core with the outcome of inspecting one pod at time t
 // and carries out what comes out: the cache write, and on success the
 // events' delivery.
-func (g *Generator) apply(w work, status *runtime.PodStatus, err error, t time.Time) outcome {
+func (g *Generator) apply(w work, status *cruntime.PodStatus, err error, t time.Time) outcome {
 	if err != nil && status != nil && checkStatus(w.pod, status) != nil {
 		status = nil // a partial status with nil entries: keep none of it
 	}
@@ -104,7 +104,7 @@ func (g *Generator) apply(w work, status *runtime.PodStatus, err error, t time.T
 
 // samePods reports whether a and b are the same pods, the same pointers in
 // the same order: a listing that is the last one again.
-func samePods(a, b []*runtime.Pod) bool {
+func samePods(a, b []*cruntime.Pod) bool {
 	if len(a) != len(b) || len(a) == 0 {
 		return false
 	}
@@ -119,26 +119,26 @@ func samePods(a, b []*runtime.Pod) bool {
 // updateGauges sets the running-pods and running-containers gauges from a
 // listing: pods with at least one running sandbox, and containers (not
 // sandboxes) per state.
-func (g *Generator) updateGauges(pods []*runtime.Pod) {
+func (g *Generator) updateGauges(pods []*cruntime.Pod) {
 	var running int
 	var byState [4]int
 	for _, p := range pods {
 		for _, s := range p.Sandboxes {
-			if s.State == runtime.StateRunning {
+			if s.State == cruntime.StateRunning {
 				running++
 				break
 			}
 		}
 		for _, c := range p.Containers {
 			st := c.State
-			if st < runtime.StateUnknown || st > runtime.StateExited {
-				st = runtime.StateUnknown
+			if st < cruntime.StateUnknown || st > cruntime.StateExited {
+				st = cruntime.StateUnknown
 			}
 			byState[st]++
 		}
 	}
 	g.m.RunningPods.Set(float64(running))
-	for s := runtime.StateUnknown; s <= runtime.StateExited; s++ {
+	for s := cruntime.StateUnknown; s <= cruntime.StateExited; s++ {
 		g.m.RunningContainers.WithLabelValues(s.String()).Set(float64(byState[s]))
 	}
 }
@@ -179,7 +179,7 @@ func (g *Generator) clearReinspect(uid types.UID, seq uint64) {
 }
 
 // podRef formats a pod as "namespace/name", the kubelet's pod= log form.
-func podRef(p *runtime.Pod) string {
+func podRef(p *cruntime.Pod) string {
 	if p == nil {
 		return ""
 	}

@@ -10,9 +10,9 @@ import (
 	"github.com/go-logr/logr"
 
 	"github.com/podlifecycle/pleg"
+	"github.com/podlifecycle/pleg/cruntime/cri"
+	"github.com/podlifecycle/pleg/cruntime/sim"
 	"github.com/podlifecycle/pleg/metrics"
-	"github.com/podlifecycle/pleg/runtime/cri"
-	"github.com/podlifecycle/pleg/runtime/sim"
 )
 
 // BenchmarkRelistIdleCRI is one global relist of a node where nothing

@@ -12,8 +12,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/podlifecycle/pleg/cruntime"
 	"github.com/podlifecycle/pleg/podcache"
-	"github.com/podlifecycle/pleg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 )
 
@@ -167,8 +167,8 @@ func runScript(t *testing.T, file string) {
 }
 
 // listing parses listing lines, noting exit codes ("c1=exited:3").
-func (h *harness) listing(lines []string) []*runtime.Pod {
-	var pods []*runtime.Pod
+func (h *harness) listing(lines []string) []*cruntime.Pod {
+	var pods []*cruntime.Pod
 	for _, l := range lines {
 		f := strings.Fields(l)
 		items := f[1:]
@@ -195,13 +195,13 @@ func (h *harness) listing(lines []string) []*runtime.Pod {
 }
 
 // status answers an inspection from the listing, as the fake runtime does.
-func (h *harness) status(p *runtime.Pod) *runtime.PodStatus {
-	s := &runtime.PodStatus{UID: p.UID, Name: p.Name, Namespace: p.Namespace, IPs: slices.Clone(h.ips[p.UID])}
+func (h *harness) status(p *cruntime.Pod) *cruntime.PodStatus {
+	s := &cruntime.PodStatus{UID: p.UID, Name: p.Name, Namespace: p.Namespace, IPs: slices.Clone(h.ips[p.UID])}
 	for _, c := range p.Containers {
-		s.ContainerStatuses = append(s.ContainerStatuses, &runtime.ContainerStatus{ID: c.ID, Name: c.Name, State: c.State, ExitCode: h.exit[c.ID]})
+		s.ContainerStatuses = append(s.ContainerStatuses, &cruntime.ContainerStatus{ID: c.ID, Name: c.Name, State: c.State, ExitCode: h.exit[c.ID]})
 	}
 	for _, sb := range p.Sandboxes {
-		s.SandboxStatuses = append(s.SandboxStatuses, &runtime.SandboxStatus{ID: sb.ID, State: sb.State})
+		s.SandboxStatuses = append(s.SandboxStatuses, &cruntime.SandboxStatus{ID: sb.ID, State: sb.State})
 	}
 	return s
 }
@@ -209,7 +209,7 @@ func (h *harness) status(p *runtime.Pod) *runtime.PodStatus {
 // inspect answers w (fail and timeout name the pods whose inspection
 // fails), steps the core and applies the outcome; it returns the events.
 func (h *harness) inspect(w work, fail, timeout map[types.UID]bool) []Event {
-	var status *runtime.PodStatus
+	var status *cruntime.PodStatus
 	var err error
 	switch {
 	case w.pod == nil:
@@ -286,7 +286,7 @@ func (h *harness) exec(t *testing.T, b block) []string {
 	case "podrelist":
 		h.now = h.now.Add(time.Second)
 		uid := types.UID(fields[1])
-		var p *runtime.Pod
+		var p *cruntime.Pod
 		if pods := h.listing(b.input); len(pods) == 1 {
 			p = pods[0]
 		}
@@ -356,7 +356,7 @@ func (h *harness) exec(t *testing.T, b block) []string {
 	return nil
 }
 
-func formatEntry(s *runtime.PodStatus, err error) string {
+func formatEntry(s *cruntime.PodStatus, err error) string {
 	var b strings.Builder
 	b.WriteString(string(s.UID))
 	for _, c := range s.SandboxStatuses {

@@ -7,8 +7,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/podlifecycle/pleg/cruntime"
 	"github.com/podlifecycle/pleg/metrics"
-	"github.com/podlifecycle/pleg/runtime"
 	"k8s.io/apimachinery/pkg/types"
 )
 
@@ -94,7 +94,7 @@ func (g *Generator) takeHint(uid types.UID) (time.Time, bool) {
 
 // onRuntimeEvent turns one runtime event into a single-pod relist request.
 // It never blocks: the stream is read continuously.
-func (g *Generator) onRuntimeEvent(e runtime.Event) {
+func (g *Generator) onRuntimeEvent(e cruntime.Event) {
 	g.m.RuntimeEvents.WithLabelValues(e.Type.String()).Inc()
 	if !e.CreatedAt.IsZero() {
 		g.m.EventedConnectionLatency.Observe(g.clock.Since(e.CreatedAt).Seconds())
@@ -129,7 +129,7 @@ func (g *Generator) onRuntimeEvent(e runtime.Event) {
 
 // watchEvents consumes the runtime's event stream until ctx ends,
 // reconnecting forever with jittered exponential backoff.
-func (g *Generator) watchEvents(ctx context.Context, src runtime.EventSource) {
+func (g *Generator) watchEvents(ctx context.Context, src cruntime.EventSource) {
 	mode := g.opts.Events
 	failures := 0
 	rng := rand.New(rand.NewPCG(uint64(g.clock.Now().UnixNano()), 0x5eed))
@@ -150,7 +150,7 @@ func (g *Generator) watchEvents(ctx context.Context, src runtime.EventSource) {
 				s.State, s.Connects, s.ConnectedAt, s.LastError = StreamConnected, s.Connects+1, connectedAt, ""
 			})
 			g.log.V(2).Info("Connected to the runtime's container event stream")
-		}, func(e runtime.Event) {
+		}, func(e cruntime.Event) {
 			events++
 			g.onRuntimeEvent(e)
 		})
@@ -161,7 +161,7 @@ func (g *Generator) watchEvents(ctx context.Context, src runtime.EventSource) {
 		if events > 0 || (!connectedAt.IsZero() && g.clock.Since(start) >= streamClosesAtOnce) {
 			hasStream = true
 		}
-		unsupported := !hasStream && (errors.Is(err, runtime.ErrEventsUnsupported) ||
+		unsupported := !hasStream && (errors.Is(err, cruntime.ErrEventsUnsupported) ||
 			(events == 0 && !connectedAt.IsZero() && g.clock.Since(start) < streamClosesAtOnce))
 		var wait time.Duration
 		if unsupported {

@@ -8,28 +8,28 @@ import (
 	"testing"
 	"time"
 
+	"github.com/podlifecycle/pleg/cruntime"
 	"github.com/podlifecycle/pleg/metrics"
-	"github.com/podlifecycle/pleg/runtime"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 )
 
-// fakeEvents is a scripted runtime.EventSource: each WatchEvents call takes
+// fakeEvents is a scripted cruntime.EventSource: each WatchEvents call takes
 // the next session; a session connects (or fails at once with err), sends
 // its events, then ends with end (nil: stays open until ctx ends).
 type fakeEvents struct {
 	mu       sync.Mutex
 	sessions []fakeSession
 	calls    int
-	live     chan runtime.Event // events sent to the open session
+	live     chan cruntime.Event // events sent to the open session
 }
 
 type fakeSession struct {
 	err    error // returned at once, without connecting
-	events []runtime.Event
+	events []cruntime.Event
 	end    error // returned after the events; nil keeps the stream open
 }
 
-func (f *fakeEvents) WatchEvents(ctx context.Context, connected func(), fn func(runtime.Event)) error {
+func (f *fakeEvents) WatchEvents(ctx context.Context, connected func(), fn func(cruntime.Event)) error {
 	f.mu.Lock()
 	f.calls++
 	var s fakeSession
@@ -67,7 +67,7 @@ func (f *fakeEvents) count() int {
 // global relist, and its latency is measured.
 func TestRuntimeEventTriggersPodRelist(t *testing.T) {
 	rt := newFakeRuntime()
-	src := &fakeEvents{live: make(chan runtime.Event)}
+	src := &fakeEvents{live: make(chan cruntime.Event)}
 	m := metrics.New(nil)
 	g, clk := newTestGenerator(t, rt, func(o *Options) {
 		o.EventSource, o.Metrics, o.RelistPeriod = src, m, time.Hour
@@ -82,7 +82,7 @@ func TestRuntimeEventTriggersPodRelist(t *testing.T) {
 
 	clk.Step(time.Second)
 	rt.setPods(pod("a", "c1=exited"))
-	src.live <- runtime.Event{ContainerID: "c1", Type: runtime.ContainerStopped, PodUID: "a", CreatedAt: clk.Now().Add(-2 * time.Millisecond)}
+	src.live <- cruntime.Event{ContainerID: "c1", Type: cruntime.EventStopped, PodUID: "a", CreatedAt: clk.Now().Add(-2 * time.Millisecond)}
 	e := <-ch
 	if e.Type != ContainerDied || e.ContainerID != "c1" {
 		t.Fatalf("event %+v", e)
@@ -105,7 +105,7 @@ func TestRuntimeEventTriggersPodRelist(t *testing.T) {
 // stream is probed again only rarely.
 func TestRuntimeWithoutEvents(t *testing.T) {
 	rt := newFakeRuntime()
-	unsupported := errors.Join(runtime.ErrEventsUnsupported, errors.New("unimplemented"))
+	unsupported := errors.Join(cruntime.ErrEventsUnsupported, errors.New("unimplemented"))
 	src := &fakeEvents{sessions: []fakeSession{{err: unsupported}, {err: unsupported}}}
 	g, clk := newTestGenerator(t, rt, func(o *Options) { o.EventSource = src })
 	g.Start()
@@ -131,8 +131,8 @@ func TestEventStreamReconnects(t *testing.T) {
 	rt := newFakeRuntime()
 	m := metrics.New(nil)
 	boom := errors.New("connection reset")
-	src := &fakeEvents{live: make(chan runtime.Event), sessions: []fakeSession{
-		{events: []runtime.Event{{PodUID: "a", ContainerID: "x"}}, end: boom}, // up, then breaks
+	src := &fakeEvents{live: make(chan cruntime.Event), sessions: []fakeSession{
+		{events: []cruntime.Event{{PodUID: "a", ContainerID: "x"}}, end: boom}, // up, then breaks
 		{err: boom}, // the immediate retry fails
 		{},          // after the backoff: stays up
 	}}
@@ -170,14 +170,14 @@ func TestStreamBackoff(t *testing.T) {
 // With the stream down or events dropped, the periodic relist still
 // delivers every change with the same events.
 func TestEventsDroppedRelistStillDelivers(t *testing.T) {
-	steps := [][]*runtime.Pod{
+	steps := [][]*cruntime.Pod{
 		{pod("a", "c1=running", "s:s1=running")},
 		{pod("a", "c1=exited", "s:s1=running"), pod("b", "c2=running")},
 		{pod("b", "c2=exited")},
 	}
 	run := func(withEvents bool) []string {
 		rt := newFakeRuntime()
-		src := &fakeEvents{live: make(chan runtime.Event, 10)}
+		src := &fakeEvents{live: make(chan cruntime.Event, 10)}
 		g, _ := newTestGenerator(t, rt, func(o *Options) { o.EventSource = src })
 		ch := g.Watch()
 		var out []string

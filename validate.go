@@ -4,18 +4,18 @@ import (
 	"errors"
 	"fmt"
 
-	"github.com/podlifecycle/pleg/runtime"
+	"github.com/podlifecycle/pleg/cruntime"
 )
 
 // ErrMalformed is wrapped by the errors the generator returns for runtime
 // answers it cannot use: a nil pod, container or status where the
-// runtime.Runtime contract promises one. A listing or inspection that
+// cruntime.Runtime contract promises one. A listing or inspection that
 // carries one fails as a whole, like a failed call, so that nothing is
 // half-applied and nothing panics.
 var ErrMalformed = errors.New("malformed runtime answer")
 
 // checkPods rejects a listing with a nil pod, sandbox or container.
-func checkPods(pods []*runtime.Pod) error {
+func checkPods(pods []*cruntime.Pod) error {
 	for i, p := range pods {
 		if p == nil {
 			return fmt.Errorf("%w: ListPods returned a nil pod at index %d", ErrMalformed, i)
@@ -29,7 +29,7 @@ func checkPods(pods []*runtime.Pod) error {
 
 // checkPod rejects a pod with a nil sandbox or container; nil is a valid
 // answer of ListPod (nothing listed).
-func checkPod(p *runtime.Pod) error {
+func checkPod(p *cruntime.Pod) error {
 	if p == nil {
 		return nil
 	}
@@ -48,7 +48,7 @@ func checkPod(p *runtime.Pod) error {
 
 // checkStatus rejects a nil status, or one with nil entries, returned
 // without an error for pod.
-func checkStatus(pod *runtime.Pod, s *runtime.PodStatus) error {
+func checkStatus(pod *cruntime.Pod, s *cruntime.PodStatus) error {
 	if s == nil {
 		return fmt.Errorf("%w: PodStatus returned neither a status nor an error for pod %s", ErrMalformed, podRef(pod))
 	}

@@ -7,13 +7,13 @@ import (
 	"testing"
 	"time"
 
-	"github.com/podlifecycle/pleg/runtime"
+	"github.com/podlifecycle/pleg/cruntime"
 	"k8s.io/apimachinery/pkg/types"
 )
 
 func BenchmarkGetHit(b *testing.B) {
 	c := New()
-	st := &runtime.PodStatus{UID: "a"}
+	st := &cruntime.PodStatus{UID: "a"}
 	c.Set("a", st, nil, t0)
 	b.ReportAllocs()
 	for b.Loop() {
@@ -29,7 +29,7 @@ func BenchmarkUpdateTime1000(b *testing.B) {
 	c := New()
 	for i := range 1000 {
 		uid := types.UID(fmt.Sprintf("pod-%d", i))
-		c.Set(uid, &runtime.PodStatus{UID: uid}, nil, t0)
+		c.Set(uid, &cruntime.PodStatus{UID: uid}, nil, t0)
 	}
 	b.ReportAllocs()
 	for i := 0; b.Loop(); i++ {
@@ -41,7 +41,7 @@ func BenchmarkUpdateTime1000(b *testing.B) {
 // enough: it must return at once, without blocking.
 func BenchmarkGetNewerThanFresh(b *testing.B) {
 	c := New()
-	c.Set("a", &runtime.PodStatus{UID: "a"}, nil, t0.Add(time.Second))
+	c.Set("a", &cruntime.PodStatus{UID: "a"}, nil, t0.Add(time.Second))
 	ctx := context.Background()
 	b.ReportAllocs()
 	for b.Loop() {

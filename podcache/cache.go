@@ -18,14 +18,14 @@ import (
 	"sync"
 	"time"
 
-	"github.com/podlifecycle/pleg/runtime"
+	"github.com/podlifecycle/pleg/cruntime"
 	"k8s.io/apimachinery/pkg/types"
 )
 
 // Entry is one cached pod: its status, the error of the inspection that
 // produced it, and when it was observed.
 type Entry struct {
-	Status   *runtime.PodStatus
+	Status   *cruntime.PodStatus
 	Err      error
 	Modified time.Time
 }
@@ -53,7 +53,7 @@ func New() *Cache {
 
 // Get returns the cached status of uid and the error stored with it. A
 // missing entry yields an empty status carrying only the UID, and no error.
-func (c *Cache) Get(uid types.UID) (*runtime.PodStatus, error) {
+func (c *Cache) Get(uid types.UID) (*cruntime.PodStatus, error) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	e := c.entryLocked(uid)
@@ -66,7 +66,7 @@ func (c *Cache) Entry(uid types.UID) (Entry, bool) {
 	defer c.mu.Unlock()
 	e, ok := c.pods[uid]
 	if !ok {
-		return Entry{Status: &runtime.PodStatus{UID: uid}}, false
+		return Entry{Status: &cruntime.PodStatus{UID: uid}}, false
 	}
 	return *e, true
 }
@@ -109,9 +109,9 @@ func (c *Cache) Timestamp() time.Time {
 // Set stores the status of uid (and the error of the inspection, which may
 // be nil) as observed at t, and wakes the waiters of uid whose minimum time
 // is not after t.
-func (c *Cache) Set(uid types.UID, status *runtime.PodStatus, err error, t time.Time) {
+func (c *Cache) Set(uid types.UID, status *cruntime.PodStatus, err error, t time.Time) {
 	if status == nil {
-		status = &runtime.PodStatus{UID: uid}
+		status = &cruntime.PodStatus{UID: uid}
 	}
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -155,7 +155,7 @@ func (c *Cache) UpdateTime(t time.Time) {
 // about it that is strictly newer than min: the entry was modified after
 // min, or the global timestamp is after min. It blocks until then, or until
 // ctx ends (returning ctx.Err()).
-func (c *Cache) GetNewerThan(ctx context.Context, uid types.UID, min time.Time) (*runtime.PodStatus, error) {
+func (c *Cache) GetNewerThan(ctx context.Context, uid types.UID, min time.Time) (*cruntime.PodStatus, error) {
 	c.mu.Lock()
 	e := c.entryLocked(uid)
 	if e.Modified.After(min) || c.timestamp.After(min) {
@@ -187,7 +187,7 @@ func (c *Cache) entryLocked(uid types.UID) Entry {
 	if e, ok := c.pods[uid]; ok {
 		return *e
 	}
-	return Entry{Status: &runtime.PodStatus{UID: uid}}
+	return Entry{Status: &cruntime.PodStatus{UID: uid}}
 }
 
 // notifyLocked wakes the waiters of uid whose minimum time is not after t.

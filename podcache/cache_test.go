@@ -6,7 +6,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/podlifecycle/pleg/runtime"
+	"github.com/podlifecycle/pleg/cruntime"
 )
 
 var t0 = time.Unix(1_700_000_000, 0)
@@ -22,7 +22,7 @@ func TestGetMissing(t *testing.T) {
 func TestSetGetDelete(t *testing.T) {
 	c := New()
 	boom := errors.New("boom")
-	c.Set("a", &runtime.PodStatus{UID: "a", Name: "n"}, boom, t0)
+	c.Set("a", &cruntime.PodStatus{UID: "a", Name: "n"}, boom, t0)
 	s, err := c.Get("a")
 	if s.Name != "n" || err != boom {
 		t.Fatalf("%+v %v", s, err)
@@ -35,7 +35,7 @@ func TestSetGetDelete(t *testing.T) {
 
 func TestGetNewerThanReturnsAtOnce(t *testing.T) {
 	c := New()
-	c.Set("a", &runtime.PodStatus{UID: "a", Name: "n"}, nil, t0)
+	c.Set("a", &cruntime.PodStatus{UID: "a", Name: "n"}, nil, t0)
 	if s, err := c.GetNewerThan(context.Background(), "a", t0.Add(-time.Nanosecond)); err != nil || s.Name != "n" {
 		t.Fatalf("%+v %v", s, err)
 	}
@@ -48,15 +48,15 @@ func TestGetNewerThanReturnsAtOnce(t *testing.T) {
 
 func TestGetNewerThanBlocksUntilSet(t *testing.T) {
 	c := New()
-	c.Set("a", &runtime.PodStatus{UID: "a", Name: "old"}, nil, t0)
+	c.Set("a", &cruntime.PodStatus{UID: "a", Name: "old"}, nil, t0)
 	got := make(chan string, 1)
 	go func() {
 		s, _ := c.GetNewerThan(context.Background(), "a", t0) // not strictly newer: blocks
 		got <- s.Name
 	}()
 	waitWaiters(t, c, 1)
-	c.Set("b", &runtime.PodStatus{UID: "b"}, nil, t0.Add(time.Second)) // another pod: no wake
-	c.Set("a", &runtime.PodStatus{UID: "a", Name: "older"}, nil, t0.Add(-time.Second))
+	c.Set("b", &cruntime.PodStatus{UID: "b"}, nil, t0.Add(time.Second)) // another pod: no wake
+	c.Set("a", &cruntime.PodStatus{UID: "a", Name: "older"}, nil, t0.Add(-time.Second))
 	// A wake-up is handed over and the waiter dropped within Set: still
 	// waiting now means not woken, however slow the machine.
 	if n := c.Waiters(); n != 1 {
@@ -67,7 +67,7 @@ func TestGetNewerThanBlocksUntilSet(t *testing.T) {
 		t.Fatalf("woke on an older Set: %q", n)
 	default:
 	}
-	c.Set("a", &runtime.PodStatus{UID: "a", Name: "new"}, nil, t0)
+	c.Set("a", &cruntime.PodStatus{UID: "a", Name: "new"}, nil, t0)
 	if n := <-got; n != "new" {
 		t.Fatalf("woke with %q", n)
 	}
@@ -75,7 +75,7 @@ func TestGetNewerThanBlocksUntilSet(t *testing.T) {
 
 func TestUpdateTimeWakesWithEmptyStatus(t *testing.T) {
 	c := New()
-	got := make(chan *runtime.PodStatus, 1)
+	got := make(chan *cruntime.PodStatus, 1)
 	go func() {
 		s, _ := c.GetNewerThan(context.Background(), "gone", t0)
 		got <- s
@@ -107,7 +107,7 @@ func TestGetNewerThanContext(t *testing.T) {
 
 func TestMarkObserved(t *testing.T) {
 	c := New()
-	c.Set("a", &runtime.PodStatus{UID: "a", Name: "n"}, nil, t0)
+	c.Set("a", &cruntime.PodStatus{UID: "a", Name: "n"}, nil, t0)
 	c.MarkObserved("a", t0.Add(time.Second))
 	if e, _ := c.Entry("a"); !e.Modified.Equal(t0.Add(time.Second)) || e.Status.Name != "n" {
 		t.Fatalf("%+v", e)
@@ -131,7 +131,7 @@ func waitWaiters(t *testing.T, c *Cache, n int) {
 
 func BenchmarkSetGet(b *testing.B) {
 	c := New()
-	st := &runtime.PodStatus{UID: "a"}
+	st := &cruntime.PodStatus{UID: "a"}
 	b.ReportAllocs()
 	for i := 0; b.Loop(); i++ {
 		c.Set("a", st, nil, t0.Add(time.Duration(i)))

@@ -16,7 +16,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/podlifecycle/pleg"
-	"github.com/podlifecycle/pleg/runtime/cri"
+	"github.com/podlifecycle/pleg/cruntime/cri"
 )
 
 func init() { register(newCheckCmd) }

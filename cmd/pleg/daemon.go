@@ -16,8 +16,8 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/podlifecycle/pleg"
+	"github.com/podlifecycle/pleg/cruntime/cri"
 	"github.com/podlifecycle/pleg/metrics"
-	"github.com/podlifecycle/pleg/runtime/cri"
 )
 
 // daemon is the wiring shared by the commands that run a generator against

@@ -17,10 +17,10 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/podlifecycle/pleg"
+	"github.com/podlifecycle/pleg/cruntime/sim"
 	"github.com/podlifecycle/pleg/internal/bench"
 	"github.com/podlifecycle/pleg/internal/dashboard"
 	"github.com/podlifecycle/pleg/internal/httpapi"
-	"github.com/podlifecycle/pleg/runtime/sim"
 )
 
 func init() { register(newDemoCmd) }

@@ -8,8 +8,8 @@ import (
 	"github.com/go-logr/logr"
 	"github.com/spf13/cobra"
 
+	"github.com/podlifecycle/pleg/cruntime/cri"
 	"github.com/podlifecycle/pleg/internal/diagnose"
-	"github.com/podlifecycle/pleg/runtime/cri"
 )
 
 func init() { register(newDiagnoseCmd) }

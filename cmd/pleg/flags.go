@@ -12,7 +12,7 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/podlifecycle/pleg"
-	"github.com/podlifecycle/pleg/runtime/cri"
+	"github.com/podlifecycle/pleg/cruntime/cri"
 )
 
 // Flag defaults.

@@ -21,8 +21,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/podlifecycle/pleg/cruntime/sim"
 	"github.com/podlifecycle/pleg/internal/httpapi"
-	"github.com/podlifecycle/pleg/runtime/sim"
 )
 
 // plegBinary is the path of the binary built by TestMain.

@@ -14,7 +14,7 @@ import (
 	"github.com/spf13/pflag"
 	"k8s.io/klog/v2"
 
-	"github.com/podlifecycle/pleg/runtime/sim"
+	"github.com/podlifecycle/pleg/cruntime/sim"
 )
 
 func init() { register(newSimulateCmd) }

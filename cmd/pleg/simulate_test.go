@@ -15,8 +15,8 @@ import (
 	"google.golang.org/grpc/status"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
-	"github.com/podlifecycle/pleg/runtime"
-	"github.com/podlifecycle/pleg/runtime/sim"
+	"github.com/podlifecycle/pleg/cruntime"
+	"github.com/podlifecycle/pleg/cruntime/sim"
 )
 
 // simulateConfig parses the simulate flags args and returns the
@@ -98,7 +98,7 @@ func TestSimulateHungPodProcess(t *testing.T) {
 	}
 	short, cancelShort := context.WithTimeout(ctx, 50*time.Millisecond)
 	_, err = c.ListContainers(short, &runtimeapi.ListContainersRequest{Filter: &runtimeapi.ContainerFilter{
-		LabelSelector: map[string]string{runtime.LabelPodUID: uid}}})
+		LabelSelector: map[string]string{cruntime.LabelPodUID: uid}}})
 	cancelShort()
 	if status.Code(err) != codes.DeadlineExceeded {
 		t.Fatalf("list filtered to the hung pod: %v, want DeadlineExceeded", err)
@@ -153,7 +153,7 @@ func TestSimulateHangAfter(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 50*time.Millisecond)
 	defer cancel()
 	_, err = c.ListPodSandbox(ctx, &runtimeapi.ListPodSandboxRequest{Filter: &runtimeapi.PodSandboxFilter{
-		LabelSelector: map[string]string{runtime.LabelPodUID: uid}}})
+		LabelSelector: map[string]string{cruntime.LabelPodUID: uid}}})
 	if status.Code(err) != codes.DeadlineExceeded {
 		t.Fatalf("list filtered to the hung pod after --hang-after: %v, want DeadlineExceeded", err)
 	}

@@ -16,7 +16,7 @@ import (
 	"testing"
 	"time"
 
-	"github.com/podlifecycle/pleg/runtime/sim"
+	"github.com/podlifecycle/pleg/cruntime/sim"
 )
 
 func TestMain(m *testing.M) {

@@ -16,7 +16,7 @@ import (
 	"sync"
 	"time"
 
-	"github.com/podlifecycle/pleg/runtime/sim"
+	"github.com/podlifecycle/pleg/cruntime/sim"
 )
 
 // ChildEnv is the environment variable that makes a binary serve the

@@ -14,10 +14,10 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/podlifecycle/pleg"
+	"github.com/podlifecycle/pleg/cruntime"
+	"github.com/podlifecycle/pleg/cruntime/cri"
+	"github.com/podlifecycle/pleg/cruntime/sim"
 	"github.com/podlifecycle/pleg/metrics"
-	"github.com/podlifecycle/pleg/runtime"
-	"github.com/podlifecycle/pleg/runtime/cri"
-	"github.com/podlifecycle/pleg/runtime/sim"
 )
 
 // Live scenarios run a started generator (Generator.Start: the real clock,
@@ -124,7 +124,7 @@ type LiveResult struct {
 // liveProbe wraps the CRI client to time the global listings and count the
 // per-pod calls.
 type liveProbe struct {
-	runtime.Runtime
+	cruntime.Runtime
 	hung atomic.Pointer[types.UID]
 
 	podLists, podStatuses         atomic.Int64
@@ -139,7 +139,7 @@ type timedCall struct {
 	d     time.Duration
 }
 
-func (p *liveProbe) ListPods(ctx context.Context) ([]*runtime.Pod, error) {
+func (p *liveProbe) ListPods(ctx context.Context) ([]*cruntime.Pod, error) {
 	start := time.Now()
 	pods, err := p.Runtime.ListPods(ctx)
 	d := time.Since(start)
@@ -156,7 +156,7 @@ func (p *liveProbe) isHung(uid types.UID) bool {
 	return h != nil && *h == uid
 }
 
-func (p *liveProbe) ListPod(ctx context.Context, uid types.UID) (*runtime.Pod, error) {
+func (p *liveProbe) ListPod(ctx context.Context, uid types.UID) (*cruntime.Pod, error) {
 	p.podLists.Add(1)
 	if p.isHung(uid) {
 		p.hungPodLists.Add(1)
@@ -164,13 +164,13 @@ func (p *liveProbe) ListPod(ctx context.Context, uid types.UID) (*runtime.Pod, e
 	return p.Runtime.ListPod(ctx, uid)
 }
 
-func (p *liveProbe) PodStatus(ctx context.Context, pod *runtime.Pod) (*runtime.PodStatus, error) {
+func (p *liveProbe) PodStatus(ctx context.Context, pod *cruntime.Pod) (*cruntime.PodStatus, error) {
 	p.countStatus(pod)
 	return p.Runtime.PodStatus(ctx, pod)
 }
 
 // countStatus counts a pod status fetch, whole or of the changed items.
-func (p *liveProbe) countStatus(pod *runtime.Pod) {
+func (p *liveProbe) countStatus(pod *cruntime.Pod) {
 	p.podStatuses.Add(1)
 	if pod != nil && p.isHung(pod.UID) {
 		p.hungPodStatuses.Add(1)
@@ -178,7 +178,7 @@ func (p *liveProbe) countStatus(pod *runtime.Pod) {
 }
 
 // asRuntime returns the probe as the generator's runtime (withItemStatuses).
-func (p *liveProbe) asRuntime() runtime.Runtime {
+func (p *liveProbe) asRuntime() cruntime.Runtime {
 	return withItemStatuses(p, p.Runtime, p.countStatus)
 }
 

@@ -254,10 +254,10 @@ func newReport(o Options) *Report {
 	if o.InProcess {
 		r.Runtime = "in-process"
 		r.Notes = append(r.Notes,
-			"The simulated CRI runtime (runtime/sim, real gRPC on a unix socket) and pleg's generator serve from this process: pleg's CPU time and allocations include the simulator's server work, and its peak RSS is not measured.")
+			"The simulated CRI runtime (cruntime/sim, real gRPC on a unix socket) and pleg's generator serve from this process: pleg's CPU time and allocations include the simulator's server work, and its peak RSS is not measured.")
 	} else {
 		r.Notes = append(r.Notes,
-			"The simulated CRI runtime (runtime/sim, real gRPC on a unix socket) runs in a child process, and each generator in a process of its own: CPU time, allocations and peak RSS are that process's own (generator, CRI client, Go runtime and GC), CPU and allocations measured around each relist; the simulator's CPU is shown apart.")
+			"The simulated CRI runtime (cruntime/sim, real gRPC on a unix socket) runs in a child process, and each generator in a process of its own: CPU time, allocations and peak RSS are that process's own (generator, CRI client, Go runtime and GC), CPU and allocations measured around each relist; the simulator's CPU is shown apart.")
 	}
 	driven, live := false, false
 	for _, sc := range o.Scenarios {

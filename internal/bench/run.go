@@ -16,7 +16,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/podlifecycle/pleg"
-	"github.com/podlifecycle/pleg/runtime"
+	"github.com/podlifecycle/pleg/cruntime"
 )
 
 // Options configure a benchmark run.
@@ -135,13 +135,13 @@ func (c column) name() string {
 // probe wraps the CRI client to time the listings and count the pods
 // inspected (PodStatus calls that reached the runtime client).
 type probe struct {
-	runtime.Runtime
+	cruntime.Runtime
 	inspected atomic.Int64
 	mu        sync.Mutex
 	lastList  time.Duration
 }
 
-func (p *probe) ListPods(ctx context.Context) ([]*runtime.Pod, error) {
+func (p *probe) ListPods(ctx context.Context) ([]*cruntime.Pod, error) {
 	start := time.Now()
 	pods, err := p.Runtime.ListPods(ctx)
 	d := time.Since(start)
@@ -151,27 +151,27 @@ func (p *probe) ListPods(ctx context.Context) ([]*runtime.Pod, error) {
 	return pods, err
 }
 
-func (p *probe) PodStatus(ctx context.Context, pod *runtime.Pod) (*runtime.PodStatus, error) {
+func (p *probe) PodStatus(ctx context.Context, pod *cruntime.Pod) (*cruntime.PodStatus, error) {
 	p.inspected.Add(1)
 	return p.Runtime.PodStatus(ctx, pod)
 }
 
-func (p *probe) ListPod(ctx context.Context, uid types.UID) (*runtime.Pod, error) {
+func (p *probe) ListPod(ctx context.Context, uid types.UID) (*cruntime.Pod, error) {
 	return p.Runtime.ListPod(ctx, uid)
 }
 
 // asRuntime returns the probe as the generator's runtime (withItemStatuses).
-func (p *probe) asRuntime() runtime.Runtime {
-	return withItemStatuses(p, p.Runtime, func(*runtime.Pod) { p.inspected.Add(1) })
+func (p *probe) asRuntime() cruntime.Runtime {
+	return withItemStatuses(p, p.Runtime, func(*cruntime.Pod) { p.inspected.Add(1) })
 }
 
 // withItemStatuses returns the probe p of client as the generator's
 // runtime: with the client's single-item status fetches
-// (runtime.ItemStatuser, pleg's delta inspection) when it has them, so that
+// (cruntime.ItemStatuser, pleg's delta inspection) when it has them, so that
 // the probe hides nothing of the client. Such a fetch is counted by count,
 // as the probe counts a PodStatus call.
-func withItemStatuses(p, client runtime.Runtime, count func(*runtime.Pod)) runtime.Runtime {
-	if is, ok := client.(runtime.ItemStatuser); ok {
+func withItemStatuses(p, client cruntime.Runtime, count func(*cruntime.Pod)) cruntime.Runtime {
+	if is, ok := client.(cruntime.ItemStatuser); ok {
 		return itemCounter{Runtime: p, is: is, count: count}
 	}
 	return p
@@ -179,12 +179,12 @@ func withItemStatuses(p, client runtime.Runtime, count func(*runtime.Pod)) runti
 
 // itemCounter is a probe whose client fetches single items.
 type itemCounter struct {
-	runtime.Runtime
-	is    runtime.ItemStatuser
-	count func(*runtime.Pod)
+	cruntime.Runtime
+	is    cruntime.ItemStatuser
+	count func(*cruntime.Pod)
 }
 
-func (r itemCounter) ItemStatuses(ctx context.Context, pod *runtime.Pod, sbs, cts []*runtime.Container) ([]*runtime.SandboxStatus, []*runtime.ContainerStatus, error) {
+func (r itemCounter) ItemStatuses(ctx context.Context, pod *cruntime.Pod, sbs, cts []*cruntime.Container) ([]*cruntime.SandboxStatus, []*cruntime.ContainerStatus, error) {
 	r.count(pod)
 	return r.is.ItemStatuses(ctx, pod, sbs, cts)
 }

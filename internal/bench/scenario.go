@@ -1,5 +1,5 @@
 // Package bench measures the pod lifecycle event generator against the
-// simulated CRI runtime (runtime/sim): relist duration, runtime calls,
+// simulated CRI runtime (cruntime/sim): relist duration, runtime calls,
 // CPU time and allocations per relist, for a set of node-sized scenarios,
 // each run with pleg and, as the baseline from the same run, with the
 // kubelet v1.36.3's own relist (the kubelet-relist program of the

@@ -30,10 +30,10 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/podlifecycle/pleg"
+	"github.com/podlifecycle/pleg/cruntime/cri"
+	"github.com/podlifecycle/pleg/cruntime/sim"
 	"github.com/podlifecycle/pleg/internal/httpapi"
 	"github.com/podlifecycle/pleg/metrics"
-	"github.com/podlifecycle/pleg/runtime/cri"
-	"github.com/podlifecycle/pleg/runtime/sim"
 )
 
 // findBrowser returns the Chromium binary, or "".

@@ -3,7 +3,7 @@
 // which runtime call make it slow?
 //
 // Run makes every runtime call a kubelet relist makes, times each one with
-// a runtime.CallTracer, and adds them up the way the kubelet spends them:
+// a cruntime.CallTracer, and adds them up the way the kubelet spends them:
 // one call after another. A call that does not answer within the probe
 // timeout is reported as hanging; the estimate charges it the full runtime
 // request timeout, because that is how long the kubelet waits for it.
@@ -58,8 +58,8 @@ import (
 	"sync"
 	"time"
 
+	"github.com/podlifecycle/pleg/cruntime"
 	"github.com/podlifecycle/pleg/metrics"
-	"github.com/podlifecycle/pleg/runtime"
 )
 
 // Defaults, the kubelet's where it has one.
@@ -305,11 +305,11 @@ type Cause struct {
 }
 
 // Run diagnoses the runtime rt. rt may also implement Versioner and
-// runtime.StatusChecker, which add the runtime's own account to the
+// cruntime.StatusChecker, which add the runtime's own account to the
 // report. Run returns a report even when the runtime cannot be reached (its
 // verdict says so); it returns an error only when ctx ends first, with the
 // partial report.
-func Run(ctx context.Context, rt runtime.Runtime, opts Options) (*Report, error) {
+func Run(ctx context.Context, rt cruntime.Runtime, opts Options) (*Report, error) {
 	opts.setDefaults()
 	start := time.Now()
 	r := &Report{
@@ -362,14 +362,14 @@ func Run(ctx context.Context, rt runtime.Runtime, opts Options) (*Report, error)
 }
 
 type diagnoser struct {
-	rt   runtime.Runtime
+	rt   cruntime.Runtime
 	opts Options
 }
 
 // runtimeInfo asks the runtime for its version and conditions.
 func (d *diagnoser) runtimeInfo(ctx context.Context) *RuntimeInfo {
 	v, hasV := d.rt.(Versioner)
-	s, hasS := d.rt.(runtime.StatusChecker)
+	s, hasS := d.rt.(cruntime.StatusChecker)
 	if !hasV && !hasS {
 		return nil
 	}
@@ -400,11 +400,11 @@ func (d *diagnoser) runtimeInfo(ctx context.Context) *RuntimeInfo {
 }
 
 // list runs the node-wide listing.
-func (d *diagnoser) list(ctx context.Context) ([]*runtime.Pod, List) {
+func (d *diagnoser) list(ctx context.Context) ([]*cruntime.Pod, List) {
 	tr := &tracer{}
 	// Two calls, each bounded by the client; the deadline is a safety net.
 	start := time.Now()
-	pods, err := d.bounded(ctx, tr, 2, func(ctx context.Context) ([]*runtime.Pod, error) {
+	pods, err := d.bounded(ctx, tr, 2, func(ctx context.Context) ([]*cruntime.Pod, error) {
 		return d.rt.ListPods(ctx)
 	})
 	l := List{Calls: d.calls(tr.snapshot())}
@@ -424,7 +424,7 @@ func (d *diagnoser) list(ctx context.Context) ([]*runtime.Pod, List) {
 // then it is abandoned: its goroutine ends when the runtime answers.
 func bounded[T any](ctx context.Context, tr *tracer, calls int, timeout time.Duration, f func(context.Context) (T, error)) (T, error) {
 	budget := timeout*time.Duration(calls) + time.Second
-	cctx, cancel := context.WithTimeout(runtime.WithCallTracer(ctx, tr), budget)
+	cctx, cancel := context.WithTimeout(cruntime.WithCallTracer(ctx, tr), budget)
 	defer cancel()
 	type result struct {
 		v   T
@@ -450,12 +450,12 @@ func bounded[T any](ctx context.Context, tr *tracer, calls int, timeout time.Dur
 	}
 }
 
-func (d *diagnoser) bounded(ctx context.Context, tr *tracer, calls int, f func(context.Context) ([]*runtime.Pod, error)) ([]*runtime.Pod, error) {
+func (d *diagnoser) bounded(ctx context.Context, tr *tracer, calls int, f func(context.Context) ([]*cruntime.Pod, error)) ([]*cruntime.Pod, error) {
 	return bounded(ctx, tr, calls, d.opts.ProbeTimeout, f)
 }
 
 // inspectAll probes every pod, at most MaxParallel at once.
-func (d *diagnoser) inspectAll(ctx context.Context, pods []*runtime.Pod) []PodReport {
+func (d *diagnoser) inspectAll(ctx context.Context, pods []*cruntime.Pod) []PodReport {
 	out := make([]PodReport, len(pods))
 	sem := make(chan struct{}, d.opts.MaxParallel)
 	var wg sync.WaitGroup
@@ -485,14 +485,14 @@ func (d *diagnoser) inspectAll(ctx context.Context, pods []*runtime.Pod) []PodRe
 
 // inspect probes one pod the way the kubelet's GetPodStatus does: the
 // filtered list calls, then the status of every sandbox and container.
-func (d *diagnoser) inspect(ctx context.Context, pod *runtime.Pod, pr *PodReport) {
+func (d *diagnoser) inspect(ctx context.Context, pod *cruntime.Pod, pr *PodReport) {
 	if ctx.Err() != nil {
 		return
 	}
 	tr := &tracer{}
 	start := time.Now()
 	calls := 2 + len(pod.Sandboxes) + len(pod.Containers)
-	_, err := bounded(ctx, tr, calls, d.opts.ProbeTimeout, func(ctx context.Context) (*runtime.PodStatus, error) {
+	_, err := bounded(ctx, tr, calls, d.opts.ProbeTimeout, func(ctx context.Context) (*cruntime.PodStatus, error) {
 		if _, err := d.rt.ListPod(ctx, pod.UID); err != nil {
 			return nil, err
 		}

@@ -16,9 +16,9 @@ import (
 
 	"k8s.io/apimachinery/pkg/types"
 
-	"github.com/podlifecycle/pleg/runtime"
-	"github.com/podlifecycle/pleg/runtime/cri"
-	"github.com/podlifecycle/pleg/runtime/sim"
+	"github.com/podlifecycle/pleg/cruntime"
+	"github.com/podlifecycle/pleg/cruntime/cri"
+	"github.com/podlifecycle/pleg/cruntime/sim"
 )
 
 // serveSim serves a simulated runtime and returns it with a CRI client whose
@@ -244,7 +244,7 @@ func TestUnreachableRuntime(t *testing.T) {
 
 // fakeRuntime is an in-memory runtime that reports no calls to tracers.
 type fakeRuntime struct {
-	pods      []*runtime.Pod
+	pods      []*cruntime.Pod
 	listBlock chan struct{} // ListPods blocks on it, ignoring its context, when not nil
 	delay     time.Duration // of every PodStatus
 	fail      types.UID     // PodStatus of this pod fails
@@ -262,14 +262,14 @@ type fakeRuntime struct {
 // timeout per call and a second; at least 16s with the default 5s).
 const rendezvousWait = 10 * time.Second
 
-func (f *fakeRuntime) ListPods(ctx context.Context) ([]*runtime.Pod, error) {
+func (f *fakeRuntime) ListPods(ctx context.Context) ([]*cruntime.Pod, error) {
 	if f.listBlock != nil {
 		<-f.listBlock
 	}
 	return f.pods, nil
 }
 
-func (f *fakeRuntime) ListPod(ctx context.Context, uid types.UID) (*runtime.Pod, error) {
+func (f *fakeRuntime) ListPod(ctx context.Context, uid types.UID) (*cruntime.Pod, error) {
 	for _, p := range f.pods {
 		if p.UID == uid {
 			return p, nil
@@ -278,7 +278,7 @@ func (f *fakeRuntime) ListPod(ctx context.Context, uid types.UID) (*runtime.Pod,
 	return nil, nil
 }
 
-func (f *fakeRuntime) PodStatus(ctx context.Context, pod *runtime.Pod) (*runtime.PodStatus, error) {
+func (f *fakeRuntime) PodStatus(ctx context.Context, pod *cruntime.Pod) (*cruntime.PodStatus, error) {
 	n := f.inflight.Add(1)
 	defer f.inflight.Add(-1)
 	for {
@@ -297,14 +297,14 @@ func (f *fakeRuntime) PodStatus(ctx context.Context, pod *runtime.Pod) (*runtime
 	if pod.UID == f.fail {
 		return nil, errors.New("ContainerStatus \"c1\": rpc error: code = Internal desc = shim is gone")
 	}
-	return &runtime.PodStatus{UID: pod.UID, Name: pod.Name, Namespace: pod.Namespace}, nil
+	return &cruntime.PodStatus{UID: pod.UID, Name: pod.Name, Namespace: pod.Namespace}, nil
 }
 
-func fakePods(n int) []*runtime.Pod {
-	var pods []*runtime.Pod
+func fakePods(n int) []*cruntime.Pod {
+	var pods []*cruntime.Pod
 	for i := range n {
-		pods = append(pods, &runtime.Pod{UID: types.UID(fmt.Sprintf("uid-%d", i)), Name: fmt.Sprintf("pod-%d", i),
-			Namespace: "ns", Sandboxes: []*runtime.Container{{ID: fmt.Sprintf("sb-%d", i), State: runtime.StateRunning}}})
+		pods = append(pods, &cruntime.Pod{UID: types.UID(fmt.Sprintf("uid-%d", i)), Name: fmt.Sprintf("pod-%d", i),
+			Namespace: "ns", Sandboxes: []*cruntime.Container{{ID: fmt.Sprintf("sb-%d", i), State: cruntime.StateRunning}}})
 	}
 	return pods
 }

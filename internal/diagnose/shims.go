@@ -15,7 +15,7 @@ import (
 	"google.golang.org/grpc/status"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
-	"github.com/podlifecycle/pleg/runtime"
+	"github.com/podlifecycle/pleg/cruntime"
 )
 
 // Why the shim probe was made (ShimProbe.Reason).
@@ -74,7 +74,7 @@ type StuckShim struct {
 // probedSandbox is a sandbox to probe.
 type probedSandbox struct {
 	id, uid, name, namespace string
-	state                    runtime.State
+	state                    cruntime.State
 }
 
 func (s probedSandbox) ref() string {
@@ -106,7 +106,7 @@ func (d *diagnoser) shimProbeReason(list List) string {
 // connection of the runtime client (RawCRI). When the listing failed, the
 // sandboxes are listed again on that connection. The whole probe takes at
 // most shimProbeBudget probe timeouts (and a little).
-func (d *diagnoser) probeShims(ctx context.Context, pods []*runtime.Pod, list List) (*ShimProbe, []StuckShim) {
+func (d *diagnoser) probeShims(ctx context.Context, pods []*cruntime.Pod, list List) (*ShimProbe, []StuckShim) {
 	reason := d.shimProbeReason(list)
 	if reason == "" || ctx.Err() != nil {
 		return nil, nil
@@ -147,12 +147,12 @@ func (d *diagnoser) probeShims(ctx context.Context, pods []*runtime.Pod, list Li
 			}
 			m := s.GetMetadata()
 			ps := probedSandbox{id: s.GetId(), uid: m.GetUid(), name: m.GetName(), namespace: m.GetNamespace(),
-				state: runtime.StateExited}
+				state: cruntime.StateExited}
 			if s.GetState() == runtimeapi.PodSandboxState_SANDBOX_READY {
-				ps.state = runtime.StateRunning
+				ps.state = cruntime.StateRunning
 			}
 			if ps.uid == "" {
-				ps.uid = s.GetLabels()[runtime.LabelPodUID]
+				ps.uid = s.GetLabels()[cruntime.LabelPodUID]
 			}
 			sandboxes = append(sandboxes, ps)
 		}
@@ -313,7 +313,7 @@ func verboseProcessStatus(resp *runtimeapi.PodSandboxStatusResponse) string {
 }
 
 func stateRank(s string) int {
-	if s == runtime.StateRunning.String() {
+	if s == cruntime.StateRunning.String() {
 		return 0
 	}
 	return 1

@@ -17,8 +17,8 @@ import (
 	"google.golang.org/grpc/status"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
-	"github.com/podlifecycle/pleg/runtime"
-	"github.com/podlifecycle/pleg/runtime/cri"
+	"github.com/podlifecycle/pleg/cruntime"
+	"github.com/podlifecycle/pleg/cruntime/cri"
 )
 
 // shimCRI is a CRI runtime in the way containerd 2.x answers when a pod's
@@ -391,7 +391,7 @@ func TestHungListNoRawCRI(t *testing.T) {
 }
 
 // noRaw hides the raw CRI calls of a client.
-type noRaw struct{ runtime.Runtime }
+type noRaw struct{ cruntime.Runtime }
 
 // Many stuck shims: the probe stays within its budget of probe timeouts
 // and says what it did not probe.

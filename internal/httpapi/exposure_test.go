@@ -15,7 +15,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/apimachinery/pkg/types"
 
-	"github.com/podlifecycle/pleg/runtime"
+	"github.com/podlifecycle/pleg/cruntime"
 )
 
 // The public handler serves what probes and Prometheus need and nothing
@@ -85,10 +85,10 @@ func streamStatus(t *testing.T, url string) int {
 func TestEventStreamDropsClientThatStopsReading(t *testing.T) {
 	rt := newFakeRuntime()
 	for i := range 300 {
-		rt.pods = append(rt.pods, &runtime.Pod{UID: runtimeUID(i), Name: fmt.Sprintf("pod-with-a-long-name-%04d", i), Namespace: "default",
-			Containers: []*runtime.Container{
-				{ID: fmt.Sprintf("container-%04d-a-long-container-id", i), Name: "app", State: runtime.StateRunning},
-				{ID: fmt.Sprintf("container-%04d-b-long-container-id", i), Name: "sidecar", State: runtime.StateRunning},
+		rt.pods = append(rt.pods, &cruntime.Pod{UID: runtimeUID(i), Name: fmt.Sprintf("pod-with-a-long-name-%04d", i), Namespace: "default",
+			Containers: []*cruntime.Container{
+				{ID: fmt.Sprintf("container-%04d-a-long-container-id", i), Name: "app", State: cruntime.StateRunning},
+				{ID: fmt.Sprintf("container-%04d-b-long-container-id", i), Name: "sidecar", State: cruntime.StateRunning},
 			}})
 	}
 	g := startGenerator(t, rt)

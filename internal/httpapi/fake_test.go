@@ -11,14 +11,14 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/podlifecycle/pleg"
-	"github.com/podlifecycle/pleg/runtime"
+	"github.com/podlifecycle/pleg/cruntime"
 )
 
 // fakeRuntime is an in-memory runtime: pods as listed, statuses derived
 // from the listing (exit code and IPs from the maps).
 type fakeRuntime struct {
 	mu        sync.Mutex
-	pods      []*runtime.Pod
+	pods      []*cruntime.Pod
 	exitCodes map[string]int32
 	ips       map[types.UID][]string
 	fail      map[types.UID]error
@@ -34,7 +34,7 @@ func (f *fakeRuntime) set(mut func(f *fakeRuntime)) {
 	mut(f)
 }
 
-func clonePod(p *runtime.Pod) *runtime.Pod {
+func clonePod(p *cruntime.Pod) *cruntime.Pod {
 	q := *p
 	q.Sandboxes, q.Containers = nil, nil
 	for _, s := range p.Sandboxes {
@@ -48,17 +48,17 @@ func clonePod(p *runtime.Pod) *runtime.Pod {
 	return &q
 }
 
-func (f *fakeRuntime) ListPods(context.Context) ([]*runtime.Pod, error) {
+func (f *fakeRuntime) ListPods(context.Context) ([]*cruntime.Pod, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	out := make([]*runtime.Pod, 0, len(f.pods))
+	out := make([]*cruntime.Pod, 0, len(f.pods))
 	for _, p := range f.pods {
 		out = append(out, clonePod(p))
 	}
 	return out, nil
 }
 
-func (f *fakeRuntime) ListPod(_ context.Context, uid types.UID) (*runtime.Pod, error) {
+func (f *fakeRuntime) ListPod(_ context.Context, uid types.UID) (*cruntime.Pod, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	for _, p := range f.pods {
@@ -69,19 +69,19 @@ func (f *fakeRuntime) ListPod(_ context.Context, uid types.UID) (*runtime.Pod, e
 	return nil, nil
 }
 
-func (f *fakeRuntime) PodStatus(_ context.Context, p *runtime.Pod) (*runtime.PodStatus, error) {
+func (f *fakeRuntime) PodStatus(_ context.Context, p *cruntime.Pod) (*cruntime.PodStatus, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	st := &runtime.PodStatus{UID: p.UID, Name: p.Name, Namespace: p.Namespace, IPs: f.ips[p.UID]}
+	st := &cruntime.PodStatus{UID: p.UID, Name: p.Name, Namespace: p.Namespace, IPs: f.ips[p.UID]}
 	base := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
 	for _, s := range p.Sandboxes {
-		st.SandboxStatuses = append(st.SandboxStatuses, &runtime.SandboxStatus{ID: s.ID, State: s.State,
+		st.SandboxStatuses = append(st.SandboxStatuses, &cruntime.SandboxStatus{ID: s.ID, State: s.State,
 			Attempt: s.Attempt, CreatedAt: time.Unix(0, s.CreatedAt).UTC(), IPs: f.ips[p.UID]})
 	}
 	for _, c := range p.Containers {
-		cs := &runtime.ContainerStatus{ID: c.ID, Name: c.Name, Attempt: c.Attempt, State: c.State,
+		cs := &cruntime.ContainerStatus{ID: c.ID, Name: c.Name, Attempt: c.Attempt, State: c.State,
 			Image: c.Image, StartedAt: base}
-		if c.State == runtime.StateExited {
+		if c.State == cruntime.StateExited {
 			cs.ExitCode = f.exitCodes[c.ID]
 			cs.FinishedAt = base.Add(time.Minute)
 			cs.Reason = "Error"
@@ -96,7 +96,7 @@ func (f *fakeRuntime) PodStatus(_ context.Context, p *runtime.Pod) (*runtime.Pod
 
 // startGenerator runs a generator over rt with a short period until the
 // test ends, and waits for its first successful relist.
-func startGenerator(t *testing.T, rt runtime.Runtime) *pleg.Generator {
+func startGenerator(t *testing.T, rt cruntime.Runtime) *pleg.Generator {
 	t.Helper()
 	g, err := pleg.New(pleg.Options{Runtime: rt, RelistPeriod: 10 * time.Millisecond, Events: pleg.EventsOff})
 	if err != nil {

@@ -12,8 +12,8 @@ import (
 	"time"
 
 	"github.com/podlifecycle/pleg"
+	"github.com/podlifecycle/pleg/cruntime"
 	"github.com/podlifecycle/pleg/podcache"
-	"github.com/podlifecycle/pleg/runtime"
 )
 
 // healthz answers 200 "ok" while the generator is healthy, else 500 with
@@ -173,7 +173,7 @@ func PodsFromCache(entries []podcache.Entry) []Pod {
 	for _, e := range entries {
 		st := e.Status
 		if st == nil {
-			st = &runtime.PodStatus{}
+			st = &cruntime.PodStatus{}
 		}
 		p := Pod{UID: string(st.UID), Name: st.Name, Namespace: st.Namespace,
 			IPs: nonNil(st.IPs), Sandboxes: []Sandbox{}, Containers: []Container{}}
@@ -188,23 +188,23 @@ func PodsFromCache(entries []podcache.Entry) []Pod {
 		if !e.Modified.IsZero() {
 			p.ObservedAt = formatTime(e.Modified)
 		}
-		sandboxes := slices.DeleteFunc(slices.Clone(st.SandboxStatuses), func(sb *runtime.SandboxStatus) bool { return sb == nil })
-		slices.SortStableFunc(sandboxes, func(a, b *runtime.SandboxStatus) int {
+		sandboxes := slices.DeleteFunc(slices.Clone(st.SandboxStatuses), func(sb *cruntime.SandboxStatus) bool { return sb == nil })
+		slices.SortStableFunc(sandboxes, func(a, b *cruntime.SandboxStatus) int {
 			return cmp.Or(a.CreatedAt.Compare(b.CreatedAt), cmp.Compare(a.ID, b.ID))
 		})
 		for _, sb := range sandboxes {
 			p.Sandboxes = append(p.Sandboxes, Sandbox{ID: sb.ID, State: sb.State.String(),
 				CreatedAt: formatTime(sb.CreatedAt), Attempt: sb.Attempt, IPs: nonNil(sb.IPs)})
 		}
-		containers := slices.DeleteFunc(slices.Clone(st.ContainerStatuses), func(cs *runtime.ContainerStatus) bool { return cs == nil })
-		slices.SortStableFunc(containers, func(a, b *runtime.ContainerStatus) int {
+		containers := slices.DeleteFunc(slices.Clone(st.ContainerStatuses), func(cs *cruntime.ContainerStatus) bool { return cs == nil })
+		slices.SortStableFunc(containers, func(a, b *cruntime.ContainerStatus) int {
 			return cmp.Or(cmp.Compare(a.Name, b.Name), cmp.Compare(a.Attempt, b.Attempt), cmp.Compare(a.ID, b.ID))
 		})
 		for _, cs := range containers {
 			ct := Container{ID: cs.ID, Name: cs.Name, State: cs.State.String(), Attempt: cs.Attempt,
 				Image: cs.Image, Reason: cs.Reason, StartedAt: formatTime(cs.StartedAt),
 				FinishedAt: formatTime(cs.FinishedAt)}
-			if cs.State == runtime.StateExited {
+			if cs.State == cruntime.StateExited {
 				code := cs.ExitCode
 				ct.ExitCode = &code
 			}

@@ -18,9 +18,9 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 
 	"github.com/podlifecycle/pleg"
+	"github.com/podlifecycle/pleg/cruntime"
 	"github.com/podlifecycle/pleg/metrics"
 	"github.com/podlifecycle/pleg/podcache"
-	"github.com/podlifecycle/pleg/runtime"
 )
 
 func get(t *testing.T, h http.Handler, path string) (int, string, http.Header) {
@@ -141,19 +141,19 @@ func TestReadyz(t *testing.T) {
 // pod a (its status call fails).
 func samplePods() *fakeRuntime {
 	rt := newFakeRuntime()
-	rt.pods = []*runtime.Pod{
+	rt.pods = []*cruntime.Pod{
 		{UID: "uid-b", Name: "web", Namespace: "prod",
-			Sandboxes: []*runtime.Container{
-				{ID: "sb-new", Name: "web", Attempt: 1, State: runtime.StateRunning, CreatedAt: 2e18},
-				{ID: "sb-old", Name: "web", Attempt: 0, State: runtime.StateExited, CreatedAt: 1e18},
+			Sandboxes: []*cruntime.Container{
+				{ID: "sb-new", Name: "web", Attempt: 1, State: cruntime.StateRunning, CreatedAt: 2e18},
+				{ID: "sb-old", Name: "web", Attempt: 0, State: cruntime.StateExited, CreatedAt: 1e18},
 			},
-			Containers: []*runtime.Container{
-				{ID: "c-sidecar", Name: "sidecar", State: runtime.StateRunning, Image: "busybox:1.36"},
-				{ID: "c-app-1", Name: "app", Attempt: 1, State: runtime.StateRunning, Image: "nginx:1.27"},
-				{ID: "c-app-0", Name: "app", Attempt: 0, State: runtime.StateExited, Image: "nginx:1.27"},
+			Containers: []*cruntime.Container{
+				{ID: "c-sidecar", Name: "sidecar", State: cruntime.StateRunning, Image: "busybox:1.36"},
+				{ID: "c-app-1", Name: "app", Attempt: 1, State: cruntime.StateRunning, Image: "nginx:1.27"},
+				{ID: "c-app-0", Name: "app", Attempt: 0, State: cruntime.StateExited, Image: "nginx:1.27"},
 			}},
 		{UID: "uid-a", Name: "db", Namespace: "default",
-			Sandboxes: []*runtime.Container{{ID: "sb-a", Name: "db", State: runtime.StateRunning, CreatedAt: 1e18}}},
+			Sandboxes: []*cruntime.Container{{ID: "sb-a", Name: "db", State: cruntime.StateRunning, CreatedAt: 1e18}}},
 	}
 	rt.exitCodes["c-app-0"] = 3
 	rt.ips["uid-b"] = []string{"10.88.0.7"}
@@ -389,7 +389,7 @@ func TestEventsStream(t *testing.T) {
 
 	// The running app container exits with code 3.
 	rt.set(func(f *fakeRuntime) {
-		f.pods[0].Containers[1].State = runtime.StateExited
+		f.pods[0].Containers[1].State = cruntime.StateExited
 		f.exitCodes["c-app-1"] = 3
 	})
 	m = sse.nextEvent()
@@ -528,7 +528,7 @@ func TestRelists(t *testing.T) {
 
 func TestPodsSlowInspection(t *testing.T) {
 	te := &pleg.InspectionTimeoutError{Pod: "ns/db", UID: "u", Operation: "container_status", ID: "c1", Waited: 10 * time.Second}
-	pods := PodsFromCache([]podcache.Entry{{Status: &runtime.PodStatus{UID: "u", Name: "db", Namespace: "ns"}, Err: te}})
+	pods := PodsFromCache([]podcache.Entry{{Status: &cruntime.PodStatus{UID: "u", Name: "db", Namespace: "ns"}, Err: te}})
 	want := &SlowInspection{Call: "ContainerStatus", ID: "c1", WaitedSeconds: 10}
 	if len(pods) != 1 || !reflect.DeepEqual(pods[0].SlowInspection, want) || pods[0].Error != te.Error() {
 		t.Fatalf("%+v", pods)

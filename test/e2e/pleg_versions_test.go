@@ -28,7 +28,7 @@ import (
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/podlifecycle/pleg"
-	"github.com/podlifecycle/pleg/runtime"
+	"github.com/podlifecycle/pleg/cruntime"
 )
 
 // labelled returns the value of a counter (or the count of a histogram)
@@ -112,7 +112,7 @@ func TestEventStreamUnsupported16(t *testing.T) {
 // ends the current stream and holds the generator's reconnection until
 // open.
 type gatedSource struct {
-	src    runtime.EventSource
+	src    cruntime.EventSource
 	mu     sync.Mutex
 	open   chan struct{} // closed while the gate is open
 	cancel context.CancelFunc
@@ -125,7 +125,7 @@ func newGatedSource() *gatedSource {
 	return g
 }
 
-func (g *gatedSource) WatchEvents(ctx context.Context, connected func(), fn func(runtime.Event)) error {
+func (g *gatedSource) WatchEvents(ctx context.Context, connected func(), fn func(cruntime.Event)) error {
 	g.mu.Lock()
 	open := g.open
 	g.mu.Unlock()

@@ -18,8 +18,8 @@ import (
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 	"k8s.io/klog/v2"
 
+	"github.com/podlifecycle/pleg/cruntime"
 	"github.com/podlifecycle/pleg/metrics"
-	"github.com/podlifecycle/pleg/runtime"
 )
 
 const (
@@ -39,9 +39,9 @@ const (
 )
 
 var (
-	_ runtime.Runtime       = (*Client)(nil)
-	_ runtime.EventSource   = (*Client)(nil)
-	_ runtime.StatusChecker = (*Client)(nil)
+	_ cruntime.Runtime       = (*Client)(nil)
+	_ cruntime.EventSource   = (*Client)(nil)
+	_ cruntime.StatusChecker = (*Client)(nil)
 )
 
 // Client talks CRI v1 to one container runtime. It is safe for concurrent
@@ -237,7 +237,7 @@ func (c *Client) Version(ctx context.Context) (runtimeName, runtimeVersion strin
 // the kubelet.
 func (c *Client) call(ctx context.Context, op, method, id string, f func(context.Context) error) error {
 	var done func(time.Duration, error)
-	if t := runtime.CallTracerFrom(ctx); t != nil {
+	if t := cruntime.CallTracerFrom(ctx); t != nil {
 		done = t.StartCall(op, id)
 	}
 	cctx, cancel := ctx, context.CancelFunc(func() {})

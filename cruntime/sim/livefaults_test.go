@@ -9,14 +9,14 @@ import (
 	"google.golang.org/grpc/codes"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
-	"github.com/podlifecycle/pleg/runtime"
+	"github.com/podlifecycle/pleg/cruntime"
 )
 
 // short is how long a test lets a call that should hang run before
 // checking that it did: a lower bound only, however busy the machine.
 const short = 50 * time.Millisecond
 
-func uidLabel(uid string) map[string]string { return map[string]string{runtime.LabelPodUID: uid} }
+func uidLabel(uid string) map[string]string { return map[string]string{cruntime.LabelPodUID: uid} }
 
 func TestHungLists(t *testing.T) {
 	r, c := newSim(t, Config{Seed: 5, Pods: 3, ContainersPerPod: 2, HangPods: 1, HangLists: true})
@@ -190,7 +190,7 @@ func TestFilteredListsSelectTheirPod(t *testing.T) {
 			t.Errorf("filter %v: %d containers, %v; want none", f, len(cs.GetContainers()), err)
 		}
 	}
-	sbs, err := c.ListPodSandbox(ctx, &runtimeapi.ListPodSandboxRequest{Filter: &runtimeapi.PodSandboxFilter{Id: p.SandboxID(), LabelSelector: map[string]string{runtime.LabelPodName: p.Name}}})
+	sbs, err := c.ListPodSandbox(ctx, &runtimeapi.ListPodSandboxRequest{Filter: &runtimeapi.PodSandboxFilter{Id: p.SandboxID(), LabelSelector: map[string]string{cruntime.LabelPodName: p.Name}}})
 	if err != nil || len(sbs.Items) != 1 {
 		t.Errorf("sandbox by ID and name: %v, %v", sbs, err)
 	}

@@ -10,7 +10,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
-	"github.com/podlifecycle/pleg/runtime"
+	"github.com/podlifecycle/pleg/cruntime"
 )
 
 func sandbox(id, uid, name, ns string, attempt uint32, st runtimeapi.PodSandboxState, created int64) *runtimeapi.PodSandbox {
@@ -93,33 +93,33 @@ func TestListPodsGroupsByUID(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := []*runtime.Pod{
+	want := []*cruntime.Pod{
 		{
 			UID: "uid-a", Name: "pod-a", Namespace: "default",
-			Sandboxes: []*runtime.Container{
-				{ID: "sb-a2", Name: "pod-a", Attempt: 1, State: runtime.StateRunning, CreatedAt: 200},
-				{ID: "sb-a1", Name: "pod-a", Attempt: 0, State: runtime.StateExited, CreatedAt: 100},
+			Sandboxes: []*cruntime.Container{
+				{ID: "sb-a2", Name: "pod-a", Attempt: 1, State: cruntime.StateRunning, CreatedAt: 200},
+				{ID: "sb-a1", Name: "pod-a", Attempt: 0, State: cruntime.StateExited, CreatedAt: 100},
 			},
-			Containers: []*runtime.Container{
-				{ID: "c-run", Name: "app", Attempt: 2, State: runtime.StateRunning, Image: "nginx:1", CreatedAt: 210},
-				{ID: "c-created", Name: "init", State: runtime.StateCreated, Image: "busybox", CreatedAt: 220},
-				{ID: "c-exited", Name: "side", State: runtime.StateExited, Image: "side:1", CreatedAt: 230},
+			Containers: []*cruntime.Container{
+				{ID: "c-run", Name: "app", Attempt: 2, State: cruntime.StateRunning, Image: "nginx:1", CreatedAt: 210},
+				{ID: "c-created", Name: "init", State: cruntime.StateCreated, Image: "busybox", CreatedAt: 220},
+				{ID: "c-exited", Name: "side", State: cruntime.StateExited, Image: "side:1", CreatedAt: 230},
 			},
 		},
 		{
 			UID: "uid-b", Name: "pod-b", Namespace: "ns-b",
-			Sandboxes: []*runtime.Container{
-				{ID: "sb-b", Name: "pod-b", State: runtime.StateUnknown, CreatedAt: 300},
+			Sandboxes: []*cruntime.Container{
+				{ID: "sb-b", Name: "pod-b", State: cruntime.StateUnknown, CreatedAt: 300},
 			},
-			Containers: []*runtime.Container{
-				{ID: "c-unknown", Name: "u", State: runtime.StateUnknown, CreatedAt: 240},
-				{ID: "c-99", Name: "weird", State: runtime.StateUnknown, CreatedAt: 250},
+			Containers: []*cruntime.Container{
+				{ID: "c-unknown", Name: "u", State: cruntime.StateUnknown, CreatedAt: 240},
+				{ID: "c-99", Name: "weird", State: cruntime.StateUnknown, CreatedAt: 250},
 			},
 		},
 		{
 			UID: "uid-c", Name: "pod-c", Namespace: "kube-system",
-			Containers: []*runtime.Container{
-				{ID: "c-orphan", Name: "lonely", State: runtime.StateRunning, Image: "x", CreatedAt: 260},
+			Containers: []*cruntime.Container{
+				{ID: "c-orphan", Name: "lonely", State: cruntime.StateRunning, Image: "x", CreatedAt: 260},
 			},
 		},
 	}
@@ -137,7 +137,7 @@ func TestListPodsGroupsByUID(t *testing.T) {
 	}
 }
 
-func dump(pods []*runtime.Pod) string {
+func dump(pods []*cruntime.Pod) string {
 	s := ""
 	for _, p := range pods {
 		s += "\n  " + sprint(*p)
@@ -174,9 +174,9 @@ func TestListPodsSkipsMalformed(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := []*runtime.Pod{{
+	want := []*cruntime.Pod{{
 		UID:        "uid-a",
-		Containers: []*runtime.Container{{ID: "c-ok", Name: "ok", State: runtime.StateRunning, CreatedAt: 1}},
+		Containers: []*cruntime.Container{{ID: "c-ok", Name: "ok", State: cruntime.StateRunning, CreatedAt: 1}},
 	}}
 	if !reflect.DeepEqual(pods, want) {
 		t.Errorf("ListPods:\n got %s\nwant %s", dump(pods), dump(want))
@@ -239,7 +239,7 @@ func TestListPodSendsFilters(t *testing.T) {
 	}
 	if p == nil || p.UID != "uid-a" || p.Name != "pod-a" || len(p.Sandboxes) != 1 || p.Sandboxes[0].ID != "sb-a" ||
 		len(p.Containers) != 1 || p.Containers[0].ID != "c-a" {
-		t.Errorf("ListPod(uid-a) = %s", dump([]*runtime.Pod{p}))
+		t.Errorf("ListPod(uid-a) = %s", dump([]*cruntime.Pod{p}))
 	}
 	sl, cl, _, _ := f.recorded()
 	wantSel := map[string]string{"io.kubernetes.pod.uid": "uid-a"}

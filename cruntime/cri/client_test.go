@@ -17,8 +17,8 @@ import (
 	"google.golang.org/grpc/status"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
+	"github.com/podlifecycle/pleg/cruntime"
 	"github.com/podlifecycle/pleg/metrics"
-	"github.com/podlifecycle/pleg/runtime"
 )
 
 func contains(s, sub string) bool { return strings.Contains(s, sub) }
@@ -236,8 +236,8 @@ func TestMetrics(t *testing.T) {
 	if _, err := c.ListPod(ctx, "uid"); err != nil {
 		t.Fatal(err)
 	}
-	pod := &runtime.Pod{UID: "uid", Sandboxes: []*runtime.Container{{ID: "sb"}},
-		Containers: []*runtime.Container{{ID: "c1"}, {ID: "c-gone"}}}
+	pod := &cruntime.Pod{UID: "uid", Sandboxes: []*cruntime.Container{{ID: "sb"}},
+		Containers: []*cruntime.Container{{ID: "c1"}, {ID: "c-gone"}}}
 	if _, err := c.PodStatus(ctx, pod); err != nil {
 		t.Fatal(err)
 	}
@@ -279,13 +279,13 @@ func TestCallTracer(t *testing.T) {
 	}
 	c := f.start(t)
 	tr := &recordingTracer{}
-	ctx := runtime.WithCallTracer(context.Background(), tr)
+	ctx := cruntime.WithCallTracer(context.Background(), tr)
 
 	if _, err := c.ListPods(ctx); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := c.PodStatus(ctx, &runtime.Pod{UID: "uid", Sandboxes: []*runtime.Container{{ID: "sb"}},
-		Containers: []*runtime.Container{{ID: "c1"}, {ID: "c-gone"}}}); err != nil {
+	if _, err := c.PodStatus(ctx, &cruntime.Pod{UID: "uid", Sandboxes: []*cruntime.Container{{ID: "sb"}},
+		Containers: []*cruntime.Container{{ID: "c1"}, {ID: "c-gone"}}}); err != nil {
 		t.Fatal(err)
 	}
 	if _, err := c.Status(ctx); err != nil {

@@ -16,8 +16,8 @@ import (
 	"google.golang.org/grpc/status"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
+	"github.com/podlifecycle/pleg/cruntime"
 	"github.com/podlifecycle/pleg/metrics"
-	"github.com/podlifecycle/pleg/runtime"
 )
 
 // statusServer answers status calls from maps; missing IDs are NotFound,
@@ -59,11 +59,11 @@ func sandboxStatus(id string, st runtimeapi.PodSandboxState, created int64, ip s
 	return s
 }
 
-func testPod() *runtime.Pod {
-	return &runtime.Pod{
+func testPod() *cruntime.Pod {
+	return &cruntime.Pod{
 		UID: "uid", Name: "pod", Namespace: "ns",
-		Sandboxes:  []*runtime.Container{{ID: "sb-old"}, {ID: "sb-new"}, {ID: "sb-gone"}},
-		Containers: []*runtime.Container{{ID: "c1", Name: "listed-c1"}, {ID: "c-gone"}, {ID: "c2", Name: "listed-c2"}},
+		Sandboxes:  []*cruntime.Container{{ID: "sb-old"}, {ID: "sb-new"}, {ID: "sb-gone"}},
+		Containers: []*cruntime.Container{{ID: "c1", Name: "listed-c1"}, {ID: "c-gone"}, {ID: "c2", Name: "listed-c2"}},
 	}
 }
 
@@ -108,18 +108,18 @@ func TestPodStatus(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := &runtime.PodStatus{
+	want := &cruntime.PodStatus{
 		UID: "uid", Name: "pod", Namespace: "ns",
 		IPs: []string{"10.0.0.2", "fd00::2"},
-		SandboxStatuses: []*runtime.SandboxStatus{
-			{ID: "sb-new", State: runtime.StateRunning, CreatedAt: time.Unix(200, 0), Attempt: 1,
+		SandboxStatuses: []*cruntime.SandboxStatus{
+			{ID: "sb-new", State: cruntime.StateRunning, CreatedAt: time.Unix(200, 0), Attempt: 1,
 				IPs: []string{"10.0.0.2", "fd00::2"}, HostNetwork: true},
-			{ID: "sb-old", State: runtime.StateExited, CreatedAt: time.Unix(100, 0), Attempt: 1,
+			{ID: "sb-old", State: cruntime.StateExited, CreatedAt: time.Unix(100, 0), Attempt: 1,
 				IPs: []string{"10.0.0.1"}},
 		},
-		ContainerStatuses: []*runtime.ContainerStatus{
-			{ID: "c2", Name: "listed-c2", State: runtime.StateCreated, CreatedAt: time.Unix(220, 0)},
-			{ID: "c1", Name: "app", Attempt: 3, State: runtime.StateExited, Image: "nginx:1",
+		ContainerStatuses: []*cruntime.ContainerStatus{
+			{ID: "c2", Name: "listed-c2", State: cruntime.StateCreated, CreatedAt: time.Unix(220, 0)},
+			{ID: "c1", Name: "app", Attempt: 3, State: cruntime.StateExited, Image: "nginx:1",
 				ImageRef: "docker.io/library/nginx@sha256:abc", CreatedAt: time.Unix(210, 5),
 				StartedAt: time.Unix(211, 0), FinishedAt: time.Unix(212, 0), ExitCode: 137,
 				Reason: "OOMKilled", Message: "out of memory"},
@@ -143,7 +143,7 @@ func TestPodStatus(t *testing.T) {
 	}
 }
 
-func dumpStatus(ps *runtime.PodStatus) string {
+func dumpStatus(ps *cruntime.PodStatus) string {
 	if ps == nil {
 		return "nil"
 	}
@@ -227,8 +227,8 @@ func TestPodStatusErrors(t *testing.T) {
 				map[string]bool{tc.failID: true})
 			m := metrics.New(nil)
 			c := f.start(t, WithMetrics(m))
-			pod := &runtime.Pod{UID: "uid", Sandboxes: []*runtime.Container{{ID: "sb-new"}},
-				Containers: []*runtime.Container{{ID: "gone"}, {ID: "abc123"}}}
+			pod := &cruntime.Pod{UID: "uid", Sandboxes: []*cruntime.Container{{ID: "sb-new"}},
+				Containers: []*cruntime.Container{{ID: "gone"}, {ID: "abc123"}}}
 			ps, err := c.PodStatus(context.Background(), pod)
 			if ps != nil {
 				t.Errorf("PodStatus returned a status with its error: %s", dumpStatus(ps))
@@ -258,7 +258,7 @@ func TestPodStatusNilPod(t *testing.T) {
 	if _, err := c.PodStatus(context.Background(), nil); err == nil {
 		t.Error("PodStatus(nil) succeeded")
 	}
-	ps, err := c.PodStatus(context.Background(), &runtime.Pod{UID: "u", Name: "n", Namespace: "ns"})
+	ps, err := c.PodStatus(context.Background(), &cruntime.Pod{UID: "u", Name: "n", Namespace: "ns"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -290,8 +290,8 @@ func TestStatusConditions(t *testing.T) {
 	f := &fakeCRI{
 		status: func(context.Context, *runtimeapi.StatusRequest) (*runtimeapi.StatusResponse, error) {
 			return &runtimeapi.StatusResponse{Status: &runtimeapi.RuntimeStatus{Conditions: []*runtimeapi.RuntimeCondition{
-				{Type: runtime.RuntimeReady, Status: true},
-				{Type: runtime.NetworkReady, Status: false, Reason: "NetworkPluginNotReady", Message: "cni plugin not initialized"},
+				{Type: cruntime.RuntimeReady, Status: true},
+				{Type: cruntime.NetworkReady, Status: false, Reason: "NetworkPluginNotReady", Message: "cni plugin not initialized"},
 			}}}, nil
 		},
 	}
@@ -301,7 +301,7 @@ func TestStatusConditions(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	want := []runtime.Condition{
+	want := []cruntime.Condition{
 		{Type: "RuntimeReady", Status: true},
 		{Type: "NetworkReady", Status: false, Reason: "NetworkPluginNotReady", Message: "cni plugin not initialized"},
 	}
@@ -346,9 +346,9 @@ func TestPodStatusSerialOrder(t *testing.T) {
 		return nil, status.Error(codes.NotFound, "gone")
 	}
 	c := f.start(t, WithStatusConcurrency(1))
-	_, _ = c.PodStatus(context.Background(), &runtime.Pod{UID: "u",
-		Sandboxes:  []*runtime.Container{{ID: "s1"}, {ID: "s2"}},
-		Containers: []*runtime.Container{{ID: "c1"}, {ID: "c2"}, {ID: "c3"}}})
+	_, _ = c.PodStatus(context.Background(), &cruntime.Pod{UID: "u",
+		Sandboxes:  []*cruntime.Container{{ID: "s1"}, {ID: "s2"}},
+		Containers: []*cruntime.Container{{ID: "c1"}, {ID: "c2"}, {ID: "c3"}}})
 	_, _, sIDs, cIDs := f.recorded()
 	if !reflect.DeepEqual(sIDs, []string{"s1", "s2"}) || !reflect.DeepEqual(cIDs, []string{"c1", "c2", "c3"}) {
 		t.Fatalf("calls %v %v", sIDs, cIDs)
@@ -368,8 +368,8 @@ func TestPodStatusConcurrentError(t *testing.T) {
 	}
 	c := f.start(t, WithStatusConcurrency(4), WithTimeout(time.Minute))
 	start := time.Now()
-	_, err := c.PodStatus(context.Background(), &runtime.Pod{UID: "u",
-		Containers: []*runtime.Container{{ID: "slow1"}, {ID: "bad"}, {ID: "slow2"}}})
+	_, err := c.PodStatus(context.Background(), &cruntime.Pod{UID: "u",
+		Containers: []*cruntime.Container{{ID: "slow1"}, {ID: "bad"}, {ID: "slow2"}}})
 	if status.Code(errors.Unwrap(err)) != codes.Internal || !strings.Contains(err.Error(), `ContainerStatus "bad"`) {
 		t.Fatalf("err %v", err)
 	}

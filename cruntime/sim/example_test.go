@@ -11,7 +11,7 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
-	"github.com/podlifecycle/pleg/runtime/sim"
+	"github.com/podlifecycle/pleg/cruntime/sim"
 )
 
 func Example() {

@@ -11,7 +11,7 @@ import (
 	"google.golang.org/grpc/status"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
-	"github.com/podlifecycle/pleg/runtime"
+	"github.com/podlifecycle/pleg/cruntime"
 )
 
 // RuntimeName and RuntimeVersion are what Version reports.
@@ -159,14 +159,14 @@ func (s *service) Status(ctx context.Context, _ *runtimeapi.StatusRequest) (*run
 	}
 	defer r.end()
 	r.kmu.Lock()
-	ready := &runtimeapi.RuntimeCondition{Type: runtime.RuntimeReady, Status: r.runtimeReady}
+	ready := &runtimeapi.RuntimeCondition{Type: cruntime.RuntimeReady, Status: r.runtimeReady}
 	if !r.runtimeReady {
 		ready.Reason, ready.Message = r.notReadyReason, r.notReadyMsg
 	}
 	r.kmu.Unlock()
 	return &runtimeapi.StatusResponse{Status: &runtimeapi.RuntimeStatus{Conditions: []*runtimeapi.RuntimeCondition{
 		ready,
-		{Type: runtime.NetworkReady, Status: true},
+		{Type: cruntime.NetworkReady, Status: true},
 	}}}, nil
 }
 
@@ -188,8 +188,8 @@ func labelsMatch(labels, selector map[string]string) bool {
 func (r *Runtime) listTargetLocked(id, sandboxID string, labels map[string]string) (uid string, pods []*pod) {
 	var p *pod
 	switch {
-	case labels[runtime.LabelPodUID] != "":
-		uid = labels[runtime.LabelPodUID]
+	case labels[cruntime.LabelPodUID] != "":
+		uid = labels[cruntime.LabelPodUID]
 		p = r.pods[uid]
 	case sandboxID != "":
 		if sb := r.sandboxes[sandboxID]; sb != nil {

@@ -9,8 +9,8 @@ import (
 
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
+	"github.com/podlifecycle/pleg/cruntime"
 	"github.com/podlifecycle/pleg/metrics"
-	"github.com/podlifecycle/pleg/runtime"
 )
 
 // PodStatus fetches the full status of pod: one PodSandboxStatus call per
@@ -23,10 +23,10 @@ import (
 // nil status and the error, which names the call and ID and wraps the gRPC
 // error.
 //
-// The status is assembled by runtime.NewPodStatus: sandboxes and containers
+// The status is assembled by cruntime.NewPodStatus: sandboxes and containers
 // newest first, the pod IPs those of the newest sandbox, only if it is
 // ready.
-func (c *Client) PodStatus(ctx context.Context, pod *runtime.Pod) (*runtime.PodStatus, error) {
+func (c *Client) PodStatus(ctx context.Context, pod *cruntime.Pod) (*cruntime.PodStatus, error) {
 	if pod == nil {
 		return nil, errors.New("PodStatus: nil pod")
 	}
@@ -34,19 +34,19 @@ func (c *Client) PodStatus(ctx context.Context, pod *runtime.Pod) (*runtime.PodS
 	if err != nil {
 		return nil, err
 	}
-	return runtime.NewPodStatus(pod, sbs, cts), nil
+	return cruntime.NewPodStatus(pod, sbs, cts), nil
 }
 
 // ItemStatuses fetches the status of the given sandboxes and containers of
-// pod (runtime.ItemStatuser), with the calls, bounds and errors of
+// pod (cruntime.ItemStatuser), with the calls, bounds and errors of
 // PodStatus. Nil items are skipped; an item the runtime no longer knows is
 // nil in the result.
-func (c *Client) ItemStatuses(ctx context.Context, pod *runtime.Pod, sandboxes, containers []*runtime.Container) ([]*runtime.SandboxStatus, []*runtime.ContainerStatus, error) {
+func (c *Client) ItemStatuses(ctx context.Context, pod *cruntime.Pod, sandboxes, containers []*cruntime.Container) ([]*cruntime.SandboxStatus, []*cruntime.ContainerStatus, error) {
 	if pod == nil {
 		return nil, nil, errors.New("ItemStatuses: nil pod")
 	}
-	sbOut := make([]*runtime.SandboxStatus, len(sandboxes))
-	ctOut := make([]*runtime.ContainerStatus, len(containers))
+	sbOut := make([]*cruntime.SandboxStatus, len(sandboxes))
+	ctOut := make([]*cruntime.ContainerStatus, len(containers))
 	err := c.each(ctx, len(sandboxes)+len(containers), func(ctx context.Context, i int) error {
 		if i < len(sandboxes) {
 			sb := sandboxes[i]
@@ -86,8 +86,8 @@ func (c *Client) ItemStatuses(ctx context.Context, pod *runtime.Pod, sandboxes, 
 }
 
 // convertSandbox converts the status of the listed sandbox sb.
-func convertSandbox(s *runtimeapi.PodSandboxStatus, sb *runtime.Container) *runtime.SandboxStatus {
-	st := &runtime.SandboxStatus{
+func convertSandbox(s *runtimeapi.PodSandboxStatus, sb *cruntime.Container) *cruntime.SandboxStatus {
+	st := &cruntime.SandboxStatus{
 		ID:          s.Id,
 		State:       sandboxState(s.State),
 		CreatedAt:   nsTime(s.CreatedAt),
@@ -103,8 +103,8 @@ func convertSandbox(s *runtimeapi.PodSandboxStatus, sb *runtime.Container) *runt
 }
 
 // convertContainer converts the status of the listed container ct.
-func convertContainer(s *runtimeapi.ContainerStatus, ct *runtime.Container) *runtime.ContainerStatus {
-	st := &runtime.ContainerStatus{
+func convertContainer(s *runtimeapi.ContainerStatus, ct *cruntime.Container) *cruntime.ContainerStatus {
+	st := &cruntime.ContainerStatus{
 		ID:         s.Id,
 		Name:       s.GetMetadata().GetName(),
 		Attempt:    s.GetMetadata().GetAttempt(),
@@ -122,7 +122,7 @@ func convertContainer(s *runtimeapi.ContainerStatus, ct *runtime.Container) *run
 		st.ID = ct.ID
 	}
 	if st.Name == "" {
-		st.Name = s.GetLabels()[runtime.LabelContainerName]
+		st.Name = s.GetLabels()[cruntime.LabelContainerName]
 	}
 	if st.Name == "" {
 		st.Name = ct.Name
@@ -232,7 +232,7 @@ func nsTime(ns int64) time.Time {
 
 // Status returns the runtime's conditions (CRI Status), such as
 // RuntimeReady and NetworkReady.
-func (c *Client) Status(ctx context.Context) ([]runtime.Condition, error) {
+func (c *Client) Status(ctx context.Context) ([]cruntime.Condition, error) {
 	var resp *runtimeapi.StatusResponse
 	err := c.call(ctx, metrics.OpStatus, "Status", "", func(ctx context.Context) (err error) {
 		resp, err = c.rs.Status(ctx, &runtimeapi.StatusRequest{})
@@ -244,12 +244,12 @@ func (c *Client) Status(ctx context.Context) ([]runtime.Condition, error) {
 	if resp.GetStatus() == nil {
 		return nil, fmt.Errorf("Status: runtime at %s returned no status", c.endpoint)
 	}
-	conds := make([]runtime.Condition, 0, len(resp.Status.Conditions))
+	conds := make([]cruntime.Condition, 0, len(resp.Status.Conditions))
 	for _, rc := range resp.Status.Conditions {
 		if rc == nil {
 			continue
 		}
-		conds = append(conds, runtime.Condition{
+		conds = append(conds, cruntime.Condition{
 			Type:    rc.Type,
 			Status:  rc.Status,
 			Reason:  rc.Reason,

@@ -6,7 +6,7 @@ import (
 
 	"google.golang.org/protobuf/encoding/protowire"
 
-	"github.com/podlifecycle/pleg/runtime"
+	"github.com/podlifecycle/pleg/cruntime"
 )
 
 // A relist lists a node that mostly did not change since the last second.
@@ -22,7 +22,7 @@ import (
 //     annotations are left out of the hash: CRI never changes them, and
 //     runtimes encode their entries in random order.
 //   - A pod whose items were all matched, and as many as last time, is the
-//     previous listing's *runtime.Pod itself: nothing is built for it, and
+//     previous listing's *cruntime.Pod itself: nothing is built for it, and
 //     the generator sees the same pointer (its diff is a comparison).
 //   - The maps and scratch space are kept from one listing to the next and
 //     cleared, not reallocated.
@@ -38,7 +38,7 @@ type memo struct {
 	pods, next map[string]memoPod // by pod UID: last listing's, and the one being built
 	// last is the last listing as returned (sorted), and its item counts:
 	// a listing that found every item of it, and no other, is it again.
-	last             []*runtime.Pod
+	last             []*cruntime.Pod
 	lastSbs, lastCts int
 	scratch          groupScratch
 	strings          interner
@@ -56,7 +56,7 @@ type itemMemo struct {
 }
 
 type memoPod struct {
-	pod   *runtime.Pod
+	pod   *cruntime.Pod
 	items int // sandboxes and containers
 }
 
@@ -192,7 +192,7 @@ func (m *memo) unchanged(sbs, cts int) bool {
 }
 
 // keep records the listing just grouped, pods, as the last one.
-func (m *memo) keep(pods []*runtime.Pod, sbs, cts int) {
+func (m *memo) keep(pods []*cruntime.Pod, sbs, cts int) {
 	m.last = append(m.last[:0], pods...)
 	m.lastSbs, m.lastCts = sbs, cts
 }

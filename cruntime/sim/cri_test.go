@@ -8,7 +8,7 @@ import (
 	"google.golang.org/grpc/codes"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
-	plegruntime "github.com/podlifecycle/pleg/runtime"
+	plegruntime "github.com/podlifecycle/pleg/cruntime"
 )
 
 func TestVersionAndStatus(t *testing.T) {

@@ -12,8 +12,8 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
+	"github.com/podlifecycle/pleg/cruntime"
 	"github.com/podlifecycle/pleg/metrics"
-	"github.com/podlifecycle/pleg/runtime"
 )
 
 // WatchEvents opens the runtime's container event stream
@@ -21,18 +21,18 @@ import (
 // until ctx is done (it returns ctx.Err()) or the stream fails (it returns
 // the wrapped error; a stream the runtime closes yields an error matching
 // io.EOF). A runtime without the stream (Unimplemented) yields an error
-// matching runtime.ErrEventsUnsupported.
+// matching cruntime.ErrEventsUnsupported.
 //
 // The stream has no timeout; only ctx bounds it. Each stream counts once as
 // a get_container_events operation, timed to its establishment; it counts
 // as an operation error when it could not be opened or later ends for any
 // reason but ctx.
 //
-// Event types CRI may add later pass through as runtime.EventType values
-// beyond ContainerDeleted.
-func (c *Client) WatchEvents(ctx context.Context, connected func(), fn func(runtime.Event)) error {
+// Event types CRI may add later pass through as cruntime.EventType values
+// beyond EventDeleted.
+func (c *Client) WatchEvents(ctx context.Context, connected func(), fn func(cruntime.Event)) error {
 	var done func(time.Duration, error)
-	if t := runtime.CallTracerFrom(ctx); t != nil {
+	if t := cruntime.CallTracerFrom(ctx); t != nil {
 		done = t.StartCall(metrics.OpGetContainerEvents, "")
 	}
 	sctx, cancel := context.WithCancel(ctx)
@@ -79,15 +79,15 @@ func (c *Client) streamError(ctx context.Context, err error) error {
 	case errors.Is(err, io.EOF):
 		return fmt.Errorf("GetContainerEvents: stream closed by the runtime at %s: %w", c.endpoint, err)
 	case status.Code(err) == codes.Unimplemented:
-		return fmt.Errorf("%w: GetContainerEvents: %w", runtime.ErrEventsUnsupported, err)
+		return fmt.Errorf("%w: GetContainerEvents: %w", cruntime.ErrEventsUnsupported, err)
 	default:
 		return newCallError("GetContainerEvents", "", c.endpoint, c.path, err)
 	}
 }
 
 // eventFrom maps one CRI container event.
-func eventFrom(r *runtimeapi.ContainerEventResponse) runtime.Event {
-	ev := runtime.Event{
+func eventFrom(r *runtimeapi.ContainerEventResponse) cruntime.Event {
+	ev := cruntime.Event{
 		ContainerID: r.ContainerId,
 		Type:        eventType(r.ContainerEventType),
 		CreatedAt:   nsTime(r.CreatedAt),
@@ -98,25 +98,25 @@ func eventFrom(r *runtimeapi.ContainerEventResponse) runtime.Event {
 	}
 	if len(r.ContainersStatuses) > 0 {
 		l := r.ContainersStatuses[0].GetLabels()
-		if uid := l[runtime.LabelPodUID]; uid != "" {
-			ev.PodUID, ev.PodName, ev.PodNamespace = types.UID(uid), l[runtime.LabelPodName], l[runtime.LabelPodNamespace]
+		if uid := l[cruntime.LabelPodUID]; uid != "" {
+			ev.PodUID, ev.PodName, ev.PodNamespace = types.UID(uid), l[cruntime.LabelPodName], l[cruntime.LabelPodNamespace]
 		}
 	}
 	return ev
 }
 
 // eventType maps a CRI container event type.
-func eventType(t runtimeapi.ContainerEventType) runtime.EventType {
+func eventType(t runtimeapi.ContainerEventType) cruntime.EventType {
 	switch t {
 	case runtimeapi.ContainerEventType_CONTAINER_CREATED_EVENT:
-		return runtime.ContainerCreated
+		return cruntime.EventCreated
 	case runtimeapi.ContainerEventType_CONTAINER_STARTED_EVENT:
-		return runtime.ContainerStarted
+		return cruntime.EventStarted
 	case runtimeapi.ContainerEventType_CONTAINER_STOPPED_EVENT:
-		return runtime.ContainerStopped
+		return cruntime.EventStopped
 	case runtimeapi.ContainerEventType_CONTAINER_DELETED_EVENT:
-		return runtime.ContainerDeleted
+		return cruntime.EventDeleted
 	default:
-		return runtime.EventType(t)
+		return cruntime.EventType(t)
 	}
 }

@@ -10,7 +10,7 @@ import (
 
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
-	"github.com/podlifecycle/pleg/runtime"
+	"github.com/podlifecycle/pleg/cruntime"
 )
 
 // The model. Everything here is guarded by Runtime.mu.
@@ -137,9 +137,9 @@ func imageDigestRef(image string) string {
 
 func podLabels(p *pod) map[string]string {
 	return map[string]string{
-		runtime.LabelPodUID:       p.uid,
-		runtime.LabelPodName:      p.name,
-		runtime.LabelPodNamespace: p.namespace,
+		cruntime.LabelPodUID:       p.uid,
+		cruntime.LabelPodName:      p.name,
+		cruntime.LabelPodNamespace: p.namespace,
 	}
 }
 
@@ -262,7 +262,7 @@ func (r *Runtime) createContainerLocked(sb *sandbox, name string, attempt uint32
 			"io.kubernetes.pod.terminationGracePeriod":       "30",
 		},
 	}
-	c.labels[runtime.LabelContainerName] = name
+	c.labels[cruntime.LabelContainerName] = name
 	maps.Copy(c.labels, labels)
 	maps.Copy(c.annotations, annotations)
 	// An older attempt of the same name is superseded now.

@@ -15,7 +15,7 @@ import (
 	"google.golang.org/protobuf/encoding/protowire"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
-	"github.com/podlifecycle/pleg/runtime"
+	"github.com/podlifecycle/pleg/cruntime"
 )
 
 // node is an evolving set of list items served by a fakeCRI: a runtime
@@ -95,18 +95,18 @@ func (n *node) change() string {
 		i := n.rng.IntN(len(n.containers))
 		c := n.containers[i]
 		n.containers = slices.Delete(n.containers, i, i+1)
-		return c.Labels[runtime.LabelPodUID]
+		return c.Labels[cruntime.LabelPodUID]
 	case k == 3:
 		c := n.containers[n.rng.IntN(len(n.containers))]
-		uid := c.Labels[runtime.LabelPodUID]
-		n.addContainer(uid, c.Labels[runtime.LabelPodName])
+		uid := c.Labels[cruntime.LabelPodUID]
+		n.addContainer(uid, c.Labels[cruntime.LabelPodName])
 		return uid
 	case k == 4:
 		// A pod goes: its sandbox and containers.
 		i := n.rng.IntN(len(n.sandboxes))
 		uid := n.sandboxes[i].Metadata.Uid
 		n.sandboxes = slices.Delete(n.sandboxes, i, i+1)
-		n.containers = slices.DeleteFunc(n.containers, func(c *runtimeapi.Container) bool { return c.Labels[runtime.LabelPodUID] == uid })
+		n.containers = slices.DeleteFunc(n.containers, func(c *runtimeapi.Container) bool { return c.Labels[cruntime.LabelPodUID] == uid })
 		return uid
 	default:
 		i := n.rng.IntN(len(n.containers))
@@ -116,7 +116,7 @@ func (n *node) change() string {
 		}
 		c.State = runtimeapi.ContainerState_CONTAINER_EXITED
 		n.containers[i] = c
-		return c.Labels[runtime.LabelPodUID]
+		return c.Labels[cruntime.LabelPodUID]
 	}
 }
 
@@ -138,11 +138,11 @@ func copyContainer(s *runtimeapi.Container) *runtimeapi.Container {
 // sortedItems is a listing with each pod's items in ID order: a runtime's
 // order is not stable between calls, and a pod kept from the previous
 // listing has that listing's order.
-func sortedItems(pods []*runtime.Pod) []*runtime.Pod {
-	out := make([]*runtime.Pod, len(pods))
+func sortedItems(pods []*cruntime.Pod) []*cruntime.Pod {
+	out := make([]*cruntime.Pod, len(pods))
 	for i, p := range pods {
 		c := *p
-		byID := func(a, b *runtime.Container) int { return strings.Compare(a.ID, b.ID) }
+		byID := func(a, b *cruntime.Container) int { return strings.Compare(a.ID, b.ID) }
 		c.Sandboxes = slices.SortedFunc(slices.Values(p.Sandboxes), byID)
 		c.Containers = slices.SortedFunc(slices.Values(p.Containers), byID)
 		out[i] = &c
@@ -195,7 +195,7 @@ func TestListPodsMemo(t *testing.T) {
 						c.memo.containers.items.n, c.memo.sandboxes.items.n, len(n.containers), len(n.sandboxes))
 				}
 				n.mu.Unlock()
-				before := map[string]*runtime.Pod{}
+				before := map[string]*cruntime.Pod{}
 				for _, p := range prev {
 					before[string(p.UID)] = p
 				}

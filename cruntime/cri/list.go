@@ -10,8 +10,8 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
+	"github.com/podlifecycle/pleg/cruntime"
 	"github.com/podlifecycle/pleg/metrics"
-	"github.com/podlifecycle/pleg/runtime"
 )
 
 // ListPods lists every sandbox and container, in every state, with one
@@ -26,7 +26,7 @@ import (
 // order of the listing that built it). Items without metadata, ID or pod
 // UID are skipped and logged at V(4). The pods returned are shared with
 // later listings: callers must not modify them.
-func (c *Client) ListPods(ctx context.Context) ([]*runtime.Pod, error) {
+func (c *Client) ListPods(ctx context.Context) ([]*cruntime.Pod, error) {
 	m := &c.memo
 	if !m.mu.TryLock() {
 		// Another listing is using the memo (the generator lists from one
@@ -38,7 +38,7 @@ func (c *Client) ListPods(ctx context.Context) ([]*runtime.Pod, error) {
 }
 
 // listPods lists with the memo m (held), or without one when m is nil.
-func (c *Client) listPods(ctx context.Context, m *memo) ([]*runtime.Pod, error) {
+func (c *Client) listPods(ctx context.Context, m *memo) ([]*cruntime.Pod, error) {
 	sandboxes := listReply{sandboxes: true}
 	containers := listReply{}
 	sc := &groupScratch{}
@@ -90,11 +90,11 @@ func (c *Client) listPods(ctx context.Context, m *memo) ([]*runtime.Pod, error) 
 // ListPod lists the sandboxes and containers of the pod with the given UID,
 // filtering on the label io.kubernetes.pod.uid in the runtime. It returns
 // (nil, nil) when the runtime has nothing for uid.
-func (c *Client) ListPod(ctx context.Context, uid types.UID) (*runtime.Pod, error) {
+func (c *Client) ListPod(ctx context.Context, uid types.UID) (*cruntime.Pod, error) {
 	if uid == "" {
 		return nil, errors.New("ListPod: empty pod UID")
 	}
-	labels := map[string]string{runtime.LabelPodUID: string(uid)}
+	labels := map[string]string{cruntime.LabelPodUID: string(uid)}
 	var sandboxes []*runtimeapi.PodSandbox
 	err := c.call(ctx, metrics.OpListPodSandbox, "ListPodSandbox", "", func(ctx context.Context) error {
 		resp, err := c.rs.ListPodSandbox(ctx, &runtimeapi.ListPodSandboxRequest{Filter: &runtimeapi.PodSandboxFilter{LabelSelector: labels}})
@@ -145,8 +145,8 @@ func containerItem(ct *runtimeapi.Container) listed {
 	md := ct.GetMetadata()
 	labels := ct.GetLabels()
 	return listed{id: ct.GetId(), meta: md != nil, name: md.GetName(), attempt: md.GetAttempt(),
-		uid: labels[runtime.LabelPodUID], podName: labels[runtime.LabelPodName],
-		podNamespace: labels[runtime.LabelPodNamespace], labelName: labels[runtime.LabelContainerName],
+		uid: labels[cruntime.LabelPodUID], podName: labels[cruntime.LabelPodName],
+		podNamespace: labels[cruntime.LabelPodNamespace], labelName: labels[cruntime.LabelContainerName],
 		image: ct.GetImage().GetImage(), state: containerState(ct.GetState()), createdAt: ct.GetCreatedAt()}
 }
 
@@ -164,8 +164,8 @@ type podBuild struct {
 	uid, name, namespace string
 	sbs, cts             int
 	fresh                bool // it has an item that was decoded, not taken from the memo
-	pod                  *runtime.Pod
-	store                []runtime.Container
+	pod                  *cruntime.Pod
+	store                []cruntime.Container
 }
 
 // group groups listed sandboxes and containers by pod UID; see ListPods.
@@ -175,7 +175,7 @@ type podBuild struct {
 // Each pod's items share one backing array of their own, so a pod record
 // the generator keeps for long pins only that pod's items, never a whole
 // listing.
-func (c *Client) group(sandboxes, containers []itemRef, sc *groupScratch, m *memo) []*runtime.Pod {
+func (c *Client) group(sandboxes, containers []itemRef, sc *groupScratch, m *memo) []*cruntime.Pod {
 	if sc.builds == nil {
 		sc.builds = make(map[string]int, len(sandboxes))
 	}
@@ -224,13 +224,13 @@ func (c *Client) group(sandboxes, containers []itemRef, sc *groupScratch, m *mem
 		case !ct.meta:
 			c.log.V(4).Info("Skipping listed container", "reason", "no metadata", "containerID", ct.id)
 		case ct.uid == "":
-			c.log.V(4).Info("Skipping listed container", "reason", "no label "+runtime.LabelPodUID, "containerID", ct.id)
+			c.log.V(4).Info("Skipping listed container", "reason", "no label "+cruntime.LabelPodUID, "containerID", ct.id)
 		default:
 			valid[len(sandboxes)+i] = true
 			find(ct).cts++
 		}
 	}
-	out := make([]*runtime.Pod, len(sc.pods))
+	out := make([]*cruntime.Pod, len(sc.pods))
 	for i := range sc.pods {
 		b := &sc.pods[i]
 		if m != nil && !b.fresh {
@@ -239,9 +239,9 @@ func (c *Client) group(sandboxes, containers []itemRef, sc *groupScratch, m *mem
 			}
 		}
 		if b.pod == nil {
-			b.pod = &runtime.Pod{UID: types.UID(b.uid), Name: b.name, Namespace: b.namespace}
-			b.store = make([]runtime.Container, 0, b.sbs+b.cts)
-			ptrs := make([]*runtime.Container, b.sbs+b.cts)
+			b.pod = &cruntime.Pod{UID: types.UID(b.uid), Name: b.name, Namespace: b.namespace}
+			b.store = make([]cruntime.Container, 0, b.sbs+b.cts)
+			ptrs := make([]*cruntime.Container, b.sbs+b.cts)
 			if b.sbs > 0 {
 				b.pod.Sandboxes = ptrs[:0:b.sbs]
 			}
@@ -264,7 +264,7 @@ func (c *Client) group(sandboxes, containers []itemRef, sc *groupScratch, m *mem
 		if b.store == nil {
 			continue // the previous listing's pod
 		}
-		b.store = append(b.store, runtime.Container{ID: s.id, Name: s.podName, Attempt: s.attempt,
+		b.store = append(b.store, cruntime.Container{ID: s.id, Name: s.podName, Attempt: s.attempt,
 			State: s.state, CreatedAt: s.createdAt})
 		b.pod.Sandboxes = append(b.pod.Sandboxes, &b.store[len(b.store)-1])
 	}
@@ -281,7 +281,7 @@ func (c *Client) group(sandboxes, containers []itemRef, sc *groupScratch, m *mem
 		if name == "" {
 			name = ct.labelName
 		}
-		b.store = append(b.store, runtime.Container{ID: ct.id, Name: name, Attempt: ct.attempt,
+		b.store = append(b.store, cruntime.Container{ID: ct.id, Name: name, Attempt: ct.attempt,
 			State: ct.state, Image: ct.image, CreatedAt: ct.createdAt})
 		b.pod.Containers = append(b.pod.Containers, &b.store[len(b.store)-1])
 	}
@@ -289,34 +289,34 @@ func (c *Client) group(sandboxes, containers []itemRef, sc *groupScratch, m *mem
 	for i := range sc.pods {
 		sc.pods[i] = podBuild{}
 	}
-	slices.SortFunc(out, func(a, b *runtime.Pod) int { return strings.Compare(string(a.UID), string(b.UID)) })
+	slices.SortFunc(out, func(a, b *cruntime.Pod) int { return strings.Compare(string(a.UID), string(b.UID)) })
 	return out
 }
 
 // containerState maps a CRI container state; values unknown to us map to
 // StateUnknown.
-func containerState(s runtimeapi.ContainerState) runtime.State {
+func containerState(s runtimeapi.ContainerState) cruntime.State {
 	switch s {
 	case runtimeapi.ContainerState_CONTAINER_CREATED:
-		return runtime.StateCreated
+		return cruntime.StateCreated
 	case runtimeapi.ContainerState_CONTAINER_RUNNING:
-		return runtime.StateRunning
+		return cruntime.StateRunning
 	case runtimeapi.ContainerState_CONTAINER_EXITED:
-		return runtime.StateExited
+		return cruntime.StateExited
 	default:
-		return runtime.StateUnknown
+		return cruntime.StateUnknown
 	}
 }
 
 // sandboxState maps a CRI sandbox state: ready is running, not ready is
 // exited, anything else unknown.
-func sandboxState(s runtimeapi.PodSandboxState) runtime.State {
+func sandboxState(s runtimeapi.PodSandboxState) cruntime.State {
 	switch s {
 	case runtimeapi.PodSandboxState_SANDBOX_READY:
-		return runtime.StateRunning
+		return cruntime.StateRunning
 	case runtimeapi.PodSandboxState_SANDBOX_NOTREADY:
-		return runtime.StateExited
+		return cruntime.StateExited
 	default:
-		return runtime.StateUnknown
+		return cruntime.StateUnknown
 	}
 }

@@ -10,7 +10,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
-	"github.com/podlifecycle/pleg/runtime"
+	"github.com/podlifecycle/pleg/cruntime"
 )
 
 // randomReplies builds list replies with every shape grouping cares about:
@@ -27,7 +27,7 @@ func randomReplies(rng *rand.Rand, n int) (*runtimeapi.ListPodSandboxResponse, *
 	}
 	for range n {
 		s := &runtimeapi.PodSandbox{Id: str("sb"), State: runtimeapi.PodSandboxState(rng.IntN(4)),
-			CreatedAt: rng.Int64N(1 << 40), Labels: map[string]string{"a": str("x"), runtime.LabelPodUID: str("u")},
+			CreatedAt: rng.Int64N(1 << 40), Labels: map[string]string{"a": str("x"), cruntime.LabelPodUID: str("u")},
 			Annotations: map[string]string{"k": str("v")}, RuntimeHandler: str("h")}
 		if rng.IntN(5) != 0 {
 			s.Metadata = &runtimeapi.PodSandboxMetadata{Name: str("pod"), Uid: str("uid"), Namespace: str("ns"), Attempt: uint32(rng.IntN(3))}
@@ -44,8 +44,8 @@ func randomReplies(rng *rand.Rand, n int) (*runtimeapi.ListPodSandboxResponse, *
 		}
 		if rng.IntN(6) != 0 {
 			c.Labels = map[string]string{
-				runtime.LabelPodUID: str("uid"), runtime.LabelPodName: str("pod"),
-				runtime.LabelPodNamespace: str("ns"), runtime.LabelContainerName: str("cn"), "other": str("o"),
+				cruntime.LabelPodUID: str("uid"), cruntime.LabelPodName: str("pod"),
+				cruntime.LabelPodNamespace: str("ns"), cruntime.LabelContainerName: str("cn"), "other": str("o"),
 			}
 		}
 		ct.Containers = append(ct.Containers, c)

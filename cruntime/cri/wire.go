@@ -12,7 +12,7 @@ import (
 	"google.golang.org/protobuf/encoding/protowire"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
-	"github.com/podlifecycle/pleg/runtime"
+	"github.com/podlifecycle/pleg/cruntime"
 )
 
 // The unfiltered list replies of a relist are decoded straight from the
@@ -33,7 +33,7 @@ type listed struct {
 	uid, podName, podNamespace string
 	labelName                  string // io.kubernetes.container.name
 	image                      string
-	state                      runtime.State
+	state                      cruntime.State
 	createdAt                  int64
 }
 
@@ -433,13 +433,13 @@ func decodeLabel(b []byte, it *listed, t *table) error {
 		return err
 	}
 	switch string(key) {
-	case runtime.LabelPodUID:
+	case cruntime.LabelPodUID:
 		it.uid = t.str(value)
-	case runtime.LabelPodName:
+	case cruntime.LabelPodName:
 		it.podName = t.str(value)
-	case runtime.LabelPodNamespace:
+	case cruntime.LabelPodNamespace:
 		it.podNamespace = t.str(value)
-	case runtime.LabelContainerName:
+	case cruntime.LabelContainerName:
 		it.labelName = t.str(value)
 	}
 	return nil

@@ -9,9 +9,9 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
+	"github.com/podlifecycle/pleg/cruntime"
+	"github.com/podlifecycle/pleg/cruntime/cri"
 	"github.com/podlifecycle/pleg/metrics"
-	"github.com/podlifecycle/pleg/runtime"
-	"github.com/podlifecycle/pleg/runtime/cri"
 )
 
 // Connect to containerd, check that it answers, list its pods and fetch the
@@ -46,10 +46,10 @@ func Example() {
 		fmt.Println(p.Namespace, p.Name, st.IPs, len(st.ContainerStatuses))
 	}
 
-	err = c.WatchEvents(ctx, nil, func(ev runtime.Event) {
+	err = c.WatchEvents(ctx, nil, func(ev cruntime.Event) {
 		fmt.Println(ev.Type, ev.ContainerID, ev.PodUID)
 	})
-	if errors.Is(err, runtime.ErrEventsUnsupported) {
+	if errors.Is(err, cruntime.ErrEventsUnsupported) {
 		fmt.Println("no event stream; relist only")
 	}
 }

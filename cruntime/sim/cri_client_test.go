@@ -8,9 +8,9 @@ import (
 
 	"k8s.io/apimachinery/pkg/types"
 
-	"github.com/podlifecycle/pleg/runtime"
-	"github.com/podlifecycle/pleg/runtime/cri"
-	"github.com/podlifecycle/pleg/runtime/sim"
+	"github.com/podlifecycle/pleg/cruntime"
+	"github.com/podlifecycle/pleg/cruntime/cri"
+	"github.com/podlifecycle/pleg/cruntime/sim"
 )
 
 // TestWithProjectClient drives the simulator with the project's own CRI
@@ -58,11 +58,11 @@ func TestWithProjectClient(t *testing.T) {
 	}
 
 	// Pods and statuses through the runtime interface the generator uses.
-	var rt runtime.Runtime = c
+	var rt cruntime.Runtime = c
 	r.SetRuntimeReady(false, "Testing", "not ready on purpose")
-	if sc, ok := rt.(runtime.StatusChecker); ok {
+	if sc, ok := rt.(cruntime.StatusChecker); ok {
 		conds, err := sc.Status(ctx)
-		if err != nil || len(conds) != 2 || conds[0].Type != runtime.RuntimeReady || conds[0].Status || conds[0].Reason != "Testing" {
+		if err != nil || len(conds) != 2 || conds[0].Type != cruntime.RuntimeReady || conds[0].Status || conds[0].Reason != "Testing" {
 			t.Errorf("Status: %+v %v", conds, err)
 		}
 	}

@@ -14,8 +14,8 @@ import (
 	"google.golang.org/grpc/status"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
+	"github.com/podlifecycle/pleg/cruntime"
 	"github.com/podlifecycle/pleg/metrics"
-	"github.com/podlifecycle/pleg/runtime"
 )
 
 type eventStream = grpc.ServerStreamingServer[runtimeapi.ContainerEventResponse]
@@ -50,12 +50,12 @@ func TestWatchEvents(t *testing.T) {
 		{ContainerId: "c4", ContainerEventType: runtimeapi.ContainerEventType_CONTAINER_DELETED_EVENT},
 		{ContainerId: "c5", ContainerEventType: 99},
 	}
-	want := []runtime.Event{
-		{ContainerID: "c1", Type: runtime.ContainerCreated, CreatedAt: time.Unix(10, 7), PodUID: "uid-a", PodName: "pod-a", PodNamespace: "ns-a"},
-		{ContainerID: "c2", Type: runtime.ContainerStarted, CreatedAt: time.Unix(11, 0), PodUID: "uid-b", PodName: "pod-b", PodNamespace: "ns-b"},
-		{ContainerID: "c3", Type: runtime.ContainerStopped, CreatedAt: time.Unix(12, 0)},
-		{ContainerID: "c4", Type: runtime.ContainerDeleted},
-		{ContainerID: "c5", Type: runtime.EventType(99)},
+	want := []cruntime.Event{
+		{ContainerID: "c1", Type: cruntime.EventCreated, CreatedAt: time.Unix(10, 7), PodUID: "uid-a", PodName: "pod-a", PodNamespace: "ns-a"},
+		{ContainerID: "c2", Type: cruntime.EventStarted, CreatedAt: time.Unix(11, 0), PodUID: "uid-b", PodName: "pod-b", PodNamespace: "ns-b"},
+		{ContainerID: "c3", Type: cruntime.EventStopped, CreatedAt: time.Unix(12, 0)},
+		{ContainerID: "c4", Type: cruntime.EventDeleted},
+		{ContainerID: "c5", Type: cruntime.EventType(99)},
 	}
 
 	// After the events, the stream waits for late, then sends one more
@@ -92,14 +92,14 @@ func TestWatchEvents(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	tr := &recordingTracer{}
-	got := make(chan runtime.Event, len(sent))
+	got := make(chan cruntime.Event, len(sent))
 	errc := make(chan error, 1)
 	go func() {
-		errc <- c.WatchEvents(runtime.WithCallTracer(ctx, tr), nil, func(ev runtime.Event) { got <- ev })
+		errc <- c.WatchEvents(cruntime.WithCallTracer(ctx, tr), nil, func(ev cruntime.Event) { got <- ev })
 	}()
 
-	var events []runtime.Event
-	next := func() runtime.Event {
+	var events []cruntime.Event
+	next := func() cruntime.Event {
 		t.Helper()
 		select {
 		case ev := <-got:
@@ -109,7 +109,7 @@ func TestWatchEvents(t *testing.T) {
 		case <-time.After(30 * time.Second):
 			t.Fatalf("timed out waiting for events; got %v", events)
 		}
-		return runtime.Event{}
+		return cruntime.Event{}
 	}
 	for range want {
 		events = append(events, next())
@@ -126,7 +126,7 @@ func TestWatchEvents(t *testing.T) {
 	}
 	time.Sleep(3 * unaryTimeout)
 	close(late)
-	if ev := next(); ev.ContainerID != "late" || ev.Type != runtime.ContainerCreated {
+	if ev := next(); ev.ContainerID != "late" || ev.Type != cruntime.EventCreated {
 		t.Errorf("late event = %+v, want the creation of container late", ev)
 	}
 
@@ -153,8 +153,8 @@ func TestWatchEvents(t *testing.T) {
 func TestWatchEventsUnsupported(t *testing.T) {
 	m := metrics.New(nil)
 	c := (&fakeCRI{}).start(t, WithMetrics(m))
-	err := c.WatchEvents(context.Background(), nil, func(runtime.Event) { t.Error("event from an unsupported stream") })
-	if !errors.Is(err, runtime.ErrEventsUnsupported) {
+	err := c.WatchEvents(context.Background(), nil, func(cruntime.Event) { t.Error("event from an unsupported stream") })
+	if !errors.Is(err, cruntime.ErrEventsUnsupported) {
 		t.Errorf("WatchEvents = %v, want ErrEventsUnsupported", err)
 	}
 	if status.Code(err) != codes.Unimplemented {
@@ -189,8 +189,8 @@ func TestWatchEventsStreamEnds(t *testing.T) {
 			m := metrics.New(nil)
 			c := f.start(t, WithMetrics(m))
 			var n int
-			err := c.WatchEvents(context.Background(), nil, func(runtime.Event) { n++ })
-			if n != 1 || err == nil || !tc.check(err) || errors.Is(err, runtime.ErrEventsUnsupported) {
+			err := c.WatchEvents(context.Background(), nil, func(cruntime.Event) { n++ })
+			if n != 1 || err == nil || !tc.check(err) || errors.Is(err, cruntime.ErrEventsUnsupported) {
 				t.Errorf("WatchEvents: %d events, err %v", n, err)
 			}
 			if n := testutil.ToFloat64(m.RuntimeOperationErrors.WithLabelValues(metrics.OpGetContainerEvents)); n != 1 {
@@ -206,8 +206,8 @@ func TestWatchEventsNoRuntime(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer c.Close()
-	err = c.WatchEvents(context.Background(), nil, func(runtime.Event) {})
-	if err == nil || status.Code(err) != codes.Unavailable || errors.Is(err, runtime.ErrEventsUnsupported) {
+	err = c.WatchEvents(context.Background(), nil, func(cruntime.Event) {})
+	if err == nil || status.Code(err) != codes.Unavailable || errors.Is(err, cruntime.ErrEventsUnsupported) {
 		t.Errorf("WatchEvents without a runtime = %v; want Unavailable", err)
 	}
 }
@@ -216,7 +216,7 @@ func TestWatchEventsCancelledBeforeStart(t *testing.T) {
 	c := (&fakeCRI{}).start(t)
 	ctx, cancel := context.WithCancel(context.Background())
 	cancel()
-	if err := c.WatchEvents(ctx, nil, func(runtime.Event) {}); err != context.Canceled {
+	if err := c.WatchEvents(ctx, nil, func(cruntime.Event) {}); err != context.Canceled {
 		t.Errorf("WatchEvents with a cancelled context = %v, want context.Canceled", err)
 	}
 }

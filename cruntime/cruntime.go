@@ -1,12 +1,12 @@
-// Package runtime defines what the pod lifecycle event generator needs from a
+// Package cruntime defines what the pod lifecycle event generator needs from a
 // container runtime, and the runtime-neutral types it speaks: pods as listed
 // (sandboxes and containers grouped by pod UID), full pod statuses, and
 // runtime container events.
 //
-// The production implementation over CRI v1 gRPC lives in runtime/cri; a
-// simulated CRI runtime for demos, tests and benchmarks lives in runtime/sim.
+// The production implementation over CRI v1 gRPC lives in cruntime/cri; a
+// simulated CRI runtime for demos, tests and benchmarks lives in cruntime/sim.
 // Nothing here knows about the generator itself.
-package runtime
+package cruntime
 
 import (
 	"context"
@@ -168,21 +168,21 @@ func NewPodStatus(pod *Pod, sandboxes []*SandboxStatus, containers []*ContainerS
 type EventType int
 
 const (
-	ContainerCreated EventType = iota
-	ContainerStarted
-	ContainerStopped
-	ContainerDeleted
+	EventCreated EventType = iota // CONTAINER_CREATED_EVENT
+	EventStarted                  // CONTAINER_STARTED_EVENT
+	EventStopped                  // CONTAINER_STOPPED_EVENT
+	EventDeleted                  // CONTAINER_DELETED_EVENT
 )
 
 func (t EventType) String() string {
 	switch t {
-	case ContainerCreated:
+	case EventCreated:
 		return "CONTAINER_CREATED_EVENT"
-	case ContainerStarted:
+	case EventStarted:
 		return "CONTAINER_STARTED_EVENT"
-	case ContainerStopped:
+	case EventStopped:
 		return "CONTAINER_STOPPED_EVENT"
-	case ContainerDeleted:
+	case EventDeleted:
 		return "CONTAINER_DELETED_EVENT"
 	default:
 		return "UNKNOWN_EVENT"
