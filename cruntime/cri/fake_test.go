@@ -200,7 +200,7 @@ func leakedGoroutines(stacks string) []string {
 		if strings.Contains(g, "leakedGoroutines") || strings.Contains(g, "TestMain") {
 			continue
 		}
-		if strings.Contains(g, "google.golang.org/grpc") || strings.Contains(g, "pleg/runtime/cri.") {
+		if strings.Contains(g, "google.golang.org/grpc") || strings.Contains(g, "pleg/cruntime/cri.") {
 			leaked = append(leaked, g)
 		}
 	}

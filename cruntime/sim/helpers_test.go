@@ -43,7 +43,7 @@ func waitNoLeaks(limit time.Duration) string {
 		buf = buf[:runtime.Stack(buf, true)]
 		var leaked []string
 		for _, g := range strings.Split(string(buf), "\n\n") {
-			if strings.Contains(g, "pleg/runtime/sim.(*Runtime)") || strings.Contains(g, "pleg/runtime/sim.(*service)") {
+			if strings.Contains(g, "pleg/cruntime/sim.(*Runtime)") || strings.Contains(g, "pleg/cruntime/sim.(*service)") {
 				leaked = append(leaked, g)
 			}
 		}
