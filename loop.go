@@ -13,6 +13,7 @@ import (
 
 // run is the loop of a started generator, until ctx ends.
 func (g *Generator) run(ctx context.Context) {
+	g.step(tick{}) // the first relist is immediate
 	var batch []input
 	for ctx.Err() == nil {
 		batch = g.next(ctx, batch[:0])

@@ -59,7 +59,7 @@ type Options struct {
 	// the start of the next. Default 1s; at least MinRelistPeriod.
 	RelistPeriod time.Duration
 	// RelistThreshold is how long without a successful relist makes the
-	// generator unhealthy. Default 3m; at least twice RelistPeriod.
+	// generator unhealthy. Default 3m; above RelistPeriod.
 	RelistThreshold time.Duration
 	// ChannelCapacity is the capacity of the kubelet-compatible Watch
 	// channel. Default 1000.
@@ -157,8 +157,8 @@ func (o *Options) validate() error {
 		return errors.New("pleg: Options.Runtime is required")
 	case o.RelistPeriod < MinRelistPeriod:
 		return fmt.Errorf("pleg: RelistPeriod %v is below %v", o.RelistPeriod, MinRelistPeriod)
-	case o.RelistThreshold < 2*o.RelistPeriod:
-		return fmt.Errorf("pleg: RelistThreshold %v is below twice RelistPeriod (%v): the generator would be unhealthy between relists", o.RelistThreshold, o.RelistPeriod)
+	case o.RelistThreshold <= o.RelistPeriod:
+		return fmt.Errorf("pleg: RelistThreshold %v is not above RelistPeriod (%v): the generator would be unhealthy between relists", o.RelistThreshold, o.RelistPeriod)
 	case o.ChannelCapacity < 0 || o.ChannelCapacity > MaxQueue:
 		return fmt.Errorf("pleg: ChannelCapacity %d is outside 0..%d", o.ChannelCapacity, MaxQueue)
 	case o.MaxParallelInspections < 0 || o.MaxParallelInspections > MaxMaxParallelInspections:

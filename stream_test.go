@@ -1,0 +1,262 @@
+package pleg
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"math/rand/v2"
+	"reflect"
+	"sync"
+	"testing"
+	"testing/synctest"
+	"time"
+
+	"github.com/podlifecycle/pleg/cruntime"
+	"github.com/podlifecycle/pleg/metrics"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+)
+
+// fakeEvents is a scripted cruntime.EventSource: each WatchEvents call takes
+// the next session; a session connects (or fails at once with err), sends
+// its events, then ends with end (nil: stays open until ctx ends).
+type fakeEvents struct {
+	mu       sync.Mutex
+	sessions []fakeSession
+	calls    int
+	live     chan cruntime.Event // events sent to the open session
+}
+
+type fakeSession struct {
+	err    error // returned at once, without connecting
+	events []cruntime.Event
+	after  time.Duration // how long the session stays open before end
+	end    error         // returned after the events; nil keeps the stream open
+}
+
+func (f *fakeEvents) WatchEvents(ctx context.Context, connected func(), fn func(cruntime.Event)) error {
+	f.mu.Lock()
+	f.calls++
+	var s fakeSession
+	if len(f.sessions) > 0 {
+		s, f.sessions = f.sessions[0], f.sessions[1:]
+	}
+	f.mu.Unlock()
+	if s.err != nil {
+		return s.err
+	}
+	connected()
+	for _, e := range s.events {
+		fn(e)
+	}
+	if s.end != nil {
+		time.Sleep(s.after)
+		return s.end
+	}
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case e := <-f.live:
+			fn(e)
+		}
+	}
+}
+
+func (f *fakeEvents) count() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.calls
+}
+
+// An event turns into a single-pod relist of its pod, long before the next
+// global relist, and its latency is measured.
+func TestRuntimeEventTriggersPodRelist(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		rt := newFakeRuntime()
+		src := &fakeEvents{live: make(chan cruntime.Event)}
+		m := metrics.New(nil)
+		g := newLoopGenerator(t, rt, func(o *Options) {
+			o.EventSource, o.Metrics, o.RelistPeriod, o.RelistThreshold = src, m, time.Hour, 3*time.Hour
+		})
+		rt.setPods(pod("a", "c1=running"))
+		ch := g.Watch()
+		g.Start()
+		synctest.Wait()
+		drain(ch)
+		if s := g.EventStream().State; s != StreamConnected {
+			t.Fatalf("stream %s", s)
+		}
+		time.Sleep(time.Second)
+		rt.setPods(pod("a", "c1=exited"))
+		created := time.Now()
+		time.Sleep(2 * time.Millisecond)
+		src.live <- cruntime.Event{ContainerID: "c1", Type: cruntime.EventStopped, PodUID: "a", CreatedAt: created}
+		synctest.Wait()
+		if got := formatEvents(drain(ch)); !reflect.DeepEqual(got, []string{"a ContainerDied c1 exit=0"}) {
+			t.Fatalf("events %v", got)
+		}
+		if rt.count("ListPods") != 1 || rt.count("ListPod") != 1 {
+			t.Fatalf("calls %v: want one global and one single-pod relist", rt.calls)
+		}
+		if n := testutil.CollectAndCount(m.EventDeliveryLatency); n != 1 {
+			t.Fatalf("latency histogram has %d series", n)
+		}
+		if got := testutil.ToFloat64(m.EventedConnectionSuccess); got != 1 {
+			t.Fatalf("connection success count %v", got)
+		}
+		if s := g.EventStream(); s.Events != 1 || s.Connects != 1 {
+			t.Fatalf("stream status %+v", s)
+		}
+	})
+}
+
+// A runtime without events is said once, the relist goes on, and the
+// stream is probed again only rarely: Unimplemented, or a stream the
+// runtime closes cleanly right after it opened (CRI-O without pod events).
+// A transient error at start, however quick, is retried with backoff.
+func TestRuntimeWithoutEvents(t *testing.T) {
+	unsupported := errors.Join(cruntime.ErrEventsUnsupported, errors.New("unimplemented"))
+	eof := fmt.Errorf("stream closed by the runtime: %w", io.EOF)
+	for _, c := range []struct {
+		name     string
+		sessions []fakeSession
+		want     string
+	}{
+		{"unimplemented", []fakeSession{{err: unsupported}, {err: unsupported}}, StreamUnsupported},
+		{"closed at once", []fakeSession{{end: eof}, {end: eof}}, StreamUnsupported},
+		{"unavailable at once", []fakeSession{{end: errors.New("rpc error: code = Unavailable")}, {end: eof}}, StreamBackoff},
+		{"closed after a while", []fakeSession{{end: eof, after: 2 * streamClosesAtOnce}, {}}, StreamBackoff},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				src := &fakeEvents{sessions: c.sessions, live: make(chan cruntime.Event)}
+				g := newLoopGenerator(t, newFakeRuntime(), func(o *Options) { o.EventSource = src })
+				g.Start()
+				time.Sleep(c.sessions[0].after)
+				synctest.Wait()
+				if s := g.EventStream().State; s != c.want && !(c.want == StreamBackoff && src.count() == 2) {
+					t.Fatalf("state %s after %d attempts, want %s", s, src.count(), c.want)
+				}
+				time.Sleep(time.Minute)
+				synctest.Wait()
+				if c.want == StreamUnsupported && src.count() != 1 {
+					t.Fatalf("probed %d times within a minute", src.count())
+				}
+				if c.want == StreamBackoff && src.count() != 2 {
+					t.Fatalf("retried %d times, want 2 attempts", src.count())
+				}
+				if c.want == StreamUnsupported {
+					time.Sleep(streamUnsupportedWait)
+					synctest.Wait()
+					if src.count() != 2 {
+						t.Fatalf("probed %d times after %v", src.count(), streamUnsupportedWait)
+					}
+				}
+			})
+		})
+	}
+}
+
+// A broken stream reconnects: the first retry at once, then with backoff.
+func TestEventStreamReconnects(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		m := metrics.New(nil)
+		boom := errors.New("connection reset")
+		src := &fakeEvents{live: make(chan cruntime.Event), sessions: []fakeSession{
+			{events: []cruntime.Event{{PodUID: "a", ContainerID: "x"}}, end: boom}, // up, then breaks
+			{err: boom}, // the immediate retry fails
+			{},          // after the backoff: stays up
+		}}
+		g := newLoopGenerator(t, newFakeRuntime(), func(o *Options) { o.EventSource, o.Metrics = src, m })
+		g.Start()
+		synctest.Wait()
+		if src.count() != 2 || g.EventStream().State != StreamBackoff {
+			t.Fatalf("%d attempts, state %s", src.count(), g.EventStream().State)
+		}
+		if got := testutil.ToFloat64(m.EventedConnectionErrors); got != 2 {
+			t.Fatalf("connection errors %v", got)
+		}
+		time.Sleep(2 * streamBackoffBase)
+		synctest.Wait()
+		if g.EventStream().State != StreamConnected || src.count() != 3 {
+			t.Fatalf("%d attempts, state %s", src.count(), g.EventStream().State)
+		}
+	})
+}
+
+func TestStreamBackoff(t *testing.T) {
+	rng := rand.New(rand.NewPCG(1, 2))
+	if d := streamBackoff(0, rng); d != 0 {
+		t.Fatalf("first retry waits %v", d)
+	}
+	prev := time.Duration(0)
+	for n := 1; n < 20; n++ {
+		d := streamBackoff(n, rng)
+		if d > streamBackoffCap || d <= 0 {
+			t.Fatalf("backoff(%d) = %v", n, d)
+		}
+		if n < 5 && d < prev/2 {
+			t.Fatalf("backoff not growing: %v after %v", d, prev)
+		}
+		prev = d
+	}
+	if d := streamBackoff(30, rng); d < streamBackoffCap*8/10 {
+		t.Fatalf("backoff(30) = %v, want near the cap", d)
+	}
+}
+
+// With events dropped, the periodic relist still delivers every change
+// with the same events.
+func TestEventsDroppedRelistStillDelivers(t *testing.T) {
+	steps := [][]*cruntime.Pod{
+		{pod("a", "c1=running", "s:s1=running")},
+		{pod("a", "c1=exited", "s:s1=running"), pod("b", "c2=running")},
+		{pod("b", "c2=exited")},
+	}
+	run := func(withEvents bool) []string {
+		var out []string
+		synctest.Test(t, func(t *testing.T) {
+			rt := newFakeRuntime()
+			src := &fakeEvents{live: make(chan cruntime.Event, 10)}
+			g := newLoopGenerator(t, rt, func(o *Options) { o.EventSource = src })
+			ch := g.Watch()
+			g.Start()
+			for _, pods := range steps {
+				rt.setPods(pods...)
+				if withEvents {
+					// Only the first pod's event arrives; the others
+					// were dropped.
+					src.live <- cruntime.Event{PodUID: pods[0].UID, CreatedAt: time.Now()}
+				}
+				time.Sleep(time.Second)
+				synctest.Wait()
+				out = append(out, formatEvents(drain(ch))...)
+			}
+		})
+		return out
+	}
+	without, with := run(false), run(true)
+	if len(without) == 0 || !sameMultiset(without, with) {
+		t.Fatalf("events differ\nwithout %v\nwith    %v", without, with)
+	}
+}
+
+func sameMultiset(a, b []string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	count := map[string]int{}
+	for _, x := range a {
+		count[x]++
+	}
+	for _, x := range b {
+		count[x]--
+	}
+	for _, n := range count {
+		if n != 0 {
+			return false
+		}
+	}
+	return true
+}
