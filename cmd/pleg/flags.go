@@ -62,6 +62,10 @@ type runtimeFlags struct {
 	podInspectionTimeout time.Duration
 	fullInspection       bool
 	events               string
+	podRelistRate        float64
+	podRelistBurst       int
+	podRelistSpacing     time.Duration
+	earlyRelistGap       time.Duration
 }
 
 func (f *runtimeFlags) addFlags(fs *pflag.FlagSet) {
@@ -84,6 +88,15 @@ func (f *runtimeFlags) addFlags(fs *pflag.FlagSet) {
 		"fetch the status of every sandbox and container of a changed pod, as the kubelet does (default: only those whose listing changed)")
 	fs.Var(newEnumValue(&f.events, "auto", "auto", "on", "off"), "events",
 		"use the runtime's container events to relist changed pods early: auto (when the runtime streams them), on, off")
+	// The hint budget (docs/semantics.md, "Hints and their budget").
+	fs.Float64Var(&f.podRelistRate, "pod-relist-rate", pleg.DefaultPodRelistRate,
+		"single-pod relists a second that hints (runtime events) may make (0: no limit)")
+	fs.IntVar(&f.podRelistBurst, "pod-relist-burst", pleg.DefaultPodRelistBurst,
+		"single-pod relists hints may make at once")
+	fs.DurationVar(&f.podRelistSpacing, "pod-relist-spacing", pleg.DefaultPodRelistSpacing,
+		"least time between two single-pod relists of one pod (0: none)")
+	fs.DurationVar(&f.earlyRelistGap, "early-relist-gap", pleg.DefaultEarlyRelistGap,
+		"when hints wait for the budget, start the next global relist this long after the last one ended instead of a period after (0: never early)")
 }
 
 // validate checks the values pflag cannot; its errors are usage errors.
@@ -111,6 +124,16 @@ func (f *runtimeFlags) validate() error {
 	}
 	if f.maxParallel < 1 {
 		return usageErrorf("invalid --max-parallel-inspections %d: must be at least 1", f.maxParallel)
+	}
+	switch {
+	case f.podRelistRate < 0 || f.podRelistRate > 10000 || f.podRelistRate != f.podRelistRate:
+		return usageErrorf("invalid --pod-relist-rate %v: must be from 0 (no limit) to 10000 a second", f.podRelistRate)
+	case f.podRelistBurst < 1 || f.podRelistBurst > 10000:
+		return usageErrorf("invalid --pod-relist-burst %d: must be from 1 to 10000", f.podRelistBurst)
+	case f.podRelistSpacing < 0 || f.podRelistSpacing > time.Minute:
+		return usageErrorf("invalid --pod-relist-spacing %q: must be from 0 to 1m", f.podRelistSpacing)
+	case f.earlyRelistGap < 0 || f.earlyRelistGap > time.Hour:
+		return usageErrorf("invalid --early-relist-gap %q: must be from 0 (never early) to 1h", f.earlyRelistGap)
 	}
 	return nil
 }
@@ -162,9 +185,19 @@ func (f *runtimeFlags) generatorOptions() pleg.Options {
 		PodInspectionTimeout:   f.podInspectionTimeout,
 		FullInspection:         f.fullInspection,
 		Events:                 pleg.EventsMode(f.events),
+		PodRelistRate:          f.podRelistRate,
+		PodRelistBurst:         f.podRelistBurst,
+		PodRelistSpacing:       f.podRelistSpacing,
+		EarlyRelistGap:         f.earlyRelistGap,
 	}
-	if o.PodInspectionTimeout == 0 {
-		o.PodInspectionTimeout = -1 // the library reads 0 as "default"
+	// The library reads 0 as "default"; on the command line it is "none".
+	for _, d := range []*time.Duration{&o.PodInspectionTimeout, &o.PodRelistSpacing, &o.EarlyRelistGap} {
+		if *d == 0 {
+			*d = -1
+		}
+	}
+	if o.PodRelistRate == 0 {
+		o.PodRelistRate = -1
 	}
 	return o
 }

@@ -184,9 +184,9 @@ func TestPods(t *testing.T) {
 	three := int32(3)
 	started, finished := "2026-01-02T03:04:05Z", "2026-01-02T03:05:05Z"
 	want := []Pod{
+		// A failed inspection caches the pod's identity and the error.
 		{UID: "uid-a", Name: "db", Namespace: "default", IPs: []string{}, Error: errInspect.Error(),
-			Sandboxes:  []Sandbox{{ID: "sb-a", State: "running", CreatedAt: "2001-09-09T01:46:40Z", IPs: []string{}}},
-			Containers: []Container{}},
+			Sandboxes: []Sandbox{}, Containers: []Container{}},
 		{UID: "uid-b", Name: "web", Namespace: "prod", IPs: []string{"10.88.0.7"},
 			Sandboxes: []Sandbox{
 				{ID: "sb-old", State: "exited", CreatedAt: "2001-09-09T01:46:40Z", IPs: []string{"10.88.0.7"}},
