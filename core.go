@@ -4,6 +4,7 @@ import (
 	"time"
 
 	"github.com/podlifecycle/pleg/cruntime"
+	"github.com/podlifecycle/pleg/journal"
 	"k8s.io/apimachinery/pkg/types"
 )
 
@@ -49,6 +50,10 @@ type core struct {
 	// listing again (cruntime.Runtime's contract: an unchanged listing may
 	// be returned as the same slice of the same pods).
 	lastListing []*cruntime.Pod
+
+	// reachable: whether the last listing succeeded (0: none yet, 1:
+	// yes, -1: no).
+	reachable int8
 
 	hints   hintQueue
 	reqSeq  uint64 // numbers RequestReinspect requests
@@ -226,6 +231,10 @@ type Ready struct {
 	Relist        *RelistStat
 	// Healthy is the new health timestamp, when a listing succeeded.
 	Healthy time.Time
+	// Runtime is the runtime's new reachability, when it changed: a
+	// listing succeeded after none or after a failure, or failed after a
+	// success.
+	Runtime *journal.RuntimeStatus
 	// Abandoned is how many abandoned calls are out after the step.
 	Abandoned int
 }

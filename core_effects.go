@@ -30,11 +30,13 @@ type cacheOp struct {
 }
 
 // publication is one pod's outcome to deliver: its events (in order), the
-// listing they lead to (nil: the pod is gone) and its fresh status. relist
-// says whether a global relist found it (otherwise a hint did).
+// listing they lead to (nil: the pod is gone; last is the one before) and
+// its fresh status. relist says whether a global relist found it
+// (otherwise a hint did).
 type publication struct {
 	uid    types.UID
 	pod    *cruntime.Pod
+	last   *cruntime.Pod
 	status *cruntime.PodStatus
 	events []Event
 	relist bool

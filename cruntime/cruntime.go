@@ -79,6 +79,9 @@ type SandboxStatus struct {
 	IPs       []string // primary first
 	// HostNetwork is true when the sandbox shares the node's network namespace.
 	HostNetwork bool
+	// Labels and Annotations are the sandbox's (the pod's, as the
+	// kubelet set them).
+	Labels, Annotations map[string]string
 }
 
 // ContainerStatus is the full status of one container.
@@ -95,6 +98,8 @@ type ContainerStatus struct {
 	ExitCode   int32
 	Reason     string
 	Message    string
+	// Labels and Annotations are the container's.
+	Labels, Annotations map[string]string
 }
 
 // PodStatus is the full status of a pod: every sandbox and container of it

@@ -33,6 +33,7 @@ import (
 // Defaults of Options.
 const (
 	DefaultSize             = 10000
+	DefaultMaxBytes         = 16 << 20
 	DefaultMaxAge           = 15 * time.Minute
 	DefaultBookmarkInterval = 10 * time.Second
 )
@@ -41,6 +42,9 @@ const (
 type Options struct {
 	// Size is how many entries are retained (default DefaultSize).
 	Size int
+	// MaxBytes bounds the retained entries' estimated memory (default
+	// DefaultMaxBytes): the oldest go first.
+	MaxBytes int
 	// MaxAge is how long an entry, and a removed container's tombstone,
 	// is retained at most (default DefaultMaxAge).
 	MaxAge time.Duration
@@ -57,6 +61,7 @@ type Options struct {
 // concurrent use.
 type Journal struct {
 	size     int
+	maxBytes int
 	maxAge   time.Duration
 	bookmark time.Duration
 	clock    clock.WithTicker
@@ -66,6 +71,7 @@ type Journal struct {
 	ring    []*Entry // the retained entries, oldest first, in a circular buffer
 	start   int      // index of the oldest in ring
 	n       int      // entries in ring
+	bytes   int      // their estimated size
 	head    uint64   // the last sequence number given
 	pods    map[types.UID]*Pod
 	removed map[string]*Tombstone // container or sandbox ID -> its removal
@@ -82,6 +88,9 @@ func New(o Options) *Journal {
 	if o.MaxAge <= 0 {
 		o.MaxAge = DefaultMaxAge
 	}
+	if o.MaxBytes <= 0 {
+		o.MaxBytes = DefaultMaxBytes
+	}
 	if o.BookmarkInterval <= 0 {
 		o.BookmarkInterval = DefaultBookmarkInterval
 	}
@@ -93,7 +102,7 @@ func New(o Options) *Journal {
 		_, _ = rand.Read(b[:])
 		o.Epoch = hex.EncodeToString(b[:])
 	}
-	return &Journal{size: o.Size, maxAge: o.MaxAge, bookmark: o.BookmarkInterval, clock: o.Clock, epoch: o.Epoch,
+	return &Journal{size: o.Size, maxBytes: o.MaxBytes, maxAge: o.MaxAge, bookmark: o.BookmarkInterval, clock: o.Clock, epoch: o.Epoch,
 		ring: make([]*Entry, o.Size), pods: make(map[types.UID]*Pod), removed: make(map[string]*Tombstone),
 		changed: make(chan struct{}), watches: make(map[*Watcher]struct{})}
 }
@@ -183,6 +192,7 @@ type Pod struct {
 // Sandbox is one pod sandbox.
 type Sandbox struct {
 	ID          string
+	Name        string // as listed: the pod's name
 	State       cruntime.State
 	Attempt     uint32
 	CreatedAt   time.Time
@@ -235,12 +245,11 @@ func (j *Journal) Append(e Entry) uint64 {
 	}
 	ep := &e
 	if j.n == j.size {
-		j.ring[j.start] = nil
-		j.start = (j.start + 1) % j.size
-		j.n--
+		j.dropOldestLocked()
 	}
 	j.ring[(j.start+j.n)%j.size] = ep
 	j.n++
+	j.bytes += entrySize(ep)
 	if e.Kind == KindPod && e.Pod != nil {
 		j.track(ep)
 	}
@@ -294,10 +303,8 @@ func (j *Journal) track(e *Entry) {
 // age, and the tombstones beyond the size.
 func (j *Journal) expireLocked(now time.Time) {
 	cutoff := now.Add(-j.maxAge)
-	for j.n > 1 && j.ring[j.start].Time.Before(cutoff) {
-		j.ring[j.start] = nil
-		j.start = (j.start + 1) % j.size
-		j.n--
+	for j.n > 1 && (j.ring[j.start].Time.Before(cutoff) || j.bytes > j.maxBytes) {
+		j.dropOldestLocked()
 	}
 	drop := 0
 	for drop < len(j.gone) {
@@ -311,6 +318,46 @@ func (j *Journal) expireLocked(now time.Time) {
 	if drop > 0 {
 		j.gone = slices.Delete(j.gone, 0, drop)
 	}
+}
+
+// dropOldestLocked forgets the oldest retained entry.
+func (j *Journal) dropOldestLocked() {
+	j.bytes -= entrySize(j.ring[j.start])
+	j.ring[j.start] = nil
+	j.start = (j.start + 1) % j.size
+	j.n--
+}
+
+// entrySize estimates the memory an entry holds: its structs, slices and
+// strings, and the labels and annotations of its pod (shared with the
+// pod's status while the pod lives, so an upper bound).
+func entrySize(e *Entry) int {
+	n := 96 + len(e.Transitions)*64
+	for _, t := range e.Transitions {
+		n += len(t.ContainerID) + len(t.ContainerName)
+	}
+	if p := e.Pod; p != nil {
+		n += 160 + len(p.Name) + len(p.Namespace) + len(p.UID) + mapSize(p.Labels) + mapSize(p.Annotations)
+		for _, ip := range p.IPs {
+			n += 16 + len(ip)
+		}
+		for _, s := range p.Sandboxes {
+			n += 128 + len(s.ID) + mapSize(s.Labels) + mapSize(s.Annotations)
+		}
+		for _, c := range p.Containers {
+			n += 256 + len(c.ID) + len(c.Name) + len(c.Image) + len(c.ImageRef) + len(c.Reason) + len(c.Message) +
+				mapSize(c.Labels) + mapSize(c.Annotations)
+		}
+	}
+	return n
+}
+
+func mapSize(m map[string]string) int {
+	n := 0
+	for k, v := range m {
+		n += 48 + len(k) + len(v)
+	}
+	return n
 }
 
 // oldestLocked returns the sequence number of the oldest retained entry

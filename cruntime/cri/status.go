@@ -94,6 +94,8 @@ func convertSandbox(s *runtimeapi.PodSandboxStatus, sb *cruntime.Container) *cru
 		Attempt:     s.GetMetadata().GetAttempt(),
 		IPs:         sandboxIPs(s),
 		HostNetwork: s.GetLinux().GetNamespaces().GetOptions().GetNetwork() == runtimeapi.NamespaceMode_NODE,
+		Labels:      s.Labels,
+		Annotations: s.Annotations,
 	}
 	if st.ID == "" {
 		st.ID = sb.ID
@@ -105,18 +107,20 @@ func convertSandbox(s *runtimeapi.PodSandboxStatus, sb *cruntime.Container) *cru
 // convertContainer converts the status of the listed container ct.
 func convertContainer(s *runtimeapi.ContainerStatus, ct *cruntime.Container) *cruntime.ContainerStatus {
 	st := &cruntime.ContainerStatus{
-		ID:         s.Id,
-		Name:       s.GetMetadata().GetName(),
-		Attempt:    s.GetMetadata().GetAttempt(),
-		State:      containerState(s.State),
-		Image:      s.GetImage().GetImage(),
-		ImageRef:   s.ImageRef,
-		CreatedAt:  nsTime(s.CreatedAt),
-		StartedAt:  nsTime(s.StartedAt),
-		FinishedAt: nsTime(s.FinishedAt),
-		ExitCode:   s.ExitCode,
-		Reason:     s.Reason,
-		Message:    s.Message,
+		ID:          s.Id,
+		Name:        s.GetMetadata().GetName(),
+		Attempt:     s.GetMetadata().GetAttempt(),
+		State:       containerState(s.State),
+		Image:       s.GetImage().GetImage(),
+		ImageRef:    s.ImageRef,
+		CreatedAt:   nsTime(s.CreatedAt),
+		StartedAt:   nsTime(s.StartedAt),
+		FinishedAt:  nsTime(s.FinishedAt),
+		ExitCode:    s.ExitCode,
+		Reason:      s.Reason,
+		Message:     s.Message,
+		Labels:      s.Labels,
+		Annotations: s.Annotations,
 	}
 	if st.ID == "" {
 		st.ID = ct.ID
