@@ -16,6 +16,7 @@ type Filter struct {
 	selector   labels.Selector // nil: any labels
 	uids       []types.UID
 	types      []string
+	identity   bool
 }
 
 // FilterSpec is a filter as a client gives it.
@@ -26,6 +27,10 @@ type FilterSpec struct {
 	// EventTypes: transition types (ContainerStarted, ContainerDied,
 	// ContainerRemoved, PodSync, PodUpdated).
 	EventTypes []string
+	// Identity: the watcher asked for containers' identities. Without it,
+	// the events that only fill identities in (PodUpdated alone) are
+	// skipped.
+	Identity bool
 }
 
 // EventTypes are the transition types a filter takes.
@@ -42,8 +47,7 @@ func (e *FilterError) Error() string {
 	return fmt.Sprintf("invalid filter: %s %q: %s", e.Field, e.Value, e.Reason)
 }
 
-// NewFilter checks s and returns its filter (nil when s selects
-// everything).
+// NewFilter checks s and returns its filter.
 func NewFilter(s FilterSpec) (*Filter, error) {
 	f := &Filter{}
 	for _, ns := range s.Namespaces {
@@ -71,9 +75,7 @@ func NewFilter(s FilterSpec) (*Filter, error) {
 		}
 		f.types = append(f.types, t)
 	}
-	if len(f.namespaces) == 0 && f.selector == nil && len(f.uids) == 0 && len(f.types) == 0 {
-		return nil, nil
-	}
+	f.identity = s.Identity
 	return f, nil
 }
 
@@ -93,9 +95,15 @@ func (f *Filter) matchPod(p *Pod) bool {
 
 // matchEntry reports whether f selects entry e: runtime status always;
 // a pod change if its pod passes and, with event types, one of its
-// transitions has one of them.
+// transitions has one of them; an identity update only if asked for.
 func (f *Filter) matchEntry(e *Entry) bool {
-	if f == nil || e.Kind == KindRuntime {
+	if e.Kind == KindRuntime {
+		return true
+	}
+	if (f == nil || !f.identity) && len(e.Transitions) == 1 && e.Transitions[0].Type == PodUpdated {
+		return false
+	}
+	if f == nil {
 		return true
 	}
 	if !f.matchPod(e.Pod) {

@@ -253,8 +253,18 @@ func TestFilters(t *testing.T) {
 			t.Fatalf("%+v: %v, want an error naming %s", c.spec, err, c.field)
 		}
 	}
-	if f, err := NewFilter(FilterSpec{}); f != nil || err != nil {
-		t.Fatalf("empty spec: %v %v", f, err)
+	// Identity updates go only to watchers that asked for identities.
+	j.Append(podEntry(pod("a", "prod", web, "c1=exited"), PodUpdated))
+	plain, _ := NewFilter(FilterSpec{})
+	withID, _ := NewFilter(FilterSpec{Identity: true})
+	for _, c := range []struct {
+		f    *Filter
+		want int
+	}{{nil, 0}, {plain, 0}, {withID, 1}} {
+		w, _ := j.Watch(fmt.Sprintf("%s-%d", j.Epoch(), j.Head().Seq-1), c.f)
+		if got := len(collect(t, w)); got != c.want {
+			t.Fatalf("identity update: %d messages, want %d", got, c.want)
+		}
 	}
 }
 
