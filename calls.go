@@ -66,6 +66,9 @@ func (p *pool) do(ctx context.Context, req callReq) input {
 	case callListPod:
 		pod, err := p.rt.ListPod(ctx, req.UID)
 		return podListed{call: req.ID, pod: pod, err: err}
+	case callIdentity:
+		ids, err := p.rt.Identities(ctx, req.Pod, req.Containers)
+		return identitiesFetched{call: req.ID, ids: ids, err: err}
 	}
 	if !req.Delta {
 		status, err := cruntime.FetchPodStatus(ctx, p.rt, req.Pod)
