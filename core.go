@@ -229,14 +229,14 @@ type identitiesFetched struct {
 	err  error
 }
 
-func (tick) isInput()          {}
-func (relistNow) isInput()     {}
-func (listed) isInput()        {}
-func (podListed) isInput()     {}
-func (statusFetched) isInput() {}
-func (hintIn) isInput()        {}
-func (reinspectIn) isInput()   {}
-func (identityIn) isInput()    {}
+func (tick) isInput()              {}
+func (relistNow) isInput()         {}
+func (listed) isInput()            {}
+func (podListed) isInput()         {}
+func (statusFetched) isInput()     {}
+func (hintIn) isInput()            {}
+func (reinspectIn) isInput()       {}
+func (identityIn) isInput()        {}
 func (identitiesFetched) isInput() {}
 
 // Ready is what a Step asks the loop to carry out, in this order: start the

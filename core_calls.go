@@ -21,10 +21,10 @@ import (
 type callKind uint8
 
 const (
-	callList    callKind = iota // ListPods: a global relist's listing
-	callListPod                 // ListPod: a single-pod relist's listing
-	callStatus                  // the status of one listed pod
-	callIdentity                // the identities of some of a pod's containers
+	callList     callKind = iota // ListPods: a global relist's listing
+	callListPod                  // ListPod: a single-pod relist's listing
+	callStatus                   // the status of one listed pod
+	callIdentity                 // the identities of some of a pod's containers
 )
 
 // call is one runtime call out.
