@@ -47,7 +47,7 @@
 //     drops events when full (counted in kubelet_pleg_discard_events).
 //     Prefer Subscribe, which never drops silently.
 //   - Call Next on every subscription until it returns an error, or Close
-//     it; an idle subscription costs at most Options.SubscriberBuffer events.
+//     it; an idle subscription costs its position in the journal.
 //   - Check Healthy (or a Readiness built on it) periodically.
 //   - Give it a clock.WithTicker in tests (k8s.io/utils/clock/testing) to
 //     drive every timing rule without sleeping.

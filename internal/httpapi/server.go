@@ -75,7 +75,7 @@ type Config struct {
 	ShutdownTimeout time.Duration
 	// MaxStreams caps the event streams served at once (default
 	// DefaultMaxStreams). Each holds one subscription, whose memory is
-	// bounded by the generator's SubscriberBuffer.
+	// bounded by the journal's retention.
 	MaxStreams int
 	// StreamWriteTimeout bounds each write to an event stream (default
 	// DefaultStreamWriteTimeout).
