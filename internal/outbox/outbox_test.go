@@ -107,7 +107,7 @@ func TestQueueFull(t *testing.T) {
 		if err := o.Put("a snapshot larger than the bound"); err != nil {
 			t.Fatalf("a first message larger than MaxBytes: %v", err)
 		}
-		synctest.Wait() // its Send is blocked
+		synctest.Wait()                                // its Send is blocked
 		for _, m := range []string{"12345", "67890"} { // exactly MaxBytes behind it
 			if err := o.Put(m); err != nil {
 				t.Fatalf("Put(%q) within the bound: %v", m, err)
