@@ -2,7 +2,6 @@ package httpapi
 
 import (
 	"container/list"
-	"context"
 	"fmt"
 	"net"
 	"net/http"
@@ -59,6 +58,9 @@ func (l *connLimiter) Accept() (net.Conn, error) {
 			return nil, err
 		}
 		if tc := l.admit(c); tc != nil {
+			if tcp, ok := c.(*net.TCPConn); ok {
+				_ = tcp.SetWriteBuffer(sendBuffer)
+			}
 			return tc, nil
 		}
 		l.m.shed.WithLabelValues(l.listener, shedRefused).Inc()
@@ -147,24 +149,5 @@ func (l *connLimiter) connState(c net.Conn, st http.ConnState) {
 		}
 	case http.StateClosed:
 		l.releaseLocked(tc)
-	}
-}
-
-// connKey is the context key of the connection a request came on.
-type connKey struct{}
-
-func withConn(ctx context.Context, c net.Conn) context.Context {
-	return context.WithValue(ctx, connKey{}, c)
-}
-
-// setSendBuffer sets the kernel's send buffer of the request's connection,
-// when it is a TCP connection this server accepted.
-func setSendBuffer(r *http.Request, bytes int) {
-	c, _ := r.Context().Value(connKey{}).(net.Conn)
-	if tc, ok := c.(*trackedConn); ok {
-		c = tc.Conn
-	}
-	if tcp, ok := c.(*net.TCPConn); ok {
-		_ = tcp.SetWriteBuffer(bytes)
 	}
 }

@@ -246,7 +246,6 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 	// read of the connection fails.)
 	_ = rc.SetReadDeadline(time.Time{})
 	_ = rc.SetWriteDeadline(time.Time{})
-	setSendBuffer(r, streamSendBuffer)
 
 	ctx, cancel := context.WithCancel(r.Context())
 	defer cancel()

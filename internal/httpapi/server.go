@@ -46,13 +46,15 @@ const DefaultStreamWriteTimeout = 10 * time.Second
 // dropped.
 const DefaultStreamMaxQueuedBytes = 256 << 10
 
-// streamSendBuffer is the kernel send buffer (SO_SNDBUF) of event stream
-// connections (Linux doubles it for its bookkeeping). Left alone, the
-// kernel grows it to megabytes (net.ipv4.tcp_wmem), and a client that
-// stops reading would only be noticed once they are full; small, it keeps
-// what the kernel holds per stream small and lets the outbox see a stalled
-// client at once.
-const streamSendBuffer = 32 << 10
+// sendBuffer is the kernel send buffer (SO_SNDBUF) of every connection
+// (Linux doubles it for its bookkeeping). Left alone, the kernel grows it
+// to megabytes (net.ipv4.tcp_wmem; on loopback at once): a client that
+// does not read would make the kernel hold that much per connection, in
+// pleg's memory cgroup, and an event stream client that stops reading
+// would be noticed only once it is full. Small, it bounds what the kernel
+// holds per connection and lets a stalled stream be seen at once; 32 KiB
+// still carries tens of megabytes a second on loopback.
+const sendBuffer = 32 << 10
 
 // streamChunk is the largest write of an event stream: each chunk the
 // connection takes is progress, so a large resync going out to a slow but
@@ -268,7 +270,6 @@ func (s *Server) serve(ctx context.Context, ln net.Listener, h http.Handler, nam
 		IdleTimeout:       s.cfg.IdleTimeout,
 		MaxHeaderBytes:    maxHeaderBytes,
 		ConnState:         limited.connState,
-		ConnContext:       withConn,
 	}
 	srv.RegisterOnShutdown(s.Close)
 	errc := make(chan error, 1)
