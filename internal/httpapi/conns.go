@@ -113,6 +113,20 @@ func (l *connLimiter) releaseLocked(tc *trackedConn) {
 	l.m.connections.WithLabelValues(l.listener).Dec()
 }
 
+// closeIdle closes every connection not in a request (on shutdown, once
+// the listener is closed).
+func (l *connLimiter) closeIdle() {
+	var idle []*trackedConn
+	l.mu.Lock()
+	for e := l.idle.Front(); e != nil; e = e.Next() {
+		idle = append(idle, e.Value.(*trackedConn))
+	}
+	l.mu.Unlock()
+	for _, tc := range idle {
+		_ = tc.Close()
+	}
+}
+
 // Close frees the connection's slot and closes it.
 func (tc *trackedConn) Close() error {
 	tc.l.mu.Lock()

@@ -272,6 +272,9 @@ func (s *Server) serve(ctx context.Context, ln net.Listener, h http.Handler, nam
 		ConnState:         limited.connState,
 	}
 	srv.RegisterOnShutdown(s.Close)
+	// net/http's shutdown waits up to 5 s for a new connection to send its
+	// request; those that are not in a request go at once.
+	srv.RegisterOnShutdown(limited.closeIdle)
 	errc := make(chan error, 1)
 	go func() { errc <- srv.Serve(limited) }()
 	select {

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 
 	"github.com/podlifecycle/pleg"
 	"github.com/podlifecycle/pleg/cruntime"
@@ -469,6 +470,17 @@ func TestServeShutsDownWithOpenStreams(t *testing.T) {
 		t.Fatalf("first message = %+v", m)
 	}
 
+	// And a connection that has sent nothing yet: net/http's shutdown
+	// would wait 5 s for its request.
+	conns := s.metrics.connections.WithLabelValues(ListenerAPI)
+	before := testutil.ToFloat64(conns)
+	silent, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer silent.Close()
+	waitFor(t, "the silent connection accepted", func() bool { return testutil.ToFloat64(conns) == before+1 })
+
 	start := time.Now()
 	cancel()
 	select {
@@ -479,7 +491,11 @@ func TestServeShutsDownWithOpenStreams(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("Serve did not return promptly with an event stream open")
 	}
-	t.Logf("shutdown took %v", time.Since(start))
+	took := time.Since(start)
+	t.Logf("shutdown took %v", took)
+	if took >= 4*time.Second {
+		t.Errorf("shutdown took %v: it waited for the silent connection", took)
+	}
 	if _, err := io.ReadAll(sresp.Body); err != nil {
 		t.Errorf("stream after shutdown: %v", err)
 	}
