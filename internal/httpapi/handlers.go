@@ -240,11 +240,9 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	rc := http.NewResponseController(w)
-	// The server's read and write timeouts bound requests; a stream lasts:
-	// its outbox bounds it instead. (A read deadline left in place would
-	// end the stream: net/http cancels the request when its background
-	// read of the connection fails.)
-	_ = rc.SetReadDeadline(time.Time{})
+	// The server's write timeout bounds a response; a stream lasts, and its
+	// outbox bounds it instead. (net/http lifts the read deadline itself
+	// once the request is read.)
 	_ = rc.SetWriteDeadline(time.Time{})
 
 	ctx, cancel := context.WithCancel(r.Context())

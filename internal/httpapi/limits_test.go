@@ -333,9 +333,10 @@ func churn(t *testing.T, rt *fakeRuntime) {
 
 // A client that connects to the event stream and never reads, with events
 // flowing and the kernel's buffers left as they are on both sides: pleg
-// drops it within the stream write timeout, holding a bounded number of
-// bytes for it meanwhile (its queue, and its socket's send queue), counts
-// the drop and logs it once.
+// drops it within the stream write timeout (or sooner, when its queue's
+// bound is reached), holding a bounded number of bytes for it meanwhile
+// (its queue, and its socket's send queue), counts the drop and logs it
+// once.
 func TestEventStreamDropsClientThatNeverReads(t *testing.T) {
 	rt := newFakeRuntime()
 	for i := range 600 {
@@ -347,66 +348,79 @@ func TestEventStreamDropsClientThatNeverReads(t *testing.T) {
 	}
 	g := startGenerator(t, rt)
 	waitRelisted(t, g, 600)
-	var logs capture
-	// A short timeout keeps the test short; the queue's bound is the
-	// default, which the events of the test do not reach in that time.
-	const timeout = 2 * time.Second
-	const maxQueued = DefaultStreamMaxQueuedBytes
-	s := New(Config{Generator: g, StreamWriteTimeout: timeout, Logger: logs.logger(), Registerer: prometheus.NewRegistry()})
-	addr := serve(t, s, false)
 	churn(t, rt)
-
-	c := dial(t, addr)
-	start := time.Now()
-	if _, err := io.WriteString(c, "GET /api/v1/events HTTP/1.1\r\nHost: localhost\r\n\r\n"); err != nil {
-		t.Fatal(err)
-	}
-	// The most pleg may hold for the stream: the resync being sent plus
-	// the queue's bound; and the kernel, the send buffer pleg set (which
-	// Linux doubles) plus a segment's slack.
-	var resync int
-	waitFor(t, "the stream's resync to be queued", func() bool {
-		_, q := s.streamStats()
-		resync = q
-		return q > 0
-	})
-	maxHeld := resync + maxQueued + 4<<10
-	maxKernel := 2*sendBuffer + 64<<10
-	var peakHeld, peakKernel int
-	waitFor(t, "the stream to be dropped", func() bool {
-		if _, q := s.streamStats(); q > peakHeld {
-			peakHeld = q
-		}
-		if n := sendQueue(t, c.RemoteAddr(), c.LocalAddr()); n > peakKernel {
-			peakKernel = n
-		}
-		return gauge(t, s.metrics.streamDrops.WithLabelValues(string(outbox.Stalled))) == 1
-	})
-	elapsed := time.Since(start)
-	t.Logf("resync %d bytes; dropped after %v; peak queued in pleg %d bytes, in the kernel %d bytes", resync, elapsed, peakHeld, peakKernel)
-	if elapsed > timeout+time.Second {
-		t.Errorf("dropped after %v, more than the stream write timeout (%v) and a second", elapsed, timeout)
-	}
-	if n := gauge(t, s.metrics.streamDrops.WithLabelValues(string(outbox.QueueFull))); n != 0 {
-		t.Errorf("%d queue_full drops, want the one stalled drop only", n)
-	}
-	if peakHeld > maxHeld {
-		t.Errorf("pleg queued %d bytes for the stream, over the resync and the bound (%d)", peakHeld, maxHeld)
-	}
-	if peakKernel > maxKernel {
-		t.Errorf("the kernel held %d bytes for the stream, over %d", peakKernel, maxKernel)
-	}
-	waitFor(t, "the connection closed and the queue freed", func() bool {
-		n, q := s.streamStats()
-		return n == 0 && q == 0 && closedByServer(c)
-	})
-	if n := logs.count(`"msg"="Dropped an event stream client"`); n != 1 {
-		t.Errorf("%d drop lines logged, want 1:\n%s", n, strings.Join(logs.lines, "\n"))
+	for _, tc := range []struct {
+		name      string
+		timeout   time.Duration
+		maxQueued int
+		want      outbox.Reason
+	}{
+		// A short timeout keeps the test short; the default bound is not
+		// reached by the test's events in that time.
+		{"stalled", 2 * time.Second, DefaultStreamMaxQueuedBytes, outbox.Stalled},
+		// A small bound is reached long before the timeout.
+		{"queue full", time.Hour, 16 << 10, outbox.QueueFull},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var logs capture
+			s := New(Config{Generator: g, StreamWriteTimeout: tc.timeout, StreamMaxQueuedBytes: tc.maxQueued,
+				Logger: logs.logger(), Registerer: prometheus.NewRegistry()})
+			addr := serve(t, s, false)
+			c := dial(t, addr)
+			start := time.Now()
+			if _, err := io.WriteString(c, "GET /api/v1/events HTTP/1.1\r\nHost: localhost\r\n\r\n"); err != nil {
+				t.Fatal(err)
+			}
+			// The most pleg may hold for the stream: the resync being
+			// sent plus the queue's bound (and an event's slack); and the
+			// kernel, the send buffer pleg set (which Linux doubles) plus
+			// a segment's slack.
+			var resync int
+			waitFor(t, "the stream's resync to be queued", func() bool {
+				_, q := s.streamStats()
+				resync = q
+				return q > 0
+			})
+			maxHeld := resync + tc.maxQueued + 4<<10
+			maxKernel := 2*sendBuffer + 64<<10
+			var peakHeld, peakKernel int
+			drops := func(r outbox.Reason) int { return gauge(t, s.metrics.streamDrops.WithLabelValues(string(r))) }
+			waitFor(t, "the stream to be dropped", func() bool {
+				if _, q := s.streamStats(); q > peakHeld {
+					peakHeld = q
+				}
+				if n := sendQueue(t, c.RemoteAddr(), c.LocalAddr()); n > peakKernel {
+					peakKernel = n
+				}
+				return drops(outbox.Stalled)+drops(outbox.QueueFull) > 0
+			})
+			elapsed := time.Since(start)
+			t.Logf("resync %d bytes; dropped after %v; peak queued in pleg %d bytes, in the kernel %d bytes", resync, elapsed, peakHeld, peakKernel)
+			if drops(tc.want) != 1 {
+				t.Errorf("drops: stalled %d, queue_full %d; want one %s", drops(outbox.Stalled), drops(outbox.QueueFull), tc.want)
+			}
+			if elapsed > min(tc.timeout, 30*time.Second)+time.Second {
+				t.Errorf("dropped after %v, more than the stream write timeout (%v) and a second", elapsed, tc.timeout)
+			}
+			if peakHeld > maxHeld {
+				t.Errorf("pleg queued %d bytes for the stream, over the resync and the bound (%d)", peakHeld, maxHeld)
+			}
+			if peakKernel > maxKernel {
+				t.Errorf("the kernel held %d bytes for the stream, over %d", peakKernel, maxKernel)
+			}
+			waitFor(t, "the connection closed and the queue freed", func() bool {
+				n, q := s.streamStats()
+				return n == 0 && q == 0 && closedByServer(c)
+			})
+			if n := logs.count(`"msg"="Dropped an event stream client"`); n != 1 {
+				t.Errorf("%d drop lines logged, want 1:\n%s", n, strings.Join(logs.lines, "\n"))
+			}
+		})
 	}
 }
 
-// A client reading slowly but steadily keeps its stream, however long the
-// resync takes to go out, and longer than every request timeout.
+// An event stream lasts longer than every request timeout (the server's
+// write deadline would otherwise end it).
 func TestEventStreamOutlivesRequestTimeouts(t *testing.T) {
 	g := startGenerator(t, samplePods())
 	s := New(Config{Generator: g, Heartbeat: 50 * time.Millisecond, ReadTimeout: 100 * time.Millisecond,
