@@ -83,8 +83,11 @@ func TestRanges(t *testing.T) {
 			t.Errorf("--n=%s: %q", v, err)
 		}
 	}
-	if i != -1 {
-		t.Errorf("value %d after the last accepted -1", i)
+	if err := fs.Set("n", "-1"); err != nil || i != -1 {
+		t.Errorf("--n=-1: %v, value %d", err, i)
+	}
+	if err := fs.Set("n", "101"); err == nil || i != -1 {
+		t.Errorf("--n=101 after -1: %v, value %d; want an error and the value kept", err, i)
 	}
 	for d, want := range map[string]string{"0s": "0", "1h0m0s": "1h", "10m0s": "10m", "1m30s": "1m30s", "100ms": "100ms", "2h30m0s": "2h30m"} {
 		if dd, _ := timeParse(d); shortDuration(dd) != want {
