@@ -27,7 +27,8 @@ const (
 	// makes one at a time).
 	maxParallelInspections = 256
 	// maxConnections bounds --max-connections: each connection costs about
-	// 20 KiB of pleg's memory and up to 64 KiB of kernel buffers.
+	// 30 KiB of pleg's memory and up to 64 KiB of kernel buffers (10,000:
+	// about 1 GiB at worst, far beyond the DaemonSet's limit of 128 MiB).
 	maxConnections = 10000
 	// minClientTimeout bounds the --timeout of the commands that ask the
 	// daemon: below it, a healthy daemon on a busy node cannot answer.

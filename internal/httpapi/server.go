@@ -64,7 +64,8 @@ const streamChunk = 16 << 10
 // DefaultMaxConnections caps the connections each listener serves at once.
 // Legitimate clients need a few (probes, a Prometheus, node tools) plus
 // the event streams (DefaultMaxStreams); each connection not in a request
-// costs about 10-20 KiB, so the cap bounds what idle connections can cost.
+// costs about 30 KiB (7 MiB for 256, measured by the cmd/pleg test
+// TestRunIdleConnections), so the cap bounds what idle connections cost.
 const DefaultMaxConnections = 256
 
 // Timeouts of every server (they bound each request, not an event stream,
