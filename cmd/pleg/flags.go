@@ -107,14 +107,15 @@ func (f *runtimeFlags) addFlags(fs *pflag.FlagSet) {
 	fs.Var(newEnumValue(&f.events, "auto", "auto", "on", "off"), "events",
 		"use the runtime's container events to relist changed pods early: auto (when the runtime streams them), on, off")
 	// The hint budget (docs/semantics.md, "Hints and their budget").
-	fs.Float64Var(&f.podRelistRate, "pod-relist-rate", pleg.DefaultPodRelistRate,
+	floatVar(fs, &f.podRelistRate, "pod-relist-rate", pleg.DefaultPodRelistRate, 0, 10000,
 		"single-pod relists a second that hints (runtime events) may make (0: no limit)")
-	fs.IntVar(&f.podRelistBurst, "pod-relist-burst", pleg.DefaultPodRelistBurst,
+	intVar(fs, &f.podRelistBurst, "pod-relist-burst", pleg.DefaultPodRelistBurst, 1, 10000,
 		"single-pod relists hints may make at once")
-	fs.DurationVar(&f.podRelistSpacing, "pod-relist-spacing", pleg.DefaultPodRelistSpacing,
-		"least time between two single-pod relists of one pod (0: none)")
-	fs.DurationVar(&f.earlyRelistGap, "early-relist-gap", pleg.DefaultEarlyRelistGap,
-		"when hints wait for the budget, start the next global relist this long after the last one ended instead of a period after (0: never early)")
+	durationVar(fs, &f.podRelistSpacing, "pod-relist-spacing", pleg.DefaultPodRelistSpacing, time.Millisecond, time.Minute,
+		"least time between two single-pod relists of one pod (0: none)", special[time.Duration]{0, "none"})
+	durationVar(fs, &f.earlyRelistGap, "early-relist-gap", pleg.DefaultEarlyRelistGap, time.Millisecond, time.Hour,
+		"when hints wait for the budget, start the next global relist this long after the last one ended instead of a period after (0: never early)",
+		special[time.Duration]{0, "never early"})
 }
 
 // validate checks the values pflag cannot; its errors are usage errors.
@@ -131,16 +132,6 @@ func (f *runtimeFlags) validate() error {
 		// Relists start a period plus a relist's duration apart.
 		return usageErrorf("invalid --relist-threshold %q: must be at least twice --relist-period (%v), or a healthy node's relists report PLEG unhealthy",
 			f.relistThreshold, f.relistPeriod)
-	}
-	switch {
-	case f.podRelistRate < 0 || f.podRelistRate > 10000 || f.podRelistRate != f.podRelistRate:
-		return usageErrorf("invalid --pod-relist-rate %v: must be from 0 (no limit) to 10000 a second", f.podRelistRate)
-	case f.podRelistBurst < 1 || f.podRelistBurst > 10000:
-		return usageErrorf("invalid --pod-relist-burst %d: must be from 1 to 10000", f.podRelistBurst)
-	case f.podRelistSpacing < 0 || f.podRelistSpacing > time.Minute:
-		return usageErrorf("invalid --pod-relist-spacing %q: must be from 0 to 1m", f.podRelistSpacing)
-	case f.earlyRelistGap < 0 || f.earlyRelistGap > time.Hour:
-		return usageErrorf("invalid --early-relist-gap %q: must be from 0 (never early) to 1h", f.earlyRelistGap)
 	}
 	return nil
 }

@@ -313,7 +313,13 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 			}
 		case errors.Is(nerr, context.DeadlineExceeded) && ctx.Err() == nil:
 			msg = []byte(": heartbeat\n\n")
-		default: // client gone, dropped, shutdown, or the generator stopped
+		case errors.Is(nerr, pleg.ErrClosed):
+			// The generator stopped: end the stream cleanly, after what
+			// is queued.
+			if err = ob.Drain(); err == nil {
+				err = nerr
+			}
+		default: // client gone, dropped, or shutdown
 			if err = ob.Err(); err == nil {
 				err = nerr
 			}

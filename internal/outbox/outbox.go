@@ -103,14 +103,15 @@ type Outbox[T any] struct {
 	timer   *time.Timer // the stall watchdog of the Send in progress
 	aborted bool
 
-	wake   chan struct{} // one token: the queue or err changed
-	done   chan struct{} // closed when err is set
-	exited chan struct{} // closed when the sender goroutine returns
+	wake    chan struct{} // one token: the queue or err changed
+	emptied chan struct{} // closed (and replaced) when the queue empties
+	done    chan struct{} // closed when err is set
+	exited  chan struct{} // closed when the sender goroutine returns
 }
 
 // New returns an outbox and starts its sender goroutine.
 func New[T any](cfg Config[T]) *Outbox[T] {
-	o := &Outbox[T]{cfg: cfg, wake: make(chan struct{}, 1), done: make(chan struct{}), exited: make(chan struct{})}
+	o := &Outbox[T]{cfg: cfg, wake: make(chan struct{}, 1), emptied: make(chan struct{}), done: make(chan struct{}), exited: make(chan struct{})}
 	go o.run()
 	return o
 }
@@ -234,8 +235,34 @@ func (o *Outbox[T]) run() {
 			o.queue[0] = zero
 			o.queue, o.queued = o.queue[1:], o.queued-o.sizes[0]
 			o.sizes = o.sizes[1:]
+			if len(o.queue) == 0 {
+				close(o.emptied)
+				o.emptied = make(chan struct{})
+			}
 		}
 		o.mu.Unlock()
+	}
+}
+
+// Drain waits until every message queued has been sent, or the outbox
+// stops, and returns the outbox's error. A client that stops reading is
+// cut by the stall watchdog, so the wait is bounded by StallTimeout. An
+// owner that ends a stream cleanly drains before it closes: Close aborts a
+// Send in progress.
+func (o *Outbox[T]) Drain() error {
+	for {
+		o.mu.Lock()
+		if o.err != nil || len(o.queue) == 0 {
+			err := o.err
+			o.mu.Unlock()
+			return err
+		}
+		ch := o.emptied
+		o.mu.Unlock()
+		select {
+		case <-ch:
+		case <-o.done:
+		}
 	}
 }
 

@@ -281,3 +281,41 @@ func TestResumesWithinTimeout(t *testing.T) {
 		}
 	})
 }
+
+// Drain waits for what is queued to be sent, so that an owner ending a
+// stream cleanly does not abort the last Send; a stalled client is cut
+// by the watchdog, which bounds the wait.
+func TestDrain(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := newClient()
+		c.stall()
+		o := newOutbox(c, 100, 10*time.Second)
+		defer o.Close()
+		for _, m := range []string{"a", "b"} {
+			if err := o.Put(m); err != nil {
+				t.Fatal(err)
+			}
+		}
+		drained := make(chan error, 1)
+		go func() { drained <- o.Drain() }()
+		time.Sleep(time.Second)
+		synctest.Wait()
+		if len(drained) != 0 {
+			t.Fatal("Drain returned with messages queued")
+		}
+		c.unstall()
+		synctest.Wait()
+		if err := <-drained; err != nil || !slices.Equal(c.received(), []string{"a", "b"}) {
+			t.Fatalf("Drain = %v, received %q", err, c.received())
+		}
+		c.stall()
+		if err := o.Put("c"); err != nil {
+			t.Fatal(err)
+		}
+		start := time.Now()
+		var drop *DropError
+		if err := o.Drain(); !errors.As(err, &drop) || drop.Reason != Stalled || time.Since(start) != 10*time.Second {
+			t.Fatalf("Drain of a stalled client = %v after %v", err, time.Since(start))
+		}
+	})
+}
