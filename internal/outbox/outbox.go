@@ -127,7 +127,10 @@ func (o *Outbox[T]) Put(msg T) error {
 		o.mu.Unlock()
 		return err
 	}
-	if len(o.queue) > 0 && o.queued-o.sizes[0]+size > o.cfg.MaxBytes {
+	// What waits behind the message being sent (or about to be), in
+	// bytes: a message that does not fit is accepted only when nothing
+	// waits, so that one larger than the bound (a first resync) can go.
+	if waiting := o.waitingLocked(); waiting > 0 && waiting+size > o.cfg.MaxBytes {
 		err := o.stopLocked(&DropError{Reason: QueueFull, Queued: o.queued, MaxBytes: o.cfg.MaxBytes})
 		abort := o.abortLocked()
 		o.mu.Unlock()
@@ -140,6 +143,14 @@ func (o *Outbox[T]) Put(msg T) error {
 	o.mu.Unlock()
 	o.signal()
 	return nil
+}
+
+// waitingLocked returns the bytes queued behind the first message.
+func (o *Outbox[T]) waitingLocked() int {
+	if len(o.queue) == 0 {
+		return 0
+	}
+	return o.queued - o.sizes[0]
 }
 
 // Done is closed when the outbox stops: cut off, failed or closed.

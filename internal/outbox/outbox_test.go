@@ -319,3 +319,25 @@ func TestDrain(t *testing.T) {
 		}
 	})
 }
+
+// A message larger than the bound is accepted when nothing waits behind
+// the first message, even if that one has not started to be sent (an
+// empty first message, such as an HTTP stream's headers, and a large
+// resync Put before the sender took it).
+func TestLargeMessageBehindEmptyHead(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := newClient()
+		c.stall()
+		o := newOutbox(c, 10, time.Hour)
+		defer o.Close()
+		if err := o.Put(""); err != nil {
+			t.Fatal(err)
+		}
+		if err := o.Put("a resync larger than the bound"); err != nil {
+			t.Fatalf("a large message behind an empty one: %v", err)
+		}
+		if err := o.Put("then a second"); err == nil {
+			t.Fatal("a second large message was accepted while one waits")
+		}
+	})
+}
