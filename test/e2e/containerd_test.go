@@ -44,6 +44,7 @@ disabled_plugins = ['io.containerd.internal.v1.opt', 'io.containerd.nri.v1.nri',
 
 [grpc]
   address = {{sock}}
+  gid = {{sockGID}}
 
 [plugins]
   [plugins.'io.containerd.image-verifier.v1.bindir']
@@ -92,6 +93,7 @@ disabled_plugins = ["io.containerd.internal.v1.opt", "io.containerd.nri.v1.nri",
 
 [grpc]
   address = {{sock}}
+  gid = {{sockGID}}
 
 [plugins]
   [plugins."io.containerd.grpc.v1.cri"]
@@ -184,6 +186,7 @@ func (e *env) writeConfig() error {
 		"{{snapshotter}}", q(e.snapshotter),
 		"{{pause}}", q(pauseImage),
 		"{{runc}}", q(e.runcPath),
+		"{{sockGID}}", strconv.Itoa(e.socketGID),
 	)
 	cfg := r.Replace(e.configTemplate())
 	if strings.Contains(cfg, "{{") {
