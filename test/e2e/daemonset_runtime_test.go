@@ -205,9 +205,11 @@ func runtimeRestartUnderDaemonSet(t *testing.T, k *kubelet, c k8sContainer, pleg
 		t.Fatalf("pleg's /readyz before the restart: %v %s", err, b)
 	}
 
-	// containerd stops; the first victim's process dies meanwhile.
-	stoppedAt := time.Now()
+	// containerd stops; the first victim's process dies meanwhile. (Every
+	// relist that starts after StopContainerd returned starts while
+	// containerd is down or after it answered again.)
 	StopContainerd(t)
+	stoppedAt := time.Now()
 	if err := syscall.Kill(pids[victims[0]], syscall.SIGKILL); err != nil {
 		t.Fatalf("killing %s's process %d: %v", victims[0], pids[victims[0]], err)
 	}
@@ -487,16 +489,25 @@ func nonRootOnKubelet(t *testing.T, k *kubelet, c k8sContainer, pod map[string]a
 	if err != nil {
 		t.Fatal(err)
 	}
-	oldUID := k.WaitPod(t, plegPod, 10*time.Second, nil).Metadata.UID
+	old := k.WaitPod(t, plegPod, 10*time.Second, nil)
+	oldPID := containerPID(t, onlyContainer(t, old))
 	replacedAt := time.Now()
 	k.AddManifest(t, "pleg", b)
 	p := k.WaitPod(t, plegPod, 60*time.Second, func(p kubePod) error {
-		if p.Metadata.UID == oldUID {
+		if p.Metadata.UID == old.Metadata.UID {
 			return errors.New("still the root pod")
 		}
 		return podRunning(p)
 	})
-	id := runtimeID(p.Status.ContainerStatuses[0].ContainerID)
+	id := onlyContainer(t, p)
+	// The root pleg is gone, so the pod API on the node's loopback is the
+	// new one's (its relists are all its own).
+	eventually(t, 10*time.Second, "the root pod's pleg gone", func() error {
+		if err := syscall.Kill(oldPID, 0); err == nil {
+			return fmt.Errorf("pid %d still exists", oldPID)
+		}
+		return nil
+	})
 
 	// The process: the image's uid and gid, with the socket's group.
 	uid, pgid, groups, err := procCreds(containerPID(t, id))
@@ -510,17 +521,18 @@ func nonRootOnKubelet(t *testing.T, k *kubelet, c k8sContainer, pod map[string]a
 
 	// It relists: a successful relist of the node's pods, and ready.
 	var r relistEntry
-	eventually(t, 30*time.Second, "the non-root pleg relists", func() (err error) {
-		r, err = firstRelist(api, replacedAt, false)
-		if err == nil && r.Pods < 3 {
-			err = fmt.Errorf("a relist of %d pods, want the static pods", r.Pods)
-		}
+	eventually(t, 30*time.Second, "the non-root pleg relists the node's pods", func() error {
+		rs, err := plegRelists(api)
 		if err != nil {
-			if f, ferr := firstRelist(api, replacedAt, true); ferr == nil {
-				err = fmt.Errorf("%w; a failed one: %s", err, f.Error)
+			return err
+		}
+		for _, x := range rs {
+			if x.Error == "" && x.Pods >= 3 {
+				r = x
+				return nil
 			}
 		}
-		return err
+		return fmt.Errorf("no successful relist of the static pods among %d relists: %+v", len(rs), rs)
 	})
 	if code, err := httpStatus(api + "/readyz"); err != nil || code != http.StatusOK {
 		t.Errorf("the non-root pleg's /readyz: %d %v", code, err)
