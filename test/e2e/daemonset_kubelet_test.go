@@ -26,11 +26,12 @@ import (
 // probe paths answer on the probes' port, which does not serve the pod
 // API; the node name came through the downward API and GOMEMLIMIT through
 // the environment; containerd restarts under it and it keeps up
-// (runtimeRestartUnderDaemonSet); the kubelet's liveness and readiness
-// probes pass (/metrics/probes, /pods: ready, restartCount 0, the same
-// container); node-problem-detector's plugin finds it healthy; and, made
-// non-root by deploy/kubernetes/pleg-nonroot-patch.yaml, it relists
-// through a socket of its supplemental group (nonRootOnKubelet).
+// (runtimeRestartUnderDaemonSet); made non-root by
+// deploy/kubernetes/pleg-nonroot-patch.yaml, a second one beside it
+// relists through a socket of its supplemental group (nonRootOnKubelet);
+// the kubelet's liveness and readiness probes pass (/metrics/probes,
+// /pods: ready, restartCount 0, the same container); node-problem-
+// detector's plugin finds it healthy.
 func TestDaemonSetOnKubelet(t *testing.T) {
 	img := PlegImage(t)
 	ds, err := loadDaemonSet(suite.repoRoot)
@@ -137,8 +138,12 @@ func TestDaemonSetOnKubelet(t *testing.T) {
 	}
 
 	// 4. containerd restarts under the running pod (its liveness probe
-	// keeps running meanwhile; step 5 checks that it never failed).
+	// keeps running meanwhile; step 6 checks that it never failed).
 	runtimeRestartUnderDaemonSet(t, k, c, plegPod, api, known, [2]string{beside[0], beside[1]})
+
+	// 5. The non-root variant, beside it: the image's user with the
+	// socket's group.
+	nonRootOnKubelet(t, k, pod, ds.name+"-nonroot")
 
 	// node-problem-detector's plugin, as the patch runs it, beside the
 	// DaemonSet's pod: checked at the end, after the probes' wait.
@@ -151,7 +156,7 @@ func TestDaemonSetOnKubelet(t *testing.T) {
 	}
 	k.AddManifest(t, "npd", manifest)
 
-	// 5. The probes as the kubelet ran them: liveness (after its initial
+	// 6. The probes as the kubelet ran them: liveness (after its initial
 	// delay) passed at least once and never failed, readiness passed at
 	// least three times, and the container never restarted.
 	var counts map[string]float64
@@ -177,7 +182,7 @@ func TestDaemonSetOnKubelet(t *testing.T) {
 	}
 	t.Logf("the kubelet's probes of the DaemonSet's pod: %v, %v after its manifest was written", counts, time.Since(start).Round(100*time.Millisecond))
 
-	// 6. The NPD pod: its init container copied the binary out of the
+	// 7. The NPD pod: its init container copied the binary out of the
 	// image, and the plugin's command, run from the copy, found pleg
 	// healthy on the node's loopback (exit 0 in NPD's plugin protocol).
 	k.WaitPod(t, "npd-"+kubeletNode, 30*time.Second, func(p kubePod) error {
@@ -194,9 +199,6 @@ func TestDaemonSetOnKubelet(t *testing.T) {
 		}
 		return nil
 	})
-
-	// 7. The non-root variant: the image's user with the socket's group.
-	nonRootOnKubelet(t, k, c, pod, plegPod, api)
 }
 
 // npdPluginPath is node-problem-detector's plugin config for pleg.

@@ -11,6 +11,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"net"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -460,13 +461,52 @@ func socketGroup(path string) (gid uint32, perm os.FileMode, err error) {
 	return sys.Gid, st.Mode().Perm(), nil
 }
 
-// nonRootOnKubelet replaces the DaemonSet's pod with the one
-// deploy/kubernetes/pleg-nonroot-patch.yaml makes of it, its
+// movePorts gives a pod made from the DaemonSet's template other
+// --listen-address and --metrics-address ports (the container port, which
+// the probes and the scrape annotation name, with it), so that it can run
+// beside the manifest's pod on the host's network.
+func movePorts(pod map[string]any, listenPort, metricsPort int) error {
+	cs, err := dig[[]any](pod, "spec", "containers")
+	if err != nil || len(cs) != 1 {
+		return fmt.Errorf("containers %v: %v", cs, err)
+	}
+	c, _ := cs[0].(map[string]any)
+	args, _ := c["args"].([]any)
+	moved := 0
+	for i, a := range args {
+		s, _ := a.(string)
+		for flag, port := range map[string]int{"--listen-address=": listenPort, "--metrics-address=": metricsPort} {
+			if v, ok := strings.CutPrefix(s, flag); ok {
+				host, _, err := net.SplitHostPort(v)
+				if err != nil {
+					return fmt.Errorf("%s%s: %w", flag, v, err)
+				}
+				args[i] = flag + net.JoinHostPort(host, strconv.Itoa(port))
+				moved++
+			}
+		}
+	}
+	ports, _ := c["ports"].([]any)
+	if moved != 2 || len(ports) != 1 {
+		return fmt.Errorf("args %v, ports %v: want both addresses and one port", args, ports)
+	}
+	pm, _ := ports[0].(map[string]any)
+	pm["containerPort"], pm["hostPort"] = metricsPort, metricsPort
+	if ann, ok := pod["metadata"].(map[string]any)["annotations"].(map[string]any); ok {
+		ann["prometheus.io/port"] = strconv.Itoa(metricsPort)
+	}
+	return nil
+}
+
+// nonRootOnKubelet runs, beside the DaemonSet's pod, the pod that
+// deploy/kubernetes/pleg-nonroot-patch.yaml makes of it, with its
 // supplementalGroups set to the socket's group (which the restart step
 // configured), and checks that pleg, running as the image's non-root uid
-// with that group, relists the node's pods. The socket's directory gets
-// the mode of a node's /run/containerd (0711: anyone may pass through).
-func nonRootOnKubelet(t *testing.T, k *kubelet, c k8sContainer, pod map[string]any, plegPod, api string) {
+// with that group, relists the node's pods. Only its name and ports differ
+// from what the patch makes (two plegs on one host network). The socket's
+// directory gets the mode of a node's /run/containerd (0711: anyone may
+// pass through it).
+func nonRootOnKubelet(t *testing.T, k *kubelet, pod map[string]any, podName string) {
 	gid, perm, err := socketGroup(k.env.sock)
 	if err != nil {
 		t.Fatal(err)
@@ -485,36 +525,25 @@ func nonRootOnKubelet(t *testing.T, k *kubelet, c k8sContainer, pod map[string]a
 	if err != nil {
 		t.Fatal(err)
 	}
+	ports, err := freePorts(2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := movePorts(patched, ports[0], ports[1]); err != nil {
+		t.Fatalf("%s: %v", manifestPath, err)
+	}
+	patched["metadata"].(map[string]any)["name"] = podName
+	api := "http://" + net.JoinHostPort("127.0.0.1", strconv.Itoa(ports[0]))
 	b, err := json.MarshalIndent(patched, "", "  ")
 	if err != nil {
 		t.Fatal(err)
 	}
-	old := k.WaitPod(t, plegPod, 10*time.Second, nil)
-	oldPID := containerPID(t, onlyContainer(t, old))
-	replacedAt := time.Now()
-	k.AddManifest(t, "pleg", b)
-	// The kubelet stops the root pod before it starts the new one (static
-	// pods of one name never run at once), so once the root pleg is gone
-	// the pod API on the node's loopback is the new one's, and its relists
-	// are all its own.
-	eventually(t, 30*time.Second, "the root pod's pleg gone", func() error {
-		if err := syscall.Kill(oldPID, 0); err == nil {
-			return fmt.Errorf("pid %d still exists", oldPID)
-		}
-		return nil
-	})
-	gone := time.Since(replacedAt)
-	p := k.WaitPod(t, plegPod, 60*time.Second, func(p kubePod) error {
-		if p.Metadata.UID == old.Metadata.UID {
-			return errors.New("still the root pod")
-		}
-		return podRunning(p)
-	})
-	id := onlyContainer(t, p)
-	t.Logf("after the manifest was replaced: the root pleg exited after %v, the non-root pod ran after %v", gone.Round(100*time.Millisecond), time.Since(replacedAt).Round(100*time.Millisecond))
+	start := time.Now()
+	k.AddManifest(t, podName, b)
+	p := k.WaitPod(t, podName+"-"+kubeletNode, 60*time.Second, podRunning)
 
 	// The process: the image's uid and gid, with the socket's group.
-	uid, pgid, groups, err := procCreds(containerPID(t, id))
+	uid, pgid, groups, err := procCreds(containerPID(t, onlyContainer(t, p)))
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -523,7 +552,7 @@ func nonRootOnKubelet(t *testing.T, k *kubelet, c k8sContainer, pod map[string]a
 		t.Errorf("the non-root pod's pleg runs as uid %s, gid %s, groups %v; want uid %s, gid %s and group %d", uid, pgid, groups, wantUID, wantGID, kubeletSocketGID)
 	}
 
-	// It relists: a successful relist of the node's pods, and ready.
+	// It relists the node's pods, and is ready.
 	var r relistEntry
 	eventually(t, 30*time.Second, "the non-root pleg relists the node's pods", func() error {
 		rs, err := plegRelists(api)
@@ -544,7 +573,7 @@ func nonRootOnKubelet(t *testing.T, k *kubelet, c k8sContainer, pod map[string]a
 	if code, err := httpStatus(api + "/readyz"); err != nil || code != http.StatusOK {
 		t.Errorf("the non-root pleg's /readyz: %d %v", code, err)
 	}
-	t.Logf("pleg as uid %s, gid %s, groups %v relisted %d pods %v after its manifest was replaced", uid, pgid, groups, r.Pods, time.Since(replacedAt).Round(100*time.Millisecond))
+	t.Logf("pleg as uid %s, gid %s, groups %v relisted %d pods %v after its manifest was written", uid, pgid, groups, r.Pods, time.Since(start).Round(100*time.Millisecond))
 }
 
 // goMemLimit reads the Go runtime's memory limit from a pleg's /metrics.
