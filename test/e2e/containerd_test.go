@@ -35,6 +35,9 @@ import (
 //     disabled as the suite needs none of them.
 //   - runc's state root (options.Root) is private, so `runc list` of other
 //     containerds never shows ours and vice versa.
+//   - [grpc] gid is the socket's group (mode 0660), applied each time
+//     containerd creates the socket: env.socketGID, root's (0) unless a
+//     test sets it (the same key in config version 2).
 const containerdConfig = `version = 3
 root = {{dir}}/root
 state = {{dir}}/state
