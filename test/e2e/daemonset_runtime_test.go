@@ -507,6 +507,7 @@ func movePorts(pod map[string]any, listenPort, metricsPort int) error {
 // directory gets the mode of a node's /run/containerd (0711: anyone may
 // pass through it).
 func nonRootOnKubelet(t *testing.T, k *kubelet, pod map[string]any, podName string) {
+	useEnv(t, k.env) // containerPID asks the kubelet's containerd
 	gid, perm, err := socketGroup(k.env.sock)
 	if err != nil {
 		t.Fatal(err)
