@@ -1,0 +1,224 @@
+package cri
+
+import (
+	"math/rand/v2"
+	goruntime "runtime"
+	"testing"
+
+	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/proto"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/podlifecycle/pleg/cruntime"
+)
+
+// Hostile list replies: valid protobuf that a runtime (or whatever listens
+// on its socket) could send, shaped to make a decoder keep as much as it
+// can per byte of reply.
+
+// tag appends a field's tag.
+func tag(b []byte, num protowire.Number, typ protowire.Type) []byte {
+	return protowire.AppendTag(b, num, typ)
+}
+
+// str appends a length-delimited field.
+func str(b []byte, num protowire.Number, s string) []byte {
+	return protowire.AppendString(tag(b, num, protowire.BytesType), s)
+}
+
+// msg appends a length-delimited field holding the message m.
+func msg(b []byte, num protowire.Number, m []byte) []byte {
+	return protowire.AppendBytes(tag(b, num, protowire.BytesType), m)
+}
+
+// varint appends a varint field.
+func varint(b []byte, num protowire.Number, x uint64) []byte {
+	return protowire.AppendVarint(tag(b, num, protowire.VarintType), x)
+}
+
+// name is the i-th of distinct short printable strings.
+func name(i int) string {
+	const digits = "0123456789abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+	var b []byte
+	for {
+		b = append(b, digits[i%len(digits)])
+		i /= len(digits)
+		if i == 0 {
+			return string(b)
+		}
+	}
+}
+
+// labelEntry is one map entry of labels.
+func labelEntry(k, v string) []byte {
+	return str(str(nil, fieldMapKey, k), fieldMapValue, v)
+}
+
+// hostileReply is a reply of about size bytes.
+type hostileReply struct {
+	name      string
+	sandboxes bool
+	// item returns the i-th item's bytes in a reply of size bytes; nil
+	// ends the reply early.
+	item func(i, size int) []byte
+}
+
+var hostileReplies = []hostileReply{
+	// 2.8 M items of 4–6 bytes at 16 MiB: no ID, no metadata, each a
+	// distinct creation time (the reproduction).
+	{"tiny-no-id", false, func(i, size int) []byte { return varint(nil, fieldContainerCreatedAt, uint64(i+1)) }},
+	{"tiny-no-id-sandboxes", true, func(i, size int) []byte { return varint(nil, fieldSandboxCreatedAt, uint64(i+1)) }},
+	// A distinct ID, no metadata.
+	{"no-metadata", false, func(i, size int) []byte { return str(nil, fieldContainerID, name(i)) }},
+	// Metadata with a pod UID, no ID.
+	{"empty-id", true, func(i, size int) []byte {
+		return msg(nil, fieldSandboxMetadata, str(nil, fieldSandboxMetaUID, name(i)))
+	}},
+	// The smallest valid sandboxes: a distinct ID and pod UID each, so
+	// every item is a pod of its own.
+	{"tiny-valid-sandboxes", true, func(i, size int) []byte {
+		return msg(str(nil, fieldSandboxID, name(i)), fieldSandboxMetadata, str(nil, fieldSandboxMetaUID, name(i)))
+	}},
+	// The smallest valid containers: a distinct ID, empty metadata, the
+	// pod UID label.
+	{"tiny-valid-containers", false, func(i, size int) []byte {
+		b := str(nil, fieldContainerID, name(i))
+		b = msg(b, fieldContainerMetadata, nil)
+		return msg(b, fieldContainerLabels, labelEntry(cruntime.LabelPodUID, name(i)))
+	}},
+	// One ID for all, each a distinct creation time: valid items that the
+	// memo cannot tell apart by ID.
+	{"duplicate-ids", true, func(i, size int) []byte {
+		b := str(nil, fieldSandboxID, "a")
+		b = msg(b, fieldSandboxMetadata, str(nil, fieldSandboxMetaUID, "u"))
+		return varint(b, fieldSandboxCreatedAt, uint64(i+1))
+	}},
+	// The same item over and over.
+	{"same-item", false, func(i, size int) []byte {
+		b := str(nil, fieldContainerID, "c")
+		b = msg(b, fieldContainerMetadata, str(nil, fieldContainerMetaName, "n"))
+		return msg(b, fieldContainerLabels, labelEntry(cruntime.LabelPodUID, "u"))
+	}},
+	// One container whose label map fills the reply: distinct keys, and
+	// the pod UID label repeated with distinct values (the last counts).
+	{"huge-labels", false, func(i, size int) []byte {
+		if i > 0 {
+			return nil
+		}
+		b := str(nil, fieldContainerID, "c")
+		b = msg(b, fieldContainerMetadata, nil)
+		for j := 0; len(b) < size-64; j++ {
+			b = msg(b, fieldContainerLabels, labelEntry("k"+name(j), "v"))
+			b = msg(b, fieldContainerLabels, labelEntry(cruntime.LabelPodUID, name(j)))
+		}
+		return b
+	}},
+	// Items whose metadata holds an unknown message nested 100 deep and
+	// unknown groups nested 100 deep.
+	{"deep-nesting", true, func(i, size int) []byte {
+		var nested []byte
+		for range 100 {
+			nested = msg(nil, 15, nested)
+		}
+		b := str(nil, fieldSandboxMetaUID, name(i))
+		b = append(b, nested...)
+		b = tag(b, 16, protowire.StartGroupType)
+		for range 100 {
+			b = tag(b, 17, protowire.StartGroupType)
+		}
+		for range 100 {
+			b = tag(b, 17, protowire.EndGroupType)
+		}
+		b = tag(b, 16, protowire.EndGroupType)
+		return msg(str(nil, fieldSandboxID, name(i)), fieldSandboxMetadata, b)
+	}},
+}
+
+// hostileSize is the size of the hostile replies of the benchmarks: the
+// largest message the client accepts (maxMsgSize).
+const hostileSize = maxMsgSize
+
+// build returns the reply, at most size bytes.
+func (h hostileReply) build(size int) []byte {
+	var out []byte
+	for i := 0; ; i++ {
+		it := h.item(i, size)
+		if it == nil {
+			return out
+		}
+		next := msg(nil, fieldListItems, it)
+		if len(out)+len(next) > size {
+			return out
+		}
+		out = append(out, next...)
+	}
+}
+
+// liveHeap returns the bytes of heap that f's result keeps reachable.
+func liveHeap(f func() any) uint64 {
+	var ms goruntime.MemStats
+	goruntime.GC()
+	goruntime.ReadMemStats(&ms)
+	before := ms.HeapAlloc
+	keep := f()
+	goruntime.GC()
+	goruntime.ReadMemStats(&ms)
+	after := ms.HeapAlloc
+	goruntime.KeepAlive(keep)
+	if after < before {
+		return 0
+	}
+	return after - before
+}
+
+// decodeKept decodes raw as the first reply of a listing with a memo, as
+// ListPods does, in gRPC's 16 KiB pieces, and returns what the listing
+// keeps: the memo and the listing's items.
+func decodeKept(t testing.TB, raw []byte, sandboxes bool) any {
+	data := pieces(rand.New(rand.NewPCG(1, 2)), raw, 16<<10)
+	m := &memo{}
+	m.begin()
+	tbl := m.strings.begin()
+	r := listReply{sandboxes: sandboxes, memo: &m.containers, seed: m.seed, strings: tbl}
+	if sandboxes {
+		r.memo = &m.sandboxes
+	}
+	if err := decodeListSlice(data, &r); err != nil {
+		t.Fatal(err)
+	}
+	m.strings.end(tbl)
+	r.memo.commit()
+	return []any{m, r.items}
+}
+
+// standardKept decodes raw with the generated types.
+func standardKept(t testing.TB, raw []byte, sandboxes bool) any {
+	var m proto.Message = &runtimeapi.ListContainersResponse{}
+	if sandboxes {
+		m = &runtimeapi.ListPodSandboxResponse{}
+	}
+	if err := proto.Unmarshal(raw, m); err != nil {
+		t.Fatal(err)
+	}
+	return m
+}
+
+// BenchmarkDecodeMemory reports the live heap a listing keeps after
+// decoding each hostile reply of 16 MiB, per byte of reply, beside the
+// generated types' decode of the same bytes.
+func BenchmarkDecodeMemory(b *testing.B) {
+	for _, h := range hostileReplies {
+		raw := h.build(hostileSize)
+		b.Run(h.name, func(b *testing.B) {
+			var pleg, std uint64
+			for b.Loop() {
+				pleg = liveHeap(func() any { return decodeKept(b, raw, h.sandboxes) })
+				std = liveHeap(func() any { return standardKept(b, raw, h.sandboxes) })
+			}
+			b.ReportMetric(float64(len(raw))/(1<<20), "reply-MiB")
+			b.ReportMetric(float64(pleg)/(1<<20), "live-MiB")
+			b.ReportMetric(float64(pleg)/float64(len(raw)), "live/reply")
+			b.ReportMetric(float64(std)/float64(len(raw)), "std-live/reply")
+		})
+	}
+}
