@@ -53,6 +53,7 @@ type itemMemo struct {
 	gen     uint32 // the listing being decoded (wrapping: only equality counts)
 	decoded int    // items it did not find, and decoded
 	found   int    // items it found
+	repeats int    // items found that the listing had already had
 }
 
 type memoPod struct {
@@ -70,6 +71,8 @@ func (m *itemMemo) lookup(seed maphash.Seed, b []byte, maps mapFields) (*listed,
 		if s.seen != m.gen {
 			s.seen = m.gen
 			m.found++
+		} else {
+			m.repeats++
 		}
 		return s.it, h, true
 	}
@@ -169,7 +172,7 @@ func (m *itemMemo) commit() {
 // init starts decoding a listing.
 func (m *itemMemo) init() {
 	m.gen++
-	m.decoded, m.found = 0, 0
+	m.decoded, m.found, m.repeats = 0, 0, 0
 }
 
 // begin starts a listing with the memo; the caller holds m.mu.
@@ -184,9 +187,10 @@ func (m *memo) begin() {
 
 // unchanged reports whether the listing just decoded, of sbs sandboxes and
 // cts containers, is the last one: nothing was decoded, every item of the
-// last listing was found, and there are as many.
+// last listing was found, none twice, and there are as many.
 func (m *memo) unchanged(sbs, cts int) bool {
 	return m.last != nil && m.sandboxes.decoded == 0 && m.containers.decoded == 0 &&
+		m.sandboxes.repeats == 0 && m.containers.repeats == 0 &&
 		m.sandboxes.found == m.sandboxes.items.n && m.containers.found == m.containers.items.n &&
 		sbs == m.lastSbs && cts == m.lastCts
 }

@@ -171,24 +171,38 @@ func liveHeap(f func() any) uint64 {
 	return after - before
 }
 
-// decodeKept decodes raw as the first reply of a listing with a memo, as
-// ListPods does, in gRPC's 16 KiB pieces, and returns what the listing
-// keeps: the memo and the listing's items.
+// decodeKept decodes raw as a reply of a listing with a memo, as ListPods
+// does, in gRPC's 16 KiB pieces, and returns what the decode keeps: the
+// memo (its items, table and strings) and the listing's items.
 func decodeKept(t testing.TB, raw []byte, sandboxes bool) any {
-	data := pieces(rand.New(rand.NewPCG(1, 2)), raw, 16<<10)
 	m := &memo{}
-	m.begin()
-	tbl := m.strings.begin()
-	r := listReply{sandboxes: sandboxes, memo: &m.containers, seed: m.seed, strings: tbl}
+	l := startListing(m)
+	r := &l.containers
 	if sandboxes {
-		r.memo = &m.sandboxes
+		r = &l.sandboxes
 	}
-	if err := decodeListSlice(data, &r); err != nil {
+	if err := decodeListSlice(pieces(rand.New(rand.NewPCG(1, 2)), raw, 16<<10), r); err != nil {
 		t.Fatal(err)
 	}
-	m.strings.end(tbl)
+	l.strs.end(l.strings)
 	r.memo.commit()
 	return []any{m, r.items}
+}
+
+// listingKept makes a whole listing of raw (the other reply empty) with a
+// memo, and returns what it keeps: the memo and the pods.
+func listingKept(t testing.TB, raw []byte, sandboxes bool) any {
+	m := &memo{}
+	l := startListing(m)
+	r := &l.containers
+	if sandboxes {
+		r = &l.sandboxes
+	}
+	if err := decodeListSlice(pieces(rand.New(rand.NewPCG(1, 2)), raw, 16<<10), r); err != nil {
+		t.Fatal(err)
+	}
+	c := &Client{}
+	return []any{m, c.endListing(l)}
 }
 
 // standardKept decodes raw with the generated types.
@@ -204,21 +218,96 @@ func standardKept(t testing.TB, raw []byte, sandboxes bool) any {
 }
 
 // BenchmarkDecodeMemory reports the live heap a listing keeps after
-// decoding each hostile reply of 16 MiB, per byte of reply, beside the
-// generated types' decode of the same bytes.
+// decoding each hostile reply of 16 MiB, per byte of reply (live/reply),
+// beside what the generated types keep of the same bytes (std-live/reply)
+// and what the whole listing keeps, its pods included (listing/reply).
 func BenchmarkDecodeMemory(b *testing.B) {
 	for _, h := range hostileReplies {
 		raw := h.build(hostileSize)
 		b.Run(h.name, func(b *testing.B) {
-			var pleg, std uint64
+			var pleg, std, all uint64
 			for b.Loop() {
 				pleg = liveHeap(func() any { return decodeKept(b, raw, h.sandboxes) })
 				std = liveHeap(func() any { return standardKept(b, raw, h.sandboxes) })
+				all = liveHeap(func() any { return listingKept(b, raw, h.sandboxes) })
 			}
 			b.ReportMetric(float64(len(raw))/(1<<20), "reply-MiB")
 			b.ReportMetric(float64(pleg)/(1<<20), "live-MiB")
 			b.ReportMetric(float64(pleg)/float64(len(raw)), "live/reply")
 			b.ReportMetric(float64(std)/float64(len(raw)), "std-live/reply")
+			b.ReportMetric(float64(all)/float64(len(raw)), "listing/reply")
 		})
 	}
+}
+
+// TestDecodeMemoryBound: what a listing keeps after decoding a hostile
+// reply is at most keptPerItem bytes per valid item it had not seen, so at
+// most decodeBound times the reply's size, and nothing for items that
+// cannot be grouped.
+//
+// A valid item the memo had not seen costs its listed (112 bytes), its
+// slot in the memo's table (24 bytes at 37.5–75 % load: 32–64) and its
+// reference in the listing (16 bytes, up to 32 right after the slice
+// grew): at most 208 bytes, 150–170 in practice, plus its strings. A
+// string under internMin costs about its length (Go packs such allocations
+// into shared 16-byte blocks; not under -race: 8 or 16 bytes), one from
+// internMin on its table entry (40–80 bytes) besides, at most 5.5 times its
+// bytes on the wire. The smallest valid item, a sandbox with a one-byte ID
+// and pod UID and nothing else, takes 10 bytes of reply with its framing,
+// and only 65,536 of those differ: a reply of a million distinct items
+// needs 12 or more bytes an item, so two strings of under 16 bytes and
+// keptPerItem = 240 bytes an item give decodeBound = 240/12 = 20. A
+// repeated item costs its reference only; an item that cannot be grouped,
+// nothing. The generated types keep 14–16 times the reply's size for the
+// valid replies, 19–27 times for the invalid ones (BenchmarkDecodeMemory).
+func TestDecodeMemoryBound(t *testing.T) {
+	const keptPerItem, decodeBound = 240, 20
+	const size = 512 << 10
+	for _, h := range hostileReplies {
+		raw := h.build(size)
+		if len(raw) < size*9/10 {
+			t.Fatalf("%s: reply of %d bytes, want about %d", h.name, len(raw), size)
+		}
+		live := liveHeap(func() any { return decodeKept(t, raw, h.sandboxes) })
+		n, valid := countValid(t, raw, h.sandboxes)
+		ratio := float64(live) / float64(len(raw))
+		t.Logf("%-22s %7d items, %7d valid: %8d bytes live, %.2f x the reply", h.name, n, valid, live, ratio)
+		if ratio > decodeBound {
+			t.Errorf("%s: %d bytes live after decoding a reply of %d bytes (%.1f x), want at most %d x",
+				h.name, live, len(raw), ratio, decodeBound)
+		}
+		// Items that cannot be grouped are not kept: what is left is the
+		// valid items' cost, and a few KiB.
+		if limit := keptPerItem*uint64(valid) + 16<<10; live > limit {
+			t.Errorf("%s: %d bytes live for %d valid items of %d, want at most %d", h.name, live, valid, n, limit)
+		}
+	}
+}
+
+// countValid returns how many items the reply raw has, and how many of
+// them can be grouped, by the generated types.
+func countValid(t *testing.T, raw []byte, sandboxes bool) (n, valid int) {
+	t.Helper()
+	if sandboxes {
+		var r runtimeapi.ListPodSandboxResponse
+		if err := proto.Unmarshal(raw, &r); err != nil {
+			t.Fatal(err)
+		}
+		for _, s := range r.Items {
+			if it := sandboxItem(s); skipped(len(it.id), it.meta, len(it.uid)) == skipNone {
+				valid++
+			}
+		}
+		return len(r.Items), valid
+	}
+	var r runtimeapi.ListContainersResponse
+	if err := proto.Unmarshal(raw, &r); err != nil {
+		t.Fatal(err)
+	}
+	for _, c := range r.Containers {
+		if it := containerItem(c); skipped(len(it.id), it.meta, len(it.uid)) == skipNone {
+			valid++
+		}
+	}
+	return len(r.Containers), valid
 }
