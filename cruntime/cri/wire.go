@@ -38,6 +38,10 @@ type listed struct {
 	attempt                    uint32
 	state                      itemState
 	meta                       bool // the item had metadata
+	// committed says the item was in a complete listing, which the memo
+	// committed: the pods built then may have it. (An item decoded by a
+	// listing that failed is in the memo, but in no pod.)
+	committed bool
 }
 
 // itemState is a cruntime.State in a byte.
@@ -49,7 +53,11 @@ func (s itemState) State() cruntime.State { return cruntime.State(s) }
 // item of the memo is shared with the memo, not copied.
 type itemRef struct {
 	*listed
-	reused bool // taken from the memo of the previous listing, not decoded
+	// reused says the item is one of the last complete listing's, taken
+	// from the memo, and the first of this listing with its bytes: a pod
+	// whose items are all reused, and as many as last time, is last
+	// time's pod.
+	reused bool
 }
 
 // Field numbers of CRI v1 (api.proto).
@@ -254,9 +262,9 @@ func (r *listReply) item(v []byte) error {
 		if r.sandboxes {
 			maps = sandboxMaps
 		}
-		it, hash, ok := r.memo.lookup(r.seed, v, maps)
+		it, hash, first, ok := r.memo.lookup(r.seed, v, maps)
 		if ok {
-			r.items = append(r.items, itemRef{listed: it, reused: true})
+			r.items = append(r.items, itemRef{listed: it, reused: first && it.committed})
 			return nil
 		}
 		h = hash

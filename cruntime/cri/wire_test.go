@@ -1,12 +1,15 @@
 package cri
 
 import (
+	"errors"
 	"fmt"
 	"math/rand/v2"
 	"reflect"
+	"slices"
 	"testing"
 
 	"google.golang.org/grpc/mem"
+	"google.golang.org/protobuf/encoding/protowire"
 	"google.golang.org/protobuf/proto"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
@@ -215,4 +218,46 @@ func decoded(t *testing.T, items []itemRef) []listed {
 		out = append(out, *it.listed)
 	}
 	return out
+}
+
+// TestWireDecodeEdges: encodings at the edges of the wire format are
+// accepted or rejected as the generated code does.
+func TestWireDecodeEdges(t *testing.T) {
+	item := str(nil, fieldContainerID, "c")
+	item = msg(item, fieldContainerMetadata, str(nil, fieldContainerMetaName, "n"))
+	item = msg(item, fieldContainerLabels, labelEntry(cruntime.LabelPodUID, "u"))
+	group := func(num protowire.Number, inner []byte) []byte {
+		return tag(append(tag(nil, num, protowire.StartGroupType), inner...), num, protowire.EndGroupType)
+	}
+	for _, tc := range []struct {
+		name string
+		b    []byte
+	}{
+		{"an unknown group before the items", append(group(7, varint(nil, 3, 1)), msg(nil, fieldListItems, item)...)},
+		{"unknown groups nested", append(group(7, group(8, group(9, nil))), msg(nil, fieldListItems, item)...)},
+		{"a group's end of another number", tag(tag(nil, 7, protowire.StartGroupType), 8, protowire.EndGroupType)},
+		{"an end of group alone", tag(nil, 7, protowire.EndGroupType)},
+		{"an unterminated group", tag(nil, 7, protowire.StartGroupType)},
+		{"the largest field number", append(varint(nil, protowire.MaxValidNumber, 1), msg(nil, fieldListItems, item)...)},
+		{"a field number too large", append(varint(nil, protowire.MaxValidNumber+1, 1), msg(nil, fieldListItems, item)...)},
+		{"a field number too large in an item", msg(nil, fieldListItems, varint(slices.Clone(item), protowire.MaxValidNumber+1, 1))},
+		{"a group in an item", msg(nil, fieldListItems, append(slices.Clone(item), group(12, varint(nil, 1, 1))...))},
+		{"a reserved wire type", []byte{0x0e}},
+		{"items with the wrong wire type", append(varint(nil, fieldListItems, 1), msg(nil, fieldListItems, item)...)},
+		{"an item of fixed32 type", append(protowire.AppendFixed32(tag(nil, fieldListItems, protowire.Fixed32Type), 1), msg(nil, fieldListItems, item)...)},
+	} {
+		var want runtimeapi.ListContainersResponse
+		wantErr := proto.Unmarshal(tc.b, &want)
+		for _, maxPiece := range []int{1, 2, 1 << 20} {
+			r := listReply{strings: (&interner{}).begin()}
+			err := decodeListSlice(pieces(rand.New(rand.NewPCG(1, 1)), tc.b, maxPiece), &r)
+			if (err == nil) != (wantErr == nil) || (err != nil && !errors.Is(err, errMalformed)) {
+				t.Errorf("%s, pieces of %d: error %v, the generated code's %v", tc.name, maxPiece, err, wantErr)
+				continue
+			}
+			if err == nil && len(r.items) != len(want.Containers) {
+				t.Errorf("%s, pieces of %d: %d items, the generated code %d", tc.name, maxPiece, len(r.items), len(want.Containers))
+			}
+		}
+	}
 }
