@@ -406,6 +406,9 @@ func (p *pieceReader) varint() (uint64, bool) {
 		if len(b) == 0 {
 			return 0, false
 		}
+		if shift == 63 && b[0] > 1 {
+			return 0, false // beyond 64 bits, as protowire.ConsumeVarint says
+		}
 		p.advance(1)
 		x |= uint64(b[0]&0x7f) << shift
 		if b[0] < 0x80 {

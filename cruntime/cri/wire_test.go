@@ -132,21 +132,6 @@ func TestWireDecodeReusesStrings(t *testing.T) {
 	}
 }
 
-// Malformed bytes give an error, never a panic.
-func FuzzWireDecode(f *testing.F) {
-	sb, ct := randomReplies(rand.New(rand.NewPCG(3, 4)), 3)
-	b1, _ := proto.Marshal(sb)
-	b2, _ := proto.Marshal(ct)
-	f.Add(b1, true)
-	f.Add(b2, false)
-	f.Add([]byte{0x0a, 0xff}, false)
-	f.Fuzz(func(t *testing.T, b []byte, sandboxes bool) {
-		in := &interner{}
-		r := listReply{sandboxes: sandboxes, strings: in.begin()}
-		_ = decodeList(b, &r)
-	})
-}
-
 // pieces cuts b at random points, as gRPC hands a reply over in frames.
 func pieces(rng *rand.Rand, b []byte, maxPiece int) mem.BufferSlice {
 	var out mem.BufferSlice
