@@ -118,10 +118,18 @@ func fuzzSeeds() map[string]map[string][]byte {
 		str(nil, fieldSandboxMetaUID, "u")), fieldSandboxMetadata, varint(nil, fieldSandboxMetaAttempt, 3))), true, uint64(4))
 
 	// FuzzListingMemo: a node changing between listings, replies in
-	// random order, one listing failing half way, items repeated.
+	// random order, one listing failing half way, items repeated. Small
+	// items, so that the fuzzer's inputs stay small.
 	n = &node{rng: rand.New(rand.NewPCG(2, 2))}
-	for range 2 {
-		n.addPod(2)
+	for i := range 2 {
+		uid, pod := fmt.Sprint("u", i), fmt.Sprint("p", i)
+		n.sandboxes = append(n.sandboxes, sandbox(fmt.Sprint("s", i), uid, pod, "ns", 0, runtimeapi.PodSandboxState_SANDBOX_READY, 1))
+		for j := range 2 {
+			c := container(fmt.Sprint("c", i, j), fmt.Sprint("n", j), 0, runtimeapi.ContainerState_CONTAINER_RUNNING, "i", 2,
+				label(uid, pod, "ns", fmt.Sprint("n", j)))
+			c.Annotations = map[string]string{"a": "1"}
+			n.containers = append(n.containers, c)
+		}
 	}
 	listing := func(maxPiece int) [2]fuzzReply {
 		return [2]fuzzReply{
@@ -129,29 +137,48 @@ func fuzzSeeds() map[string]map[string][]byte {
 			{maxPiece, det(&runtimeapi.ListContainersResponse{Containers: n.containers})},
 		}
 	}
+	change := func(i int) {
+		switch i % 3 {
+		case 0: // a container exits
+			c := proto.CloneOf(n.containers[i%len(n.containers)])
+			c.State = runtimeapi.ContainerState_CONTAINER_EXITED
+			n.containers[i%len(n.containers)] = c
+		case 1: // a container is added to a pod
+			c := proto.CloneOf(n.containers[0])
+			c.Id = fmt.Sprint("c", i)
+			n.containers = append(n.containers, c)
+		case 2: // a sandbox is replaced
+			sb := proto.CloneOf(n.sandboxes[0])
+			sb.Id, sb.Metadata.Attempt = fmt.Sprint("s", i), uint32(i)
+			n.sandboxes[0] = sb
+		}
+	}
 	var seq [][2]fuzzReply
-	for i := range 5 {
+	for i := range 4 {
 		seq = append(seq, listing(1+i*37))
-		n.change()
+		change(i)
 	}
 	add("FuzzListingMemo", "node-changing", writeListings(seq...))
+	before := listing(256)
+	change(5) // the sandbox is replaced during a listing that fails
 	failed := listing(256)
 	failed[1].b = failed[1].b[:len(failed[1].b)/2]
-	before := listing(256)
-	n.change()
-	n.change()
-	add("FuzzListingMemo", "failed-listing", writeListings(before, failed, listing(5), listing(256)))
+	add("FuzzListingMemo", "failed-listing", writeListings(before, failed, listing(5)))
 	shuffled := listing(13)
-	n.rng.Shuffle(len(n.containers), func(i, j int) { n.containers[i], n.containers[j] = n.containers[j], n.containers[i] })
-	add("FuzzListingMemo", "reordered", writeListings(shuffled, listing(13), listing(100)))
-	var cts [][]byte
+	slices.Reverse(n.containers)
+	add("FuzzListingMemo", "reordered", writeListings(shuffled, listing(13)))
+	var cts [][]byte // of pod u0
 	for _, c := range n.containers {
-		cts = append(cts, det(c))
+		if c.Labels[cruntime.LabelPodUID] == "u0" {
+			cts = append(cts, det(c))
+		}
 	}
-	once := [2]fuzzReply{listing(256)[0], {256, replyOf(cts...)}}
-	twice := [2]fuzzReply{once[0], {256, replyOf(append(slices.Clone(cts), cts[0])...)}}
-	reversed := [2]fuzzReply{once[0], {256, replyOf(containerReversed(n.containers[0]), containerReversed(n.containers[1]))}}
-	add("FuzzListingMemo", "repeated-items", writeListings(once, twice, twice, once))
+	sbs := listing(256)[0]
+	once := [2]fuzzReply{sbs, {256, replyOf(cts...)}}
+	xxy := [2]fuzzReply{sbs, {256, replyOf(cts[0], cts[0], cts[1])}}
+	xyy := [2]fuzzReply{sbs, {256, replyOf(cts[0], cts[1], cts[1])}}
+	reversed := [2]fuzzReply{sbs, {256, replyOf(containerReversed(n.containers[0]), containerReversed(n.containers[1]))}}
+	add("FuzzListingMemo", "repeated-items", writeListings(once, xxy, xyy, xyy, once))
 	add("FuzzListingMemo", "labels-reordered", writeListings(once, reversed, once))
 
 	// The status and event conversions.
