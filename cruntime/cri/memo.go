@@ -55,8 +55,11 @@ type itemMemo struct {
 	found   int    // items it found
 	repeats int    // items found that the listing had already had
 	// added are the items decoded since the last commit, which commits
+	// them; uncommitted says the listing began with some (a listing
+	// failed since the last commit), so that an item found may be one of
 	// them.
-	added []*listed
+	added       []*listed
+	uncommitted bool
 }
 
 type memoPod struct {
@@ -187,6 +190,7 @@ func (m *itemMemo) commit() {
 func (m *itemMemo) init() {
 	m.gen++
 	m.decoded, m.found, m.repeats = 0, 0, 0
+	m.uncommitted = len(m.added) > 0
 }
 
 // begin starts a listing with the memo; the caller holds m.mu.

@@ -264,7 +264,10 @@ func (r *listReply) item(v []byte) error {
 		}
 		it, hash, first, ok := r.memo.lookup(r.seed, v, maps)
 		if ok {
-			r.items = append(r.items, itemRef{listed: it, reused: first && it.committed})
+			// Only after a failed listing may an item found be
+			// uncommitted: else the item is not read.
+			reused := first && (!r.memo.uncommitted || it.committed)
+			r.items = append(r.items, itemRef{listed: it, reused: reused})
 			return nil
 		}
 		h = hash
