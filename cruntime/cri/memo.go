@@ -28,7 +28,8 @@ import (
 //     cleared, not reallocated.
 //
 // Only what changed is decoded and allocated. What the memo holds is
-// proportional to the listing: one entry per item and one per pod; the
+// proportional to the listing: one entry per item that can be grouped and
+// one per pod; the
 // items' strings and the pods are shared with the generator's records.
 type memo struct {
 	mu         sync.Mutex // held for a whole listing; a concurrent listing goes without

@@ -18,9 +18,16 @@ import (
 // The unfiltered list replies of a relist are decoded straight from the
 // wire: only the fields the generator uses are read, label and annotation
 // maps are never built (only the four io.kubernetes.* labels are looked
-// at), and strings that were in the previous reply are reused instead of
-// allocated again. On a node with 1,000 pods of 10 containers this is
-// most of a steady-state relist's CPU and allocations (see `pleg bench`).
+// at), and strings of 16 bytes or more that were in the previous reply are
+// reused instead of allocated again. On a node with 1,000 pods of 10
+// containers this is most of a steady-state relist's CPU and allocations
+// (see `pleg bench`).
+//
+// What a reply makes pleg keep is bounded by its size whatever it holds:
+// an item is read into views of the reply's bytes (wireItem) and nothing
+// is allocated for it unless it can be grouped; then it costs at most 240
+// bytes besides its strings, and the smallest item that can be grouped
+// takes about 12 bytes of reply (TestDecodeMemoryBound).
 
 // listed is one sandbox or container of a list reply, as grouping needs it.
 // It is what the memo keeps per item between listings, so it is small: 112
