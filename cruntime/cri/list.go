@@ -119,8 +119,7 @@ func (c *Client) logSkipped(r *listReply, kind string) {
 	}
 	if log := c.log.V(4); log.Enabled() {
 		log.Info("Skipping listed items that cannot be grouped", "kind", kind,
-			skipNoID.String(), r.skipped[skipNoID], skipNoMetadata.String(), r.skipped[skipNoMetadata],
-			skipNoUID.String(), r.skipped[skipNoUID],
+			"emptyID", r.skipped[skipNoID], "noMetadata", r.skipped[skipNoMetadata], "noPodUID", r.skipped[skipNoUID],
 			"firstID", r.firstSkipped.id, "firstReason", r.firstSkipped.reason.String())
 	}
 }
