@@ -16,19 +16,16 @@ import (
 
 // onPodListed steps the result of a single-pod relist's list call.
 func (c *core) onPodListed(in podListed) {
-	k := c.endCall(in.call)
+	k, r := c.callReturned(in.call)
 	if k == nil {
 		return
 	}
 	uid := k.uid
-	r := c.records[uid]
 	err := in.err
 	if err == nil {
 		err = checkPod(in.pod)
 	}
 	switch {
-	case r == nil:
-		return
 	case err != nil:
 		c.note(note{kind: notePodRelistFailed, uid: uid, pod: k.pod, err: err})
 		c.inspectOwed(uid, r)
@@ -84,15 +81,11 @@ func (c *core) afterCall(uid types.UID) {
 
 // onStatus steps the result of a status call.
 func (c *core) onStatus(in statusFetched) {
-	k := c.endCall(in.call)
+	k, r := c.callReturned(in.call)
 	if k == nil {
 		return
 	}
 	uid := k.uid
-	r := c.records[uid]
-	if r == nil {
-		return
-	}
 	status, err := c.assemble(k, k.plan, in)
 	switch {
 	case r.current == nil:
