@@ -35,8 +35,10 @@ func (c *core) onPodListed(in podListed) {
 		c.inspectOwed(uid, r)
 	default:
 		r.current, r.currentAt = in.pod, k.started
+		r.idleRelist = time.Time{}
 		switch {
 		case !r.needsInspection():
+			r.idleRelist = c.stepNow
 			c.out.Cache = append(c.out.Cache, cacheOp{kind: cacheObserved, uid: uid, at: k.started})
 			c.note(note{kind: notePodRelistDone, d: c.stepNow.Sub(k.started)})
 			r.hint.clearLatency()
