@@ -106,7 +106,7 @@ type harness struct {
 	ips   map[types.UID][]string
 	exit  map[string]int32 // container ID -> exit code in statuses
 	out   map[callID]callReq
-	hung  map[types.UID]callID // calls the runtime holds
+	hung  map[types.UID]callID      // calls the runtime holds
 	moved map[string]cruntime.State // items whose status shows another state than their listing
 }
 
