@@ -73,7 +73,7 @@ They have no kubelet baseline: the kubelet makes no single-pod relists from
 runtime events.
 
 With --kubelet PATH, every scenario driven by hand also runs with the
-kubelet v1.36.3's own relist: PATH is the kubelet-relist program of the
+kubelet v1.37.2's own relist: PATH is the kubelet-relist program of the
 repository's test/kubelet module (build it with 'test/kubelet/build.sh DIR';
 it runs the kubelet's GenericPLEG over its kuberuntime manager and CRI
 client), against an identical simulated node with the same changes, and

@@ -35,7 +35,7 @@ type ScenarioResult struct {
 	Scenario    Scenario   `json:"scenario"`
 	Description string     `json:"description"`
 	PLEG        *RunResult `json:"pleg,omitempty"`
-	// Kubelet is the kubelet v1.36.3's own relist, measured in the same
+	// Kubelet is the kubelet v1.37.2's own relist, measured in the same
 	// run (Options.Kubelet).
 	Kubelet *RunResult `json:"kubelet,omitempty"`
 	// Live holds the figures of a live scenario (instead of PLEG and
@@ -270,7 +270,7 @@ func newReport(o Options) *Report {
 	if driven {
 		r.Notes = append(r.Notes,
 			fmt.Sprintf("Relists are driven by hand (Generator.Relist) after %d warm-up relists without latency (more while one still inspects a pod); between two relists exactly N pods change (one container restarted with a new ID, its old attempt removed: 3 events; the kubelet's GetPodStatus then makes 1+C status calls for the pod, pleg's delta inspection fetches the changed items only).", warmupRelists),
-			"pleg: the library (bounded parallel inspection, pod inspection timeout). kubelet: the kubelet v1.36.3's own GenericPLEG.Relist over its kuberuntime manager and CRI client (the kubelet-relist program, --kubelet), same run, identical simulated node, same changes.",
+			"pleg: the library (bounded parallel inspection, pod inspection timeout). kubelet: the kubelet v1.37.2's own GenericPLEG.Relist over its kuberuntime manager and CRI client (the kubelet-relist program, --kubelet), same run, identical simulated node, same changes.",
 			"ratio = pleg / kubelet. Percentiles are nearest-rank over the measured relists.")
 	}
 	if live {
@@ -345,7 +345,7 @@ func writeScenario(w io.Writer, s ScenarioResult) {
 
 	t := &table{}
 	if b != nil {
-		t.add("metric", "pleg", "kubelet v1.36.3", "ratio")
+		t.add("metric", "pleg", "kubelet v1.37.2", "ratio")
 	} else {
 		t.add("metric", "pleg")
 	}

@@ -24,7 +24,7 @@ type Options struct {
 	// Scenarios to run; Scenarios() when empty.
 	Scenarios []Scenario
 	// Kubelet, when set, is the path of the kubelet-relist program
-	// (test/kubelet/cmd/kubelet-relist: the kubelet v1.36.3's own
+	// (test/kubelet/cmd/kubelet-relist: the kubelet v1.37.2's own
 	// GenericPLEG, runtime manager and CRI client): every scenario driven
 	// by hand then also runs with it, against an identical simulated node,
 	// as the baseline.
