@@ -6,7 +6,6 @@ import (
 	"slices"
 	"strings"
 
-	"google.golang.org/grpc"
 	"k8s.io/apimachinery/pkg/types"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
@@ -53,15 +52,11 @@ func (c *Client) listPods(ctx context.Context, m *memo) ([]*cruntime.Pod, error)
 	}
 	t := strs.begin()
 	sandboxes.strings, containers.strings = t, t
-	err := c.call(ctx, metrics.OpListPodSandbox, "ListPodSandbox", "", func(ctx context.Context) error {
-		return c.conn.Invoke(ctx, runtimeapi.RuntimeService_ListPodSandbox_FullMethodName,
-			&runtimeapi.ListPodSandboxRequest{}, &sandboxes, grpc.ForceCodecV2(leanCodec{}))
-	})
+	// Streamed or unary (liststream.go): the same items into the same
+	// replies.
+	err := c.list(ctx, listSandboxesCall, &sandboxes)
 	if err == nil {
-		err = c.call(ctx, metrics.OpListContainers, "ListContainers", "", func(ctx context.Context) error {
-			return c.conn.Invoke(ctx, runtimeapi.RuntimeService_ListContainers_FullMethodName,
-				&runtimeapi.ListContainersRequest{}, &containers, grpc.ForceCodecV2(leanCodec{}))
-		})
+		err = c.list(ctx, listContainersCall, &containers)
 	}
 	if err != nil {
 		// The items decoded so far stay in the memo until the next

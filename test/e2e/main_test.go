@@ -32,7 +32,7 @@ const (
 
 // allRuntimes are the containerd versions the suite runs against, oldest
 // first; provision.sh provisions each into <cache>/containerd-<version>/bin.
-var allRuntimes = []string{"1.6.20", "1.7.35", "2.2.9"}
+var allRuntimes = []string{"1.6.20", "1.7.35", "2.2.9", "2.4.2"}
 
 // Images built by provision.sh and imported into containerd's k8s.io
 // namespace.
