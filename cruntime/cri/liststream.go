@@ -131,7 +131,7 @@ func (c *Client) ListStreamingActive() bool { return c.streamLists() }
 type listCall struct {
 	op, method, streamMethod string // metric operation, the unary and streaming methods' names
 	unary, streamed          string // full method names
-	req, streamReq  any
+	req, streamReq           any
 }
 
 var (
