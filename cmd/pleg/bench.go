@@ -32,6 +32,8 @@ type benchOptions struct {
 	parallel  int
 	seed      uint64
 	cpuProf   string
+	// compareStreaming: --compare-list-streaming
+	compareStreaming bool
 }
 
 func newBenchCmd() *cobra.Command {
@@ -101,6 +103,7 @@ A full run takes about ninety seconds with --kubelet; --quick about twenty.`,
 	f.BoolVar(&o.inProcess, "in-process", false, "serve the simulated runtime and run pleg's generator in this process (the simulator's work is then counted in pleg's CPU and allocations; no peak RSS)")
 	f.IntVar(&o.parallel, "max-parallel-inspections", 0, "pleg's inspection bound (0: the library default)")
 	f.Uint64Var(&o.seed, "seed", 1, "seed of the simulated node")
+	f.BoolVar(&o.compareStreaming, "compare-list-streaming", false, "run pleg twice per scenario, listing through the streaming RPCs and with the unary calls, and compare them (CPU, allocations, peak RSS)")
 	f.StringVar(&o.cpuProf, "cpuprofile", "", "write a CPU profile of this process to this file (with --in-process: pleg's generator and the simulated runtime)")
 	return cmd
 }
@@ -146,6 +149,7 @@ func runBench(cmd *cobra.Command, o *benchOptions) error {
 		InProcess:              o.inProcess,
 		Seed:                   o.seed,
 		Progress:               cmd.ErrOrStderr(),
+		CompareListStreaming:   o.compareStreaming,
 	})
 	if err != nil {
 		return fmt.Errorf("bench: %w", err)

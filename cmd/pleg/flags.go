@@ -62,6 +62,7 @@ type runtimeFlags struct {
 	podInspectionTimeout time.Duration
 	fullInspection       bool
 	events               string
+	listStreaming        string
 }
 
 func (f *runtimeFlags) addFlags(fs *pflag.FlagSet) {
@@ -84,6 +85,17 @@ func (f *runtimeFlags) addFlags(fs *pflag.FlagSet) {
 		"fetch the status of every sandbox and container of a changed pod, as the kubelet does (default: only those whose listing changed)")
 	fs.Var(newEnumValue(&f.events, "auto", "auto", "on", "off"), "events",
 		"use the runtime's container events to relist changed pods early: auto (when the runtime streams them), on, off")
+	fs.Var(newEnumValue(&f.listStreaming, "auto", "auto", "on", "off"), "list-streaming",
+		"list through the runtime's streaming list RPCs (KEP-5825), in batches, so no 16 MiB message limit bounds the node: auto (when the runtime has them), on, off")
+}
+
+// listStreamingMode is --list-streaming as the CRI client's option.
+func (f *runtimeFlags) listStreamingMode() cri.ListStreaming {
+	m, err := cri.ParseListStreaming(f.listStreaming)
+	if err != nil { // the flag accepts the three words only
+		return cri.ListStreamingAuto
+	}
+	return m
 }
 
 // validate checks the values pflag cannot; its errors are usage errors.
