@@ -82,7 +82,7 @@ func drain(ch <-chan *pleg.Event) (map[string][]string, int) {
 // pods (same pointers).
 func TestListStreamingDifferential(t *testing.T) {
 	clk := clocktesting.NewFakeClock(time.Date(2026, 11, 25, 12, 0, 0, 0, time.UTC))
-	r := sim.New(sim.Config{Seed: 5825, Pods: 40, ContainersPerPod: 3, ChurnPerStep: 12, Clock: clk, ListStreamBatch: 7})
+	r := sim.New(sim.Config{Seed: 5825, Pods: 30, ContainersPerPod: 3, ChurnPerStep: 10, Clock: clk, ListStreamBatch: 7})
 	serveSim(t, r)
 	ctx := ctxMinute(t)
 
@@ -103,7 +103,7 @@ func TestListStreamingDifferential(t *testing.T) {
 	}
 	s, u := sides["stream"], sides["unary"]
 	var events int
-	for step := range 30 {
+	for step := range 20 {
 		if step > 0 {
 			r.Step()
 		}
@@ -139,8 +139,8 @@ func TestListStreamingDifferential(t *testing.T) {
 			t.Fatalf("step %d: listings differ", step)
 		}
 	}
-	if events < 100 {
-		t.Fatalf("only %d events in 30 steps: the node did not churn", events)
+	if events < 60 {
+		t.Fatalf("only %d events in 20 steps: the node did not churn", events)
 	}
 
 	// Nothing changes: the streamed listing is the last one, pod for pod.
@@ -167,10 +167,10 @@ func TestListStreamingDifferential(t *testing.T) {
 			t.Errorf("no %s call: %v", m, calls)
 		}
 	}
-	// Each side made its kind of call once per listing: 30 relists and 32
-	// direct listings streamed, 30 and 30 unary.
-	if calls["StreamContainers"] != 62 || calls["ListContainers"] != 60 {
-		t.Errorf("StreamContainers %d (want 62), ListContainers %d (want 60)", calls["StreamContainers"], calls["ListContainers"])
+	// Each side made its kind of call once per listing: 20 relists and 22
+	// direct listings streamed, 20 and 20 unary.
+	if calls["StreamContainers"] != 42 || calls["ListContainers"] != 40 {
+		t.Errorf("StreamContainers %d (want 42), ListContainers %d (want 40)", calls["StreamContainers"], calls["ListContainers"])
 	}
 }
 
@@ -221,6 +221,13 @@ func TestListStreamingFallback(t *testing.T) {
 	r.GoAway()
 	if err := r.ComeBack(); err != nil {
 		t.Fatal(err)
+	}
+	// The client sees its connection end (gRPC's transport reader does,
+	// asynchronously): from then on the next listing probes again.
+	for deadline := time.Now().Add(10 * time.Second); !c.ListStreamingActive(); time.Sleep(10 * time.Millisecond) {
+		if time.Now().After(deadline) {
+			t.Fatal("the client did not notice the connection ending within 10 s")
+		}
 	}
 	r.ResetCalls()
 	var err error
@@ -277,12 +284,12 @@ func subset(got, want map[string]int64) bool {
 }
 
 // TestListLargerThanMessageLimit: a node whose container listing is
-// larger than the 16 MiB gRPC message limit (created containers with
-// 64 KiB annotations) cannot be listed with the unary calls: the error
+// larger than the 16 MiB gRPC message limit (17 created containers with
+// 1 MiB annotations, 4 a message when streamed) cannot be listed with the unary calls: the error
 // matches cri.ErrListTooLarge and says, on one line, the limit and the
 // flag. Streamed in batches that each fit, it lists every container.
 func TestListLargerThanMessageLimit(t *testing.T) {
-	r := sim.New(sim.Config{Seed: 2, ListStreamBatch: 100})
+	r := sim.New(sim.Config{Seed: 2, ListStreamBatch: 4})
 	serveSim(t, r)
 	ctx := ctxMinute(t)
 	raw := dialMode(t, r, cri.ListStreamingOff).RuntimeService()
@@ -291,8 +298,8 @@ func TestListLargerThanMessageLimit(t *testing.T) {
 		t.Fatal(err)
 	}
 	sb := p.Sandboxes[0]
-	big := strings.Repeat("x", 64<<10)
-	const n = 270 // 270 x 64 KiB = 16.9 MiB
+	big := strings.Repeat("x", 1<<20)
+	const n = 17 // 17 x 1 MiB, in messages of 4 items
 	for i := range n {
 		_, err := raw.CreateContainer(ctx, &runtimeapi.CreateContainerRequest{
 			PodSandboxId: sb.ID,
@@ -311,7 +318,7 @@ func TestListLargerThanMessageLimit(t *testing.T) {
 	off := dialMode(t, r, cri.ListStreamingOff)
 	_, err = off.ListPods(ctx)
 	if !errors.Is(err, cri.ErrListTooLarge) || status.Code(err) != codes.ResourceExhausted {
-		t.Fatalf("unary listing of %d x 64 KiB: %v, want ErrListTooLarge (ResourceExhausted)", n, err)
+		t.Fatalf("unary listing of %d x 1 MiB: %v, want ErrListTooLarge (ResourceExhausted)", n, err)
 	}
 	msg := err.Error()
 	if strings.Contains(msg, "\n") || !strings.Contains(msg, "16 MiB") || !strings.Contains(msg, "--list-streaming=auto") {
