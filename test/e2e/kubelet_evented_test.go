@@ -49,8 +49,8 @@ func (k *kubelet) fastPathRequests() map[string]bool {
 // pleg delivered the kubelet's ContainerDied, and measures, from the
 // container's finish time in the runtime (FinishedAt): the kubelet's
 // delivery (its "SyncLoop (PLEG)" line), pleg's (the event's time), and
-// their difference. pleg's p50 must stay well under a relist period (250
-// ms): its hints are on by default.
+// their difference. pleg's p50 must not be more than 100 ms after the
+// kubelet's (its hints are on by default).
 func TestKubeletEventedSideBySide(t *testing.T) {
 	PlegBinary(t) // into the suite's dir, which outlives this test's env
 	k := startKubelet(t, "EventedPLEG")
@@ -144,7 +144,10 @@ func TestKubeletEventedSideBySide(t *testing.T) {
 	measure(t, "kubelet-evented-side-by-side: ContainerDied after the container finished, %d exits (%d kubelet events checked): kubelet v1.37.2 EventedPLEG p50=%s max=%s, pleg p50=%s max=%s, pleg minus kubelet p50=%s min=%s max=%s (negative: pleg first)",
 		len(exits), n, ms(percentile(kubeLat, 50)), ms(slices.Max(kubeLat)), ms(percentile(plegLat, 50)), ms(slices.Max(plegLat)),
 		ms(percentile(diff, 50)), ms(slices.Min(diff)), ms(slices.Max(diff)))
-	if p := percentile(plegLat, 50); p > 250*time.Millisecond {
-		t.Errorf("pleg delivered ContainerDied %s (p50) after the exit, want under 250 ms with its event hints", ms(p))
+	// Both follow the same event from the same containerd: what the
+	// runtime and the machine's load add (tens to hundreds of ms) is in
+	// both. pleg's hints must not be slower than the kubelet's fast path.
+	if p := percentile(diff, 50); p > 100*time.Millisecond {
+		t.Errorf("pleg delivered ContainerDied %s (p50) after the kubelet's evented PLEG, want at most 100 ms", ms(p))
 	}
 }
