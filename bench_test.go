@@ -69,11 +69,10 @@ func TestDiffUnchangedAllocs(t *testing.T) {
 
 // benchRuntime is a minimal in-memory runtime for the relist benchmarks:
 // it returns prebuilt listings (alternating between them, one per call)
-// and prebuilt statuses, so that what is measured is the generator alone.
+// and statuses made from the listing, so that what is measured is the generator alone.
 type benchRuntime struct {
 	listings [][]*cruntime.Pod
 	next     atomic.Int64
-	statuses map[types.UID]*cruntime.PodStatus
 	calls    atomic.Int64
 }
 
@@ -91,18 +90,23 @@ func (r *benchRuntime) ListPod(_ context.Context, uid types.UID) (*cruntime.Pod,
 	return nil, nil
 }
 
-func (r *benchRuntime) PodStatus(_ context.Context, p *cruntime.Pod) (*cruntime.PodStatus, error) {
+func (r *benchRuntime) ItemStatuses(_ context.Context, p *cruntime.Pod, sbs, cts []*cruntime.Container) ([]*cruntime.SandboxStatus, []*cruntime.ContainerStatus, error) {
 	r.calls.Add(1)
-	if s := r.statuses[p.UID]; s != nil {
-		return s, nil
+	sbOut := make([]*cruntime.SandboxStatus, len(sbs))
+	for i, sb := range sbs {
+		sbOut[i] = &cruntime.SandboxStatus{ID: sb.ID, State: sb.State, IPs: []string{"10.88.0.1"}}
 	}
-	return &cruntime.PodStatus{UID: p.UID, Name: p.Name, Namespace: p.Namespace}, nil
+	ctOut := make([]*cruntime.ContainerStatus, len(cts))
+	for i, c := range cts {
+		ctOut[i] = &cruntime.ContainerStatus{ID: c.ID, Name: c.Name, State: c.State}
+	}
+	return sbOut, ctOut, nil
 }
 
 // newBenchNode returns a runtime of pods x containers whose successive
 // listings differ in changed pods (a container restarted each time).
 func newBenchNode(pods, containers, changed int) *benchRuntime {
-	r := &benchRuntime{statuses: map[types.UID]*cruntime.PodStatus{}}
+	r := &benchRuntime{}
 	gens := 1
 	if changed > 0 {
 		gens = 2
@@ -117,13 +121,6 @@ func newBenchNode(pods, containers, changed int) *benchRuntime {
 			l = append(l, benchPod(i, containers, g))
 		}
 		r.listings = append(r.listings, l)
-	}
-	for _, p := range r.listings[0] {
-		s := &cruntime.PodStatus{UID: p.UID, Name: p.Name, Namespace: p.Namespace, IPs: []string{"10.88.0.1"}}
-		for _, sb := range p.Sandboxes {
-			s.SandboxStatuses = append(s.SandboxStatuses, &cruntime.SandboxStatus{ID: sb.ID, State: sb.State, IPs: s.IPs})
-		}
-		r.statuses[p.UID] = s
 	}
 	return r
 }
@@ -172,4 +169,8 @@ func BenchmarkRelistChanged1000x10(b *testing.B) {
 			benchRelist(b, newBenchNode(1000, 10, 10), c.parallel, 10)
 		})
 	}
+}
+
+func (r *benchRuntime) Identities(context.Context, *cruntime.Pod, []*cruntime.Container) ([]*cruntime.Identity, error) {
+	return nil, cruntime.ErrIdentityUnsupported
 }

@@ -1,59 +1,128 @@
 package pleg
 
 import (
-	"slices"
-	"strings"
 	"time"
 
 	"github.com/podlifecycle/pleg/cruntime"
+	"github.com/podlifecycle/pleg/journal"
 	"k8s.io/apimachinery/pkg/types"
 )
 
-// core is the kubelet's PLEG rules as a deterministic state machine
-// (docs/semantics.md): listings, inspection outcomes and times go in; the
-// pods to inspect, cache writes and events come out. It does no I/O, starts
-// no goroutine, reads no clock and logs nothing. The relist loop
-// (relist.go, podrelist.go) is its shell: it makes the runtime calls under
-// their bounds, feeds the answers in and carries the outputs out to the
-// cache, delivery, metrics and logs.
+// core owns every per-pod rule and all per-pod state (docs/semantics.md):
+// the records of what events were emitted for, reinspection, the runtime
+// calls out (one per pod at most) and their timeouts, hints and their
+// budget, the global relist's schedule, IP carry-over, the cache writes and
+// the events to publish.
 //
-// Its steps:
+// It is a deterministic state machine in the manner of etcd's raft: Step
+// takes one input and the time, and returns the effects to carry out
+// (Ready). It reads no clock, takes no lock, starts no goroutine and does no
+// I/O; the loop (loop.go) owns it, makes the calls it asks for under their
+// bounds (calls.go), and feeds their results back as inputs. The scripts in
+// testdata/core drive it directly.
 //
-//	listed      a global relist's listing: the pods to inspect
-//	podListed   a single-pod relist's listing: the pod to inspect, if any
-//	inspected   one pod's inspection outcome: the cache write and events
-//
-// A core is owned by one goroutine.
+// The files core_*.go hold its rules by concern: core_relist.go the global
+// relist, core_pod.go one pod's inspection and its outcome,
+// core_calls.go the calls out and their timeouts, core_hints.go hints, their
+// coverage and their budget, core_identity.go containers' identities.
 type core struct {
+	cfg coreConfig
+
+	// records: every pod the core knows of (listed, delivered for, or
+	// with a hint or a call pending).
 	records map[types.UID]*record
-	// reinspect: pods whose last inspection failed (or that were deferred
-	// from a global relist): the next relist inspects them even if their
-	// listing did not change, and a success emits PodSync.
-	reinspect map[types.UID]struct{}
-	// gen counts successful global relists, and lastRelist is the start
-	// of the last one: a single-pod relist's listing from an earlier
-	// generation is older than the records, and a hint from before
-	// lastRelist is covered.
+	// calls: every runtime call out, including abandoned ones (their pod
+	// has timed out waiting for them, but they have not returned).
+	calls  map[callID]*call
+	nextID callID
+	// active counts the calls out that are not abandoned: at most
+	// cfg.slots.
+	active    int
+	abandoned int
+
+	relist relistState
+	// gen counts successful global listings; lastRelist is the start of
+	// the last one: the health timestamp, and the time before which a hint
+	// is covered (its listing already shows what the hint says).
 	gen        uint64
 	lastRelist time.Time
-	// full makes every inspection fetch every item of the pod, as the
-	// kubelet does (Options.FullInspection); otherwise a pod's work carries
-	// its last status for a delta inspection (delta.go).
-	full bool
+	// lastListing is the last global listing, to recognize the very same
+	// listing again (cruntime.Runtime's contract: an unchanged listing may
+	// be returned as the same slice of the same pods).
+	lastListing []*cruntime.Pod
+
+	// reachable: whether the last listing succeeded (0: none yet, 1:
+	// yes, -1: no).
+	reachable int8
+
+	// identityWanted: some watcher wants containers' identities; idTodo:
+	// the pods waiting for an identity call.
+	identityWanted bool
+	idTodo         []types.UID
+
+	hints   hintQueue
+	reqSeq  uint64 // numbers RequestReinspect requests
+	out     Ready  // the effects of the Step in progress
+	stepNow time.Time
 }
+
+// coreConfig is what the core needs of Options.
+type coreConfig struct {
+	period  time.Duration // sliding period between global relists
+	manual  bool          // global relists start only on relistNow (Generator.Relist)
+	slots   int           // calls out at once (MaxParallelInspections)
+	timeout time.Duration // bound of each per-pod call (the pod inspection timeout)
+	// statusTimeout is the bound of the global relist's status calls: 0
+	// when Options.PodInspectionTimeout is negative (no bound but the
+	// runtime request timeout, as the kubelet); single-pod relists'
+	// calls always have timeout.
+	statusTimeout time.Duration
+	full          bool // inspect every item, as the kubelet (Options.FullInspection)
+	budget        hintBudget
+}
+
+// callID identifies one runtime call the core asked for.
+type callID uint64
 
 // record is what the core knows of one pod.
 type record struct {
 	// old is the listing events have been emitted for; current the
-	// latest listing (nil: the pod is not listed).
+	// latest listing (nil: the pod is not listed), taken by a list call
+	// that started at currentAt.
 	old, current *cruntime.Pod
+	currentAt    time.Time
 	// ips are the IPs of the pod's last successfully cached status: a
 	// status without IPs and without a ready sandbox keeps them (the
 	// kubelet's carry-over for a dead pod).
 	ips []string
-	// status is the pod's last successfully inspected status (nil after a
+	// status is the last successfully inspected status (nil after a
 	// failure): the items a delta inspection may reuse.
 	status *cruntime.PodStatus
+	// flagged: the last inspection failed; the next relist inspects the
+	// pod fully even if its listing did not change, and a success emits
+	// PodSync if nothing else changed (the kubelet's reinspection).
+	flagged bool
+	// requested is the number of a RequestReinspect not yet served (0:
+	// none): it works as flagged until an inspection that started after it
+	// succeeds.
+	requested uint64
+	// call is the pod's one call out (nil: none).
+	call *call
+	// owed: a global relist found the pod to inspect while its call was
+	// out; the pod is inspected as soon as that call returns, and its cache
+	// entry is held out of the relist's cache timestamp until then.
+	owed bool
+	// hint is the pod's pending hint, if any: queued, or waiting for the
+	// call out to return.
+	hint pendingHint
+	// lastPodRelist is when the pod's last single-pod relist started (the
+	// budget's per-pod spacing).
+	lastPodRelist time.Time
+	// identity: the identities fetched of the pod's containers, by ID (nil
+	// value: asked for, none given); idQueued: waiting for an identity
+	// call.
+	identity map[string]*cruntime.Identity
+	idQueued bool
 }
 
 // pod returns the most recent listing of the record.
@@ -64,226 +133,198 @@ func (r *record) pod() *cruntime.Pod {
 	return r.old
 }
 
-// work is one pod to inspect: the listing to fetch the status of (nil: the
-// pod is gone, no call needed) and the events its listing changed by
-// (possibly none, when it was flagged for reinspection).
-type work struct {
-	uid    types.UID
-	pod    *cruntime.Pod
-	events []Event
-	gen    uint64 // the generation of the listing
-	// prev, when not nil, is the pod's last status: the inspection may
-	// reuse its items whose listing has not changed (delta.go). It is nil
-	// for a full inspection: after a failure, when asked for from outside
-	// (RequestReinspect), or with Options.FullInspection.
-	prev *cruntime.PodStatus
+// needsInspection reports whether the record's pod must be inspected: its
+// listing makes events since what events were emitted for, or it is
+// flagged or asked for.
+func (r *record) needsInspection() bool {
+	return r.flagged || r.requested != 0 || changed(r.old, r.current)
 }
 
-// outcome is what the shell does after an inspection.
-type outcome struct {
-	// The cache write: Delete the entry, or Set Status and Err at At.
-	Delete bool
-	Status *cruntime.PodStatus
-	Err    error
-	At     time.Time
-	// OK is whether the inspection succeeded; only then are Events
-	// delivered, leading to State (nil: the pod is gone).
-	OK     bool
-	Events []Event
-	State  *cruntime.Pod
-	// Stale is true when the outcome was dropped because a newer global
-	// relist superseded its listing: nothing to do.
-	Stale bool
+// idle reports whether the record holds nothing worth keeping.
+func (r *record) idle() bool {
+	return r.old == nil && r.current == nil && r.call == nil && !r.hint.pending() &&
+		!r.flagged && r.requested == 0 && !r.owed && !r.idQueued
 }
 
-func newCore(full bool) *core {
-	return &core{records: make(map[types.UID]*record), reinspect: make(map[types.UID]struct{}), full: full}
+func newCore(cfg coreConfig) *core {
+	cfg.slots = max(1, cfg.slots)
+	return &core{cfg: cfg, records: make(map[types.UID]*record), calls: make(map[callID]*call)}
 }
 
-// prev returns the status a delta inspection of r may reuse: none when the
-// core inspects fully, or when the pod is flagged (its last inspection
-// failed, or a full one was asked for).
-func (c *core) prev(r *record, flagged bool) *cruntime.PodStatus {
-	if c.full || flagged {
-		return nil
-	}
-	return r.status
-}
-
-// covered reports whether something that happened at t (a hint's enqueue
-// time, a runtime event's creation) is covered by the global relist that
-// started at last: its listing already shows it.
-func covered(t, last time.Time) bool { return !last.IsZero() && t.Before(last) }
-
-// flagged reports whether uid is flagged for reinspection by the core.
-func (c *core) flagged(uid types.UID) bool {
-	_, ok := c.reinspect[uid]
-	return ok
-}
-
-// listed steps a successful global relist that started at t with its
-// listing. requested are the pods asked for reinspection from outside
-// (RequestReinspect). It returns the pods to inspect, in UID order.
-func (c *core) listed(t time.Time, pods []*cruntime.Pod, requested []types.UID) []work {
-	c.gen++
-	c.lastRelist = t
-	for _, r := range c.records {
-		r.current = nil
-	}
-	for _, p := range pods {
-		r := c.records[p.UID]
-		if r == nil {
-			r = &record{}
-			c.records[p.UID] = r
-		}
-		r.current = p
-	}
-	flagged := c.reinspect
-	for _, uid := range requested {
-		flagged[uid] = struct{}{}
-	}
-	// Rebuilt by this relist's outcomes.
-	c.reinspect = make(map[types.UID]struct{})
-	var todo []work
-	for uid, r := range c.records {
-		events := Diff(uid, r.old, r.current)
-		_, ok := flagged[uid]
-		if len(events) == 0 && !ok {
-			continue
-		}
-		todo = append(todo, work{uid: uid, pod: r.current, events: events, gen: c.gen, prev: c.prev(r, ok)})
-	}
-	// A stable order makes runs reproducible; it costs only the changed pods.
-	slices.SortFunc(todo, func(a, b work) int { return strings.Compare(string(a.uid), string(b.uid)) })
-	return todo
-}
-
-// podListed steps a single-pod relist: the listing of uid (nil: the runtime
-// has nothing for it), taken in generation gen. requested is an outside
-// request to reinspect the pod. It returns the pod to inspect, or ok false
-// when nothing changed (the shell marks the cache entry observed) or when
-// the listing is older than the records (stale).
-func (c *core) podListed(uid types.UID, pod *cruntime.Pod, gen uint64, requested bool) (w work, ok, stale bool) {
-	if gen != c.gen {
-		return work{}, false, true
-	}
+// record returns the record of uid, creating it.
+func (c *core) record(uid types.UID) *record {
 	r := c.records[uid]
 	if r == nil {
-		if pod == nil {
-			return work{}, false, false
-		}
 		r = &record{}
 		c.records[uid] = r
 	}
-	r.current = pod
-	events := Diff(uid, r.old, r.current)
-	flagged := requested || c.flagged(uid)
-	if len(events) == 0 && !flagged {
-		if r.old == nil && r.current == nil {
-			delete(c.records, uid)
-		}
-		return work{}, false, false
-	}
-	return work{uid: uid, pod: r.current, events: events, gen: gen, prev: c.prev(r, flagged)}, true, false
+	return r
 }
 
-// inspected steps the outcome of inspecting w at t: status and err from the
-// runtime (nil, nil for a pod gone from the listing). An outcome for a
-// listing the records have moved past (a single-pod relist's, overtaken by
-// a global relist) is dropped as Stale.
-func (c *core) inspected(w work, status *cruntime.PodStatus, err error, t time.Time) outcome {
-	r := c.records[w.uid]
-	if w.gen != c.gen || r == nil || r.current != w.pod {
-		return outcome{Stale: true}
+// forget deletes the record of uid if it holds nothing.
+func (c *core) forget(uid types.UID) {
+	if r := c.records[uid]; r != nil && r.idle() {
+		delete(c.records, uid)
 	}
-	var o outcome
-	if r.current == nil {
-		o.Delete = true
-	} else {
-		if err == nil {
-			status.IPs = carryIPs(r.ips, status)
-			r.ips = status.IPs
-			r.status = status
-		} else {
-			r.ips = nil
-			r.status = nil
-			if status == nil {
-				status = &cruntime.PodStatus{UID: w.uid, Name: r.current.Name, Namespace: r.current.Namespace}
-			}
-		}
-		o.Status, o.Err, o.At = status, err, t
-	}
-	if err != nil {
-		c.reinspect[w.uid] = struct{}{}
-		return o
-	}
-	delete(c.reinspect, w.uid)
-	o.OK = true
-	events := w.events
-	if len(events) == 0 {
-		events = []Event{{PodUID: w.uid, Type: PodSync}}
-	}
-	pod := r.pod()
-	if r.current == nil {
-		delete(c.records, w.uid)
-	} else {
-		r.old = r.current
-	}
-	o.State = r.current
-	out := make([]Event, 0, len(events))
-	for _, e := range events {
-		if e.Type == ContainerChanged {
-			continue
-		}
-		if pod != nil {
-			e.PodName, e.PodNamespace = pod.Name, pod.Namespace
-		}
-		if e.Type == ContainerDied && status != nil {
-			if cs := findContainerStatus(status, e.ContainerID); cs != nil {
-				code := cs.ExitCode
-				e.ExitCode = &code
-			}
-		}
-		out = append(out, e)
-	}
-	o.Events = out
-	return o
 }
 
-// carryIPs keeps a dead pod's last IPs: when the fresh status has none and
-// no sandbox is ready, the previous IPs stay.
-func carryIPs(prev []string, status *cruntime.PodStatus) []string {
-	if len(status.IPs) != 0 || len(prev) == 0 {
-		return status.IPs
-	}
-	for _, s := range status.SandboxStatuses {
-		if s.State == cruntime.StateRunning {
-			return status.IPs
-		}
-	}
-	return prev
+// An input is something that happened: time passing, a call's result, a
+// hint, a request.
+type input interface{ isInput() }
+
+// tick: time passed. waiting names, for each call out, the runtime call it
+// is waiting on now (the pool's progress, from cruntime.CallTracer), for the
+// errors of calls that time out.
+type tick struct{ waiting map[callID]trackedCall }
+
+// relistNow asks for a global relist at once (Generator.Relist).
+type relistNow struct{}
+
+// listed: a global relist's list call returned.
+type listed struct {
+	call callID
+	pods []*cruntime.Pod
+	err  error
 }
 
-func findContainerStatus(s *cruntime.PodStatus, id string) *cruntime.ContainerStatus {
-	for _, c := range s.ContainerStatuses {
-		if c.ID == id && c.State == cruntime.StateExited {
-			return c
-		}
-	}
-	return nil
+// podListed: a single-pod relist's list call returned (pod nil: the
+// runtime has nothing for the UID).
+type podListed struct {
+	call callID
+	pod  *cruntime.Pod
+	err  error
 }
 
-// listTimedOut steps a single-pod relist whose list call for uid, made in
-// generation gen, exceeded its bound: the pod is flagged for reinspection,
-// and ok says whether the shell caches the error for it (a listed pod of
-// the current generation).
-func (c *core) listTimedOut(uid types.UID, gen uint64) (ok bool) {
-	r := c.records[uid]
-	if gen != c.gen || r == nil || r.current == nil {
-		return false
-	}
-	c.reinspect[uid] = struct{}{}
-	r.ips = nil
-	r.status = nil
-	return true
+// statusFetched: a status call returned. For a delta inspection, status
+// holds only the fetched items' statuses, in the order they were asked for.
+type statusFetched struct {
+	call       callID
+	status     *cruntime.PodStatus // a full inspection's status
+	sandboxes  []*cruntime.SandboxStatus
+	containers []*cruntime.ContainerStatus
+	err        error
 }
+
+// hintIn: something suggests that pod uid changed: a runtime event (event
+// set, container its ID) or RequestRelist. at is when it happened (the
+// event's creation, the request's time).
+type hintIn struct {
+	uid       types.UID
+	at        time.Time
+	event     bool
+	eventType cruntime.EventType
+	container string
+}
+
+// reinspectIn: RequestReinspect(uid).
+type reinspectIn struct{ uid types.UID }
+
+// identityIn: whether some watcher wants containers' identities now.
+type identityIn struct{ wanted bool }
+
+// identitiesFetched: an identity call returned.
+type identitiesFetched struct {
+	call callID
+	ids  []*cruntime.Identity
+	err  error
+}
+
+func (tick) isInput()              {}
+func (relistNow) isInput()         {}
+func (listed) isInput()            {}
+func (podListed) isInput()         {}
+func (statusFetched) isInput()     {}
+func (hintIn) isInput()            {}
+func (reinspectIn) isInput()       {}
+func (identityIn) isInput()        {}
+func (identitiesFetched) isInput() {}
+
+// Ready is what a Step asks the loop to carry out, in this order: start the
+// calls, apply the cache operations in order, publish the events in order,
+// then report the notes (logs and metrics).
+type Ready struct {
+	Calls   []callReq
+	Cache   []cacheOp
+	Publish []publication
+	Notes   []note
+	// RelistStarted is the start of a global relist that began; Relist
+	// is the statistics of one that ended.
+	RelistStarted time.Time
+	Relist        *RelistStat
+	// Healthy is the new health timestamp, when a listing succeeded.
+	Healthy time.Time
+	// Runtime is the runtime's new reachability, when it changed: a
+	// listing succeeded after none or after a failure, or failed after a
+	// success.
+	Runtime *journal.RuntimeStatus
+	// Abandoned is how many abandoned calls are out after the step.
+	Abandoned int
+}
+
+// Step steps the core with in at time now and returns what to carry out.
+func (c *core) Step(now time.Time, in input) Ready {
+	c.stepNow = now
+	switch in := in.(type) {
+	case tick:
+		c.expire(in.waiting)
+		if c.relist.phase == relistIdle && !c.cfg.manual && !now.Before(c.relist.due) {
+			c.startRelist()
+		}
+	case relistNow:
+		if c.relist.phase == relistIdle {
+			c.startRelist()
+		}
+	case listed:
+		c.onListed(in)
+	case podListed:
+		c.onPodListed(in)
+	case statusFetched:
+		c.onStatus(in)
+	case hintIn:
+		c.onHint(in)
+	case reinspectIn:
+		c.onReinspect(in)
+	case identityIn:
+		c.onIdentityWanted(in.wanted)
+	case identitiesFetched:
+		c.onIdentities(in)
+	}
+	c.dispatch()
+	c.out.Abandoned = c.abandoned
+	out := c.out
+	c.out = Ready{}
+	return out
+}
+
+// Wake returns when the core next needs a tick: the next global relist, a
+// call's deadline, or a hint the budget let wait. The zero time: never.
+func (c *core) Wake() time.Time {
+	var w time.Time
+	earlier := func(t time.Time) {
+		if !t.IsZero() && (w.IsZero() || t.Before(w)) {
+			w = t
+		}
+	}
+	if c.relist.phase == relistIdle && !c.cfg.manual {
+		earlier(c.relist.due)
+	}
+	for _, k := range c.calls {
+		if !k.abandoned {
+			earlier(k.deadline)
+		}
+	}
+	earlier(c.hintWake())
+	return w
+}
+
+// Settled reports whether nothing is left to do now but wait for time:
+// no global relist runs and no call is out but abandoned ones. Generators
+// driven by hand (Generator.Relist) run until it.
+func (c *core) Settled() bool {
+	return c.relist.phase == relistIdle && c.active == 0 && !c.hintsDispatchable()
+}
+
+// LastRelist returns the start of the last successful global listing.
+func (c *core) LastRelist() time.Time { return c.lastRelist }
+
+func (c *core) note(n note) { c.out.Notes = append(c.out.Notes, n) }

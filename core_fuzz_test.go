@@ -1,7 +1,6 @@
 package pleg
 
 import (
-	"errors"
 	"fmt"
 	"slices"
 	"testing"
@@ -11,41 +10,52 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 )
 
-// FuzzCore drives the core with random listings (global and single-pod,
-// current and stale, some malformed), random inspection outcomes and
-// reinspection requests, and checks it against a reference model of what
-// subscribers were told:
+// FuzzCore steps the core with random interleavings of everything that
+// can happen: the runtime's listing changing, time passing (timeouts, the
+// budget, the period), global relists, calls returning in any order (with
+// errors, late, malformed), hints (some with event payloads, some stale)
+// and reinspection requests. It checks, after every step:
 //
-//   - nothing panics, and malformed answers never reach the core;
-//   - no event twice: the events of every successful inspection are exactly
-//     the transitions between the listing subscribers were last told about
-//     and the inspected one, which is never older than the records;
-//   - no transition lost: after a global relist, every listed pod either
-//     has been told its listing, or is retried: it is flagged, and the next
-//     global relist inspects it.
+//   - nothing panics; a pod never has two calls out; at most slots are
+//     active;
+//   - no event twice, none out of thin air: the events delivered for a pod
+//     are exactly the transitions between the listing subscribers were
+//     last told about and the one they lead to (PodSync when none);
+//
+// and at the end, once the runtime stops changing and answers every call:
+//
+//   - no transition lost: every pod subscribers were told about has the
+//     runtime's listing, and every pod the runtime lists was told about.
 func FuzzCore(f *testing.F) {
 	f.Add([]byte{0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15})
 	f.Add([]byte{0, 0, 0, 9, 9, 9, 1, 1, 1, 200, 17, 33, 65, 129, 2, 2, 2})
 	f.Add([]byte("crash loop, hung pod, stale hint, runtime restart"))
+	f.Add([]byte{2, 3, 3, 3, 4, 7, 4, 9, 3, 0, 3, 1, 1, 1, 1, 1, 3, 3, 6, 2, 3, 3, 3})
 	f.Fuzz(func(t *testing.T, data []byte) {
-		fz := &fuzzer{data: data, c: newCore(false), told: map[types.UID]*cruntime.Pod{}, now: time.Unix(1_700_000_000, 0)}
-		for steps := 0; !fz.done() && steps < 200; steps++ {
-			fz.step(t)
+		fz := newFuzzer(t, data)
+		for steps := 0; !fz.done() && steps < 300; steps++ {
+			fz.step()
 		}
+		fz.converge()
 	})
 }
 
+var fuzzPods = []types.UID{"a", "b", "c", "d"}
+
 type fuzzer struct {
+	*harness
 	data []byte
 	pos  int
-	c    *core
-	now  time.Time
 	// told: the listing each pod's delivered events lead to (the
 	// reference model of a subscriber).
 	told map[types.UID]*cruntime.Pod
-	// retry: pods whose last inspection failed, which the next global
-	// relist must inspect.
-	retry map[types.UID]bool
+}
+
+func newFuzzer(t *testing.T, data []byte) *fuzzer {
+	h := newHarness(t)
+	h.c.cfg = coreConfig{period: time.Second, slots: 2, timeout: 2 * time.Second, statusTimeout: 2 * time.Second,
+		budget: hintBudget{rate: 3, burst: 2, spacing: 300 * time.Millisecond, early: 200 * time.Millisecond, queue: 3}}
+	return &fuzzer{harness: h, data: data, told: map[types.UID]*cruntime.Pod{}}
 }
 
 func (fz *fuzzer) done() bool { return fz.pos >= len(fz.data) }
@@ -59,10 +69,8 @@ func (fz *fuzzer) byte() byte {
 	return b
 }
 
-var fuzzPods = []types.UID{"a", "b", "c", "d"}
-
 // listing makes one pod's listing: nil (not listed) or up to four items
-// from a small pool of IDs per pod, in any state, sometimes a nil item.
+// from a small pool of IDs per pod, in any state.
 func (fz *fuzzer) listing(uid types.UID) *cruntime.Pod {
 	b := fz.byte()
 	if b%5 == 0 {
@@ -76,189 +84,174 @@ func (fz *fuzzer) listing(uid types.UID) *cruntime.Pod {
 			continue
 		}
 		c := &cruntime.Container{ID: fmt.Sprintf("%s-%d", uid, i), State: states[int(s>>2)%4]}
-		switch {
-		case s == 255:
-			p.Containers = append(p.Containers, nil) // malformed
-		case i == 0:
+		if i == 0 {
 			p.Sandboxes = append(p.Sandboxes, c)
-		default:
+		} else {
 			p.Containers = append(p.Containers, c)
 		}
 	}
 	return p
 }
 
-// outcome answers an inspection of w: success, failure, a timeout, or a
-// malformed status (which the shell turns into an error).
-func (fz *fuzzer) outcome(w work) (*cruntime.PodStatus, error) {
-	if w.pod == nil {
-		return nil, nil
+// apply checks and records what one step published.
+func (fz *fuzzer) apply(rd Ready) {
+	t := fz.t
+	for _, req := range rd.Calls {
+		fz.out[req.ID] = req
 	}
-	var status *cruntime.PodStatus
-	var err error
-	switch fz.byte() % 6 {
-	case 0:
-		err = errStatus
-	case 1:
-		err = &InspectionTimeoutError{UID: w.uid, Operation: "container_status"}
-	case 2:
-		status = &cruntime.PodStatus{UID: w.uid, ContainerStatuses: []*cruntime.ContainerStatus{nil}}
-	default:
-		status = &cruntime.PodStatus{UID: w.uid}
-		for _, c := range w.pod.Containers {
-			status.ContainerStatuses = append(status.ContainerStatuses, &cruntime.ContainerStatus{ID: c.ID, State: c.State, ExitCode: 7})
-		}
-		for _, s := range w.pod.Sandboxes {
-			status.SandboxStatuses = append(status.SandboxStatuses, &cruntime.SandboxStatus{ID: s.ID, State: s.State})
-		}
-	}
-	if err == nil {
-		err = checkStatus(w.pod, status) // as the shell's call does
-	}
-	if err != nil {
-		status = nil
-	}
-	return status, err
-}
-
-// inspect steps the core with an outcome for w and checks it against the
-// model.
-func (fz *fuzzer) inspect(t *testing.T, w work) {
-	status, err := fz.outcome(w)
-	o := fz.c.inspected(w, status, err, fz.now)
-	if o.Stale {
-		if w.gen == fz.c.gen {
-			t.Fatalf("an inspection of the current generation was dropped as stale: %+v", w)
-		}
-		return
-	}
-	if w.gen != fz.c.gen {
-		t.Fatalf("an outcome of generation %d applied in generation %d", w.gen, fz.c.gen)
-	}
-	if !o.OK {
-		if err == nil || len(o.Events) > 0 {
-			t.Fatalf("a failed inspection delivered %v (err %v)", o.Events, err)
-		}
-		fz.retry[w.uid] = true
-		return
-	}
-	delete(fz.retry, w.uid)
-	var want []string
-	for _, e := range Diff(w.uid, fz.told[w.uid], w.pod) {
-		if e.Type != ContainerChanged {
-			want = append(want, string(e.Type)+" "+e.ContainerID)
-		}
-	}
-	var got []string
-	for _, e := range o.Events {
-		if e.Type == PodSync {
+	for _, p := range rd.Publish {
+		if p.update {
+			// Identities learnt: the pod's listing is what was told.
+			if changed(fz.told[p.uid], p.pod) || len(p.events) != 1 || p.events[0].Type != "PodUpdated" {
+				t.Fatalf("pod %s: an identity update %v for %s, told %s", p.uid, p.events, dump(p.pod), dump(fz.told[p.uid]))
+			}
 			continue
 		}
-		got = append(got, string(e.Type)+" "+e.ContainerID)
-		if e.PodUID != w.uid {
-			t.Fatalf("event for %s from the inspection of %s", e.PodUID, w.uid)
+		diff := Diff(p.uid, fz.told[p.uid], p.pod)
+		var want []string
+		for _, e := range diff {
+			if e.Type != ContainerChanged {
+				want = append(want, string(e.Type)+" "+e.ContainerID)
+			}
+		}
+		if len(diff) == 0 {
+			want = []string{string(PodSync) + " "}
+		}
+		var got []string
+		for _, e := range p.events {
+			got = append(got, string(e.Type)+" "+e.ContainerID)
+		}
+		if !slices.Equal(got, want) {
+			t.Fatalf("pod %s: delivered %q, want %q (told %s, now %s)", p.uid, got, want, dump(fz.told[p.uid]), dump(p.pod))
+		}
+		if p.pod == nil {
+			delete(fz.told, p.uid)
+		} else {
+			fz.told[p.uid] = p.pod
 		}
 	}
-	if !slices.Equal(got, want) {
-		t.Fatalf("pod %s: delivered %v, want the transitions from what it was told: %v", w.uid, got, want)
-	}
-	if o.State != w.pod {
-		t.Fatalf("pod %s: the events lead to another listing than the inspected one", w.uid)
-	}
-	if w.pod == nil {
-		delete(fz.told, w.uid)
-	} else {
-		fz.told[w.uid] = w.pod
-	}
+	fz.checkInvariants()
 }
 
-func (fz *fuzzer) step(t *testing.T) {
-	fz.now = fz.now.Add(time.Second)
-	if fz.retry == nil {
-		fz.retry = map[types.UID]bool{}
+func (fz *fuzzer) stepCore(in input) {
+	fz.apply(fz.c.Step(fz.now, in))
+}
+
+// waiting is what every call out waits on, as the pool would report.
+func (fz *fuzzer) waiting() map[callID]trackedCall {
+	w := map[callID]trackedCall{}
+	for id := range fz.out {
+		w[id] = trackedCall{op: "container_status"}
 	}
-	switch op := fz.byte() % 4; op {
+	return w
+}
+
+// returnRandom returns one call out, picked by the next byte; how it
+// returns is picked too: the runtime's answer, an error, or a malformed
+// answer.
+func (fz *fuzzer) returnRandom(how byte) {
+	if len(fz.out) == 0 {
+		return
+	}
+	ids := make([]callID, 0, len(fz.out))
+	for id := range fz.out {
+		ids = append(ids, id)
+	}
+	slices.Sort(ids)
+	id := ids[int(fz.byte())%len(ids)]
+	req := fz.out[id]
+	delete(fz.out, id)
+	in := fz.answer(req, how%7 == 0)
+	if how%11 == 5 {
+		switch in := in.(type) {
+		case listed:
+			fz.stepCore(listed{call: in.call, pods: append(in.pods, nil)})
+			return
+		case podListed:
+			if in.pod != nil {
+				p := *in.pod
+				p.Containers = append(slices.Clone(p.Containers), nil)
+				fz.stepCore(podListed{call: in.call, pod: &p})
+				return
+			}
+		case statusFetched:
+			if in.status != nil {
+				in.status = &cruntime.PodStatus{UID: in.status.UID, ContainerStatuses: []*cruntime.ContainerStatus{nil}}
+			} else {
+				in.sandboxes = append(in.sandboxes, nil)
+			}
+			fz.stepCore(in)
+			return
+		}
+	}
+	fz.stepCore(in)
+}
+
+func (fz *fuzzer) step() {
+	op := fz.byte()
+	uid := fuzzPods[int(op>>4)%len(fuzzPods)]
+	switch op % 8 {
 	case 0, 1:
-		fz.globalRelist(t)
-	case 2: // a single-pod relist, current or stale
-		uid := fuzzPods[int(fz.byte())%len(fuzzPods)]
-		p := fz.listing(uid)
-		if checkPod(p) != nil {
-			return
+		if p := fz.listing(uid); p != nil {
+			fz.pods[uid] = p
+		} else {
+			delete(fz.pods, uid)
 		}
-		gen := fz.c.gen
-		if fz.byte()%4 == 0 && gen > 0 {
-			gen--
+	case 2:
+		fz.now = fz.now.Add(time.Duration(fz.byte()) * 20 * time.Millisecond)
+		fz.stepCore(tick{waiting: fz.waiting()})
+	case 3, 4:
+		fz.returnRandom(fz.byte())
+	case 5:
+		in := hintIn{uid: uid, at: fz.now.Add(time.Duration(int(fz.byte())-128) * 10 * time.Millisecond)}
+		if b := fz.byte(); b%2 == 0 {
+			in.event, in.eventType = true, cruntime.EventType(b>>1%4)
+			in.container = fmt.Sprintf("%s-%d", uid, b>>3%4)
 		}
-		w, ok, stale := fz.c.podListed(uid, p, gen, fz.byte()%8 == 0)
-		if stale != (gen != fz.c.gen) {
-			t.Fatalf("podListed stale=%v for generation %d of %d", stale, gen, fz.c.gen)
+		fz.stepCore(in)
+	case 6:
+		if op&0x80 != 0 {
+			fz.stepCore(identityIn{wanted: op&0x40 != 0})
+		} else {
+			fz.stepCore(reinspectIn{uid: uid})
 		}
-		if !ok {
-			if !stale && len(Diff(uid, fz.told[uid], p)) > 0 {
-				t.Fatalf("pod %s: a changed single-pod listing needs no inspection", uid)
-			}
-			return
-		}
-		switch fz.byte() % 4 {
-		case 0:
-			// A global relist runs while the status call is out: the
-			// outcome is then stale.
-			fz.now = fz.now.Add(time.Second)
-			fz.globalRelist(t)
-		case 1:
-			// The status call timed out: the shell steps the core with
-			// the timeout.
-			o := fz.c.inspected(w, nil, &InspectionTimeoutError{UID: uid, Operation: "container_status"}, fz.now)
-			if !o.Stale {
-				fz.retry[uid] = true
-			}
-			return
-		}
-		fz.inspect(t, w)
-	case 3: // a single-pod list call timed out
-		uid := fuzzPods[int(fz.byte())%len(fuzzPods)]
-		if fz.c.listTimedOut(uid, fz.c.gen) {
-			fz.retry[uid] = true
-		}
+	case 7:
+		fz.stepCore(relistNow{})
 	}
 }
 
-// globalRelist steps a global relist with a random listing and checks the
-// model after it.
-func (fz *fuzzer) globalRelist(t *testing.T) {
-	var pods []*cruntime.Pod
+// converge stops changing the runtime and answers every call, through
+// global relists, until nothing is out; then subscribers must have been
+// told the runtime's listing of every pod.
+func (fz *fuzzer) converge() {
+	t := fz.t
+	drain := func() {
+		for i := 0; len(fz.out) > 0; i++ {
+			if i > 1000 {
+				t.Fatalf("calls keep coming: %v", fz.out)
+			}
+			ids := make([]callID, 0, len(fz.out))
+			for id := range fz.out {
+				ids = append(ids, id)
+			}
+			slices.Sort(ids)
+			req := fz.out[ids[0]]
+			delete(fz.out, ids[0])
+			fz.stepCore(fz.answer(req, false))
+		}
+	}
+	for range 3 {
+		drain()
+		fz.now = fz.now.Add(time.Minute) // past every deadline and spacing, the budget full
+		fz.stepCore(tick{waiting: fz.waiting()})
+		drain()
+		fz.stepCore(relistNow{})
+		drain()
+	}
 	for _, uid := range fuzzPods {
-		if p := fz.listing(uid); p != nil {
-			pods = append(pods, p)
-		}
-	}
-	if errors.Is(checkPods(pods), ErrMalformed) {
-		return // the shell fails the relist: the core is not stepped
-	}
-	var requested []types.UID
-	if b := fz.byte(); b%4 == 0 {
-		requested = append(requested, fuzzPods[int(b>>2)%len(fuzzPods)])
-	}
-	todo := fz.c.listed(fz.now, pods, requested)
-	inTodo := map[types.UID]bool{}
-	for _, w := range todo {
-		inTodo[w.uid] = true
-	}
-	for uid := range fz.retry {
-		if !inTodo[uid] {
-			t.Fatalf("pod %s failed its last inspection and the next relist does not retry it", uid)
-		}
-	}
-	clear(fz.retry) // rebuilt by this relist's outcomes
-	for _, w := range todo {
-		fz.inspect(t, w)
-	}
-	// Nothing lost: every listed pod was told its listing, or is flagged
-	// for the next relist.
-	for _, p := range pods {
-		if len(Diff(p.UID, fz.told[p.UID], p)) > 0 && !fz.c.flagged(p.UID) {
-			t.Fatalf("pod %s: its listing changed and it is neither told nor flagged", p.UID)
+		want := fz.pods[uid]
+		if changed(fz.told[uid], want) {
+			t.Fatalf("pod %s: subscribers were told %s, the runtime lists %s", uid, dump(fz.told[uid]), dump(want))
 		}
 	}
 }

@@ -1,9 +1,6 @@
 package pleg
 
 import (
-	"context"
-	"fmt"
-
 	"github.com/podlifecycle/pleg/cruntime"
 )
 
@@ -64,40 +61,10 @@ func reusable[S any](c *cruntime.Container, prev []*S, key func(*S) (string, cru
 func sandboxKey(s *cruntime.SandboxStatus) (string, cruntime.State)     { return s.ID, s.State }
 func containerKey(s *cruntime.ContainerStatus) (string, cruntime.State) { return s.ID, s.State }
 
-// fetchStatus fetches the status of the listed pod: only its changed items
-// when prev (its last status) is given and the runtime fetches single
-// items, every item otherwise.
-func (g *Generator) fetchStatus(ctx context.Context, pod *cruntime.Pod, prev *cruntime.PodStatus) (*cruntime.PodStatus, error) {
-	is, ok := g.rt.(cruntime.ItemStatuser)
-	if prev == nil || !ok {
-		status, err := g.rt.PodStatus(ctx, pod)
-		if err == nil && status != nil {
-			g.m.StatusItems.WithLabelValues("fetched").Add(float64(len(status.SandboxStatuses) + len(status.ContainerStatuses)))
-		}
-		return status, err
-	}
-	d := planDelta(pod, prev)
-	if n := len(d.fetchSbs) + len(d.fetchCts); n > 0 {
-		sbs, cts, err := is.ItemStatuses(ctx, pod, d.fetchSbs, d.fetchCts)
-		if err != nil {
-			return nil, err
-		}
-		if len(sbs) != len(d.fetchSbs) || len(cts) != len(d.fetchCts) {
-			return nil, fmt.Errorf("%w: ItemStatuses for pod %q returned %d sandbox and %d container statuses for %d and %d items",
-				ErrMalformed, podRef(pod), len(sbs), len(cts), len(d.fetchSbs), len(d.fetchCts))
-		}
-		fill(d.sandboxes, sbs)
-		fill(d.containers, cts)
-		g.m.StatusItems.WithLabelValues("fetched").Add(float64(n))
-	}
-	g.m.StatusItems.WithLabelValues("reused").Add(float64(len(pod.Sandboxes) + len(pod.Containers) - len(d.fetchSbs) - len(d.fetchCts)))
-	return cruntime.NewPodStatus(pod, d.sandboxes, d.containers), nil
-}
-
 // fill puts the fetched statuses into the free (nil) slots of plan, in
 // order. A fetched item the runtime no longer knows stays nil, and is left
 // out of the status as a full inspection leaves it out.
-func fill[T any](plan []*T, fetched []*T) {
+func fill[T any](plan []*T, fetched []*T) []*T {
 	j := 0
 	for i := range plan {
 		if plan[i] == nil {
@@ -105,4 +72,5 @@ func fill[T any](plan []*T, fetched []*T) {
 			j++
 		}
 	}
+	return plan
 }

@@ -136,6 +136,12 @@ func Diff(uid types.UID, old, new *cruntime.Pod) []Event {
 	return events
 }
 
+// changed reports whether a pod's listing moving from old to new makes
+// events (ContainerChanged included).
+func changed(old, new *cruntime.Pod) bool {
+	return !sameStates(old, new) && len(Diff("", old, new)) > 0
+}
+
 func podSize(p *cruntime.Pod) int {
 	if p == nil {
 		return 0

@@ -7,7 +7,6 @@ import (
 	"sort"
 	"strings"
 	"sync"
-	"time"
 
 	"github.com/podlifecycle/pleg/cruntime"
 	"k8s.io/apimachinery/pkg/types"
@@ -98,31 +97,48 @@ func hangOn(ctx context.Context, hang chan struct{}, op, id string) error {
 	}
 }
 
-func (f *fakeRuntime) PodStatus(ctx context.Context, pod *cruntime.Pod) (*cruntime.PodStatus, error) {
+// ItemStatuses answers from the listing (or the statuses override),
+// counting one "Status" call per pod.
+func (f *fakeRuntime) ItemStatuses(ctx context.Context, pod *cruntime.Pod, sbs, cts []*cruntime.Container) ([]*cruntime.SandboxStatus, []*cruntime.ContainerStatus, error) {
 	f.mu.Lock()
-	f.calls["PodStatus"]++
+	f.calls["Status"]++
 	f.statusOf = append(f.statusOf, pod.UID)
 	hang := f.hang[pod.UID]
 	f.mu.Unlock()
 	if err := hangOn(ctx, hang, "container_status", "hung-container"); err != nil {
-		return nil, err
+		return nil, nil, err
 	}
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	if err := f.fail[pod.UID]; err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	if s := f.statuses[pod.UID]; s != nil {
-		return s, nil
+	over := f.statuses[pod.UID]
+	sbOut := make([]*cruntime.SandboxStatus, len(sbs))
+	for i, sb := range sbs {
+		sbOut[i] = &cruntime.SandboxStatus{ID: sb.ID, State: sb.State, IPs: f.ips[pod.UID]}
+		if over != nil {
+			sbOut[i] = nil
+			for _, o := range over.SandboxStatuses {
+				if o.ID == sb.ID {
+					sbOut[i] = o
+				}
+			}
+		}
 	}
-	s := &cruntime.PodStatus{UID: pod.UID, Name: pod.Name, Namespace: pod.Namespace, IPs: f.ips[pod.UID]}
-	for _, c := range pod.Containers {
-		s.ContainerStatuses = append(s.ContainerStatuses, &cruntime.ContainerStatus{ID: c.ID, Name: c.Name, State: c.State})
+	ctOut := make([]*cruntime.ContainerStatus, len(cts))
+	for i, c := range cts {
+		ctOut[i] = &cruntime.ContainerStatus{ID: c.ID, Name: c.Name, State: c.State}
+		if over != nil {
+			ctOut[i] = nil
+			for _, o := range over.ContainerStatuses {
+				if o.ID == c.ID {
+					ctOut[i] = o
+				}
+			}
+		}
 	}
-	for _, sb := range pod.Sandboxes {
-		s.SandboxStatuses = append(s.SandboxStatuses, &cruntime.SandboxStatus{ID: sb.ID, State: sb.State})
-	}
-	return s, nil
+	return sbOut, ctOut, nil
 }
 
 func clonePods(pods []*cruntime.Pod) []*cruntime.Pod {
@@ -217,19 +233,22 @@ func drain(ch <-chan *Event) []Event {
 	}
 }
 
-var errStatus = errors.New("status failed")
+var (
+	errStatus = errors.New("status failed")
+	errList   = errors.New("list failed")
+)
 
-// step does what the relist goroutine does when it wakes, on the calling
-// goroutine: the global relist if due is not after now, then every queued
-// single-pod relist to the end. It returns when the next global relist is
-// due.
-func (g *Generator) step(ctx context.Context, due time.Time) time.Time {
-	if !g.clock.Now().Before(due) {
-		g.relist(ctx)
-		due = g.clock.Now().Add(g.opts.RelistPeriod)
+// Identities gives every running container a PID made of its position and
+// a cgroup path of its ID, counting one "Identities" call.
+func (f *fakeRuntime) Identities(_ context.Context, pod *cruntime.Pod, cts []*cruntime.Container) ([]*cruntime.Identity, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.calls["Identities"]++
+	out := make([]*cruntime.Identity, len(cts))
+	for i, c := range cts {
+		if c.State == cruntime.StateRunning {
+			out[i] = &cruntime.Identity{PID: int64(1000 + f.calls["Identities"]*10 + i), CgroupPath: "/pods/" + string(pod.UID) + "/" + c.ID}
+		}
 	}
-	if err := g.settlePodRelists(ctx); err != nil {
-		panic(err)
-	}
-	return due
+	return out, nil
 }

@@ -207,9 +207,11 @@ func TestSimulatedNodeConverges(t *testing.T) {
 }
 
 // Runtime events alone deliver changes: with a relist period of an hour,
-// every change after the first relist arrives through the event stream.
+// every change after the first relist arrives through the event stream
+// (with no hint budget, which would bring global relists forward).
 func TestEventsDeliverBetweenRelists(t *testing.T) {
-	n := startNode(t, churn, pleg.Options{RelistPeriod: time.Hour, Events: pleg.EventsOn})
+	n := startNode(t, churn, pleg.Options{RelistPeriod: time.Hour, RelistThreshold: 3 * time.Hour, Events: pleg.EventsOn,
+		PodRelistRate: -1, EarlyRelistGap: -1}) // no budget: events alone
 	waitUntil(t, func() bool {
 		return n.gen.EventStream().State == pleg.StreamConnected && len(n.gen.RecentRelists()) == 1
 	})

@@ -36,8 +36,8 @@ func TestSameListingSkipsChecks(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	if len(g.listing) != 1 || g.listing[0] != rt.pods[0] {
-		t.Fatalf("listing %v", g.listing)
+	if l := g.core.lastListing; len(l) != 1 || l[0] != rt.pods[0] {
+		t.Fatalf("listing %v", l)
 	}
 	rt.pods = append(rt.pods, nil)
 	if err := g.Relist(t.Context()); err == nil {

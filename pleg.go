@@ -10,6 +10,7 @@ import (
 
 	"github.com/go-logr/logr"
 	"github.com/podlifecycle/pleg/cruntime"
+	"github.com/podlifecycle/pleg/journal"
 	"github.com/podlifecycle/pleg/metrics"
 	"github.com/podlifecycle/pleg/podcache"
 	"k8s.io/apimachinery/pkg/types"
@@ -23,8 +24,21 @@ const (
 	DefaultChannelCapacity        = 1000
 	DefaultMaxParallelInspections = 16
 	DefaultPodInspectionTimeout   = 10 * time.Second
-	DefaultSubscriberBuffer       = 10000
 	DefaultPodRelistQueue         = 4096
+	// The hint budget (docs/semantics.md, "Hints and their budget"),
+	// chosen from measurements on containerd (docs/performance.md).
+	DefaultPodRelistRate    = 10.0
+	DefaultPodRelistBurst   = 10
+	DefaultPodRelistSpacing = 100 * time.Millisecond
+	DefaultEarlyRelistGap   = 250 * time.Millisecond
+)
+
+// Bounds of the options, checked by New: values outside make no sense or
+// exhaust the node.
+const (
+	MinRelistPeriod           = 10 * time.Millisecond
+	MaxMaxParallelInspections = 1024
+	MaxQueue                  = 1 << 20 // ChannelCapacity, PodRelistQueue, Journal.Size
 )
 
 // Options configure a Generator. Only Runtime is required.
@@ -42,36 +56,49 @@ type Options struct {
 	Metrics *metrics.Metrics
 
 	// RelistPeriod is the sliding period between the end of a relist and
-	// the start of the next. Default 1s.
+	// the start of the next. Default 1s; at least MinRelistPeriod.
 	RelistPeriod time.Duration
 	// RelistThreshold is how long without a successful relist makes the
-	// generator unhealthy. Default 3m.
+	// generator unhealthy. Default 3m; above RelistPeriod.
 	RelistThreshold time.Duration
 	// ChannelCapacity is the capacity of the kubelet-compatible Watch
 	// channel. Default 1000.
 	ChannelCapacity int
-	// MaxParallelInspections bounds how many changed pods are inspected at
-	// once. 1 inspects them one after another, as the kubelet does.
-	// Default 16.
+	// MaxParallelInspections bounds how many runtime calls for pods are out
+	// at once (status fetches, single-pod list calls). 1 inspects changed
+	// pods one after another, as the kubelet does. Default 16; at most
+	// MaxMaxParallelInspections.
 	MaxParallelInspections int
 	// PodInspectionTimeout bounds how long a relist waits for one pod's
 	// status. A pod that exceeds it is handled as a failed inspection and
-	// reinspected later. Negative disables it (wait as long as the runtime
-	// request timeout allows, as the kubelet does). Default 10s.
+	// reinspected later. Negative disables it for global relists (wait as
+	// long as the runtime request timeout allows, as the kubelet does);
+	// single-pod relists' calls then keep the default bound. Default 10s.
 	PodInspectionTimeout time.Duration
 	// FullInspection makes every inspection of a changed pod fetch the
 	// status of all its sandboxes and containers, as the kubelet does. By
-	// default, when the Runtime implements cruntime.ItemStatuser, only the
-	// items whose listing changed since their last status are fetched and
-	// the others' last statuses reused (docs/semantics.md, "Delta
-	// inspection").
+	// default only the items whose listing changed since their last status
+	// are fetched and the others' last statuses reused (docs/semantics.md,
+	// "Delta inspection").
 	FullInspection bool
-	// SubscriberBuffer is how many undelivered events one subscription
-	// holds before it is resynced. Default 10000.
-	SubscriberBuffer int
-	// PodRelistQueue bounds the queue of single-pod relist requests.
+	// Journal configures the lifecycle stream's journal (retention by
+	// count, bytes and age; bookmarks). Its Clock is Options.Clock.
+	Journal journal.Options
+	// PodRelistQueue bounds the pods waiting for a single-pod relist.
 	// Default 4096.
 	PodRelistQueue int
+	// PodRelistRate and PodRelistBurst are the hint budget: single-pod
+	// relists a second, and at once. Negative rate: unlimited. Defaults 10
+	// and 10.
+	PodRelistRate  float64
+	PodRelistBurst int
+	// PodRelistSpacing is the least time between two single-pod relists of
+	// one pod. Negative: none. Default 100ms.
+	PodRelistSpacing time.Duration
+	// EarlyRelistGap: when hints wait for the budget, the next global relist
+	// starts this long after the end of the last instead of a period after
+	// (never sooner than this). Negative: never early. Default 250ms.
+	EarlyRelistGap time.Duration
 	// Events says whether to use the runtime's container event stream as
 	// hints that trigger single-pod relists. Default EventsAuto.
 	Events EventsMode
@@ -93,26 +120,27 @@ func (o *Options) setDefaults() {
 	if o.Metrics == nil {
 		o.Metrics = metrics.New(nil)
 	}
-	if o.RelistPeriod == 0 {
-		o.RelistPeriod = DefaultRelistPeriod
+	def := func(v *time.Duration, d time.Duration) {
+		if *v == 0 {
+			*v = d
+		}
 	}
-	if o.RelistThreshold == 0 {
-		o.RelistThreshold = DefaultRelistThreshold
+	defInt := func(v *int, d int) {
+		if *v == 0 {
+			*v = d
+		}
 	}
-	if o.ChannelCapacity == 0 {
-		o.ChannelCapacity = DefaultChannelCapacity
-	}
-	if o.MaxParallelInspections == 0 {
-		o.MaxParallelInspections = DefaultMaxParallelInspections
-	}
-	if o.PodInspectionTimeout == 0 {
-		o.PodInspectionTimeout = DefaultPodInspectionTimeout
-	}
-	if o.SubscriberBuffer == 0 {
-		o.SubscriberBuffer = DefaultSubscriberBuffer
-	}
-	if o.PodRelistQueue == 0 {
-		o.PodRelistQueue = DefaultPodRelistQueue
+	def(&o.RelistPeriod, DefaultRelistPeriod)
+	def(&o.RelistThreshold, DefaultRelistThreshold)
+	def(&o.PodInspectionTimeout, DefaultPodInspectionTimeout)
+	def(&o.PodRelistSpacing, DefaultPodRelistSpacing)
+	def(&o.EarlyRelistGap, DefaultEarlyRelistGap)
+	defInt(&o.ChannelCapacity, DefaultChannelCapacity)
+	defInt(&o.MaxParallelInspections, DefaultMaxParallelInspections)
+	defInt(&o.PodRelistQueue, DefaultPodRelistQueue)
+	defInt(&o.PodRelistBurst, DefaultPodRelistBurst)
+	if o.PodRelistRate == 0 {
+		o.PodRelistRate = DefaultPodRelistRate
 	}
 	if o.Events == "" {
 		o.Events = EventsAuto
@@ -126,74 +154,77 @@ func (o *Options) validate() error {
 	switch {
 	case o.Runtime == nil:
 		return errors.New("pleg: Options.Runtime is required")
-	case o.RelistPeriod < 0:
-		return errors.New("pleg: RelistPeriod must not be negative")
-	case o.RelistThreshold < 0:
-		return errors.New("pleg: RelistThreshold must not be negative")
-	case o.ChannelCapacity < 0:
-		return errors.New("pleg: ChannelCapacity must not be negative")
-	case o.MaxParallelInspections < 0:
-		return errors.New("pleg: MaxParallelInspections must not be negative")
-	case o.SubscriberBuffer < 0 || o.PodRelistQueue < 0:
-		return errors.New("pleg: SubscriberBuffer and PodRelistQueue must not be negative")
+	case o.RelistPeriod < MinRelistPeriod:
+		return fmt.Errorf("pleg: RelistPeriod %v is below %v", o.RelistPeriod, MinRelistPeriod)
+	case o.RelistThreshold <= o.RelistPeriod:
+		return fmt.Errorf("pleg: RelistThreshold %v is not above RelistPeriod (%v): the generator would be unhealthy between relists", o.RelistThreshold, o.RelistPeriod)
+	case o.ChannelCapacity < 0 || o.ChannelCapacity > MaxQueue:
+		return fmt.Errorf("pleg: ChannelCapacity %d is outside 0..%d", o.ChannelCapacity, MaxQueue)
+	case o.MaxParallelInspections < 0 || o.MaxParallelInspections > MaxMaxParallelInspections:
+		return fmt.Errorf("pleg: MaxParallelInspections %d is outside 1..%d", o.MaxParallelInspections, MaxMaxParallelInspections)
+	case o.PodRelistQueue < 0 || o.PodRelistQueue > MaxQueue:
+		return fmt.Errorf("pleg: PodRelistQueue %d is outside 1..%d", o.PodRelistQueue, MaxQueue)
+	case o.Journal.Size < 0 || o.Journal.Size > MaxQueue || o.Journal.MaxBytes < 0 || o.Journal.MaxAge < 0 || o.Journal.BookmarkInterval < 0:
+		return fmt.Errorf("pleg: Journal options %+v out of range (Size at most %d, none negative)", o.Journal, MaxQueue)
+	case o.PodRelistBurst < 0 || o.PodRelistBurst > MaxQueue:
+		return fmt.Errorf("pleg: PodRelistBurst %d is outside 1..%d", o.PodRelistBurst, MaxQueue)
+	case o.PodRelistRate > 1e6 || o.PodRelistRate != o.PodRelistRate:
+		return fmt.Errorf("pleg: PodRelistRate %v is not a rate (at most 1e6 a second; negative: unlimited)", o.PodRelistRate)
 	case o.Events != EventsAuto && o.Events != EventsOn && o.Events != EventsOff:
 		return fmt.Errorf("pleg: unknown Events mode %q (want auto, on or off)", o.Events)
 	}
 	return nil
 }
 
+// coreConfig is the core's part of the options.
+func (o *Options) coreConfig() coreConfig {
+	cfg := coreConfig{period: o.RelistPeriod, manual: true, slots: o.MaxParallelInspections,
+		timeout: o.PodInspectionTimeout, statusTimeout: o.PodInspectionTimeout, full: o.FullInspection,
+		budget: hintBudget{rate: o.PodRelistRate, burst: o.PodRelistBurst, spacing: o.PodRelistSpacing,
+			early: o.EarlyRelistGap, queue: o.PodRelistQueue}}
+	if o.PodInspectionTimeout < 0 {
+		// The kubelet has no single-pod relists: its "no limit" does not
+		// apply to them.
+		cfg.timeout, cfg.statusTimeout = DefaultPodInspectionTimeout, 0
+	}
+	return cfg
+}
+
 // Generator is a pod lifecycle event generator: it relists the runtime,
 // emits events for what changed and keeps the pod status cache fresh.
 //
-// Every relist runs on one goroutine owned by the Generator; the exported
-// methods are safe for concurrent use.
+// One goroutine (the loop, loop.go) owns its state; the exported methods
+// are safe for concurrent use and read what the loop publishes.
 type Generator struct {
 	opts  Options
-	rt    cruntime.Runtime
 	cache *podcache.Cache
 	clock clock.WithTicker
 	log   logr.Logger
 	m     *metrics.Metrics
 
-	// Owned by the relist goroutine: the kubelet's rules (core.go).
-	core *core
-	// listing is the last global listing that was checked and counted in
-	// the gauges: a runtime that returns the same pods again (cruntime/cri
-	// does when nothing changed) needs neither again.
-	listing []*cruntime.Pod
-	// again: pods to relist on their own when their single-pod relist
-	// call returns (a hint or a global relist came while it was out).
-	again map[types.UID]struct{}
-	// podCalls is how many single-pod relist calls are out (not
-	// abandoned); podResults hands them back to the relist goroutine.
-	podCalls   int
-	podResults chan *inspection
+	// Owned by the loop (or by Relist's caller, for generators driven by
+	// hand).
+	core     *core
+	pool     *pool
+	logs     *logLimiter
+	lastStat RelistStat
 
-	// lastRelist is the start of the last successful global relist (the
-	// health timestamp), as Unix nanoseconds; 0 before the first.
-	lastRelist atomic.Int64
-	// relistRunningSince is the start of the relist running now (0: none).
-	relistRunningSince atomic.Int64
+	// What the loop publishes.
+	lastRelist         atomic.Int64 // the health timestamp, Unix nanoseconds; 0 before the first
+	relistRunningSince atomic.Int64 // the start of the relist running now (0: none)
+	abandoned          atomic.Int64 // abandoned calls out
+	stats              statsRing
+	deliver            *hub
+	journal            *journal.Journal
+	stream             eventStream
 
-	inflight inflightSet
-	requests requestQueue
-	deliver  *hub
-	stream   eventStream
-	stats    statsRing
-
-	extReinspectMu sync.Mutex
-	// extReinspect: RequestReinspect's pods, each with the number of its
-	// request (extSeq), so that a single-pod relist clears only a request
-	// it has served.
-	extReinspect map[types.UID]uint64
-	extSeq       uint64
+	inbox *inbox
 
 	lifecycle sync.Mutex
 	started   bool
 	cancel    context.CancelFunc
 	rootCtx   context.Context
 	wg        sync.WaitGroup // every goroutine the generator starts
-	done      chan struct{}
 }
 
 // New returns a Generator. It does no I/O until Start.
@@ -204,25 +235,23 @@ func New(opts Options) (*Generator, error) {
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	g := &Generator{
-		opts:         opts,
-		rt:           opts.Runtime,
-		cache:        opts.Cache,
-		clock:        opts.Clock,
-		log:          opts.Logger,
-		m:            opts.Metrics,
-		core:         newCore(opts.FullInspection),
-		again:        make(map[types.UID]struct{}),
-		extReinspect: make(map[types.UID]uint64),
-		rootCtx:      ctx,
-		cancel:       cancel,
-		done:         make(chan struct{}),
+		opts:    opts,
+		cache:   opts.Cache,
+		clock:   opts.Clock,
+		log:     opts.Logger,
+		m:       opts.Metrics,
+		core:    newCore(opts.coreConfig()),
+		inbox:   newInbox(opts.PodRelistQueue),
+		rootCtx: ctx,
+		cancel:  cancel,
 	}
-	g.inflight.pods = make(map[types.UID]*inspection)
-	g.podResults = make(chan *inspection, max(1, opts.MaxParallelInspections))
-	g.requests.init(opts.PodRelistQueue)
-	g.stream.hints = make(map[types.UID]time.Time)
+	g.pool = newPool(ctx, opts.Runtime, &g.wg, g.m)
+	g.logs = newLogLimiter(g.log, g.m)
 	g.stream.status = EventStreamStatus{Mode: opts.Events, State: StreamOff}
-	g.deliver = newHub(opts.ChannelCapacity, opts.SubscriberBuffer, g.log, g.m)
+	g.deliver = newHub(opts.ChannelCapacity, g.log, g.m)
+	jo := opts.Journal
+	jo.Clock = opts.Clock
+	g.journal = journal.New(jo)
 	g.m.TrackRelistProgress(g.RelistRunningFor)
 	return g, nil
 }
@@ -239,6 +268,7 @@ func (g *Generator) Start() {
 		return
 	}
 	g.started = true
+	g.core.cfg.manual = false
 	if g.opts.Events != EventsOff && g.opts.EventSource != nil {
 		g.wg.Add(1)
 		go func() {
@@ -249,7 +279,6 @@ func (g *Generator) Start() {
 	g.wg.Add(1)
 	go func() {
 		defer g.wg.Done()
-		defer close(g.done)
 		g.run(g.rootCtx)
 	}()
 }
@@ -271,86 +300,46 @@ func (g *Generator) Stop() {
 // channel exists from the first call on; events before it are not queued.
 func (g *Generator) Watch() <-chan *Event { return g.deliver.watch() }
 
-// Subscribe returns a subscription that receives every event, in order per
-// pod. Its first update is a resync with the state of every pod; a
-// subscription that falls more than Options.SubscriberBuffer events behind
-// gets a resync instead of the events it missed. Close it when done.
-func (g *Generator) Subscribe() *Subscription { return g.deliver.subscribe() }
+// Journal returns the lifecycle stream's journal: every pod change and
+// runtime status change, for watchers that resume by cursor.
+func (g *Generator) Journal() *journal.Journal { return g.journal }
 
-// RequestRelist asks for a relist of one pod (for example because the
-// runtime reported an event for it). Requests for the same pod coalesce;
-// a request older than the start of the last global relist is skipped
-// because that relist already covered it. It never blocks; it returns false
-// when the bounded queue is full (the next global relist covers the pod).
+// RequestRelist asks for a relist of one pod (for example because
+// something suggests it changed). It is a hint: it is served within the
+// hint budget, and skipped when a global relist that started after it
+// covers it. It never blocks; it returns false when the inbox is full (the
+// next global relist covers the pod).
 func (g *Generator) RequestRelist(uid types.UID) bool {
-	ok := g.requests.add(uid, g.clock.Now())
+	ok := g.inbox.hint(hintIn{uid: uid, at: g.clock.Now()})
 	if !ok {
 		g.m.PodRelistQueueDropped.Inc()
-		g.log.V(4).Info("Single-pod relist queue is full; the next relist covers the pod", "podUID", uid)
 	}
 	return ok
 }
 
-// RequestReinspect makes the next relist inspect pod uid even if nothing
-// changed in its listing, emitting PodSync if no other event results.
-func (g *Generator) RequestReinspect(uid types.UID) {
-	g.extReinspectMu.Lock()
-	g.extSeq++
-	g.extReinspect[uid] = g.extSeq
-	g.extReinspectMu.Unlock()
-}
+// SetIdentityWanted says whether some consumer wants containers'
+// identities (init PID, cgroup path): while it does, the generator fetches
+// them once per running container (one verbose status call each) and
+// publishes them in the journal (PodUpdated). The lifecycle API server
+// calls it as watchers that ask for identities come and go.
+func (g *Generator) SetIdentityWanted(wanted bool) { g.inbox.identityWanted(wanted) }
 
-// Relist runs one global relist on the calling goroutine and returns the
-// listing error, if any; then it runs the single-pod relists requested so
-// far to the end. It is for generators that are driven by hand
-// (benchmarks, tools, tests) and fails if Start was called.
-func (g *Generator) Relist(ctx context.Context) error {
-	g.lifecycle.Lock()
-	defer g.lifecycle.Unlock()
-	if g.started {
-		return errors.New("pleg: Relist called on a started generator")
-	}
-	if g.rootCtx.Err() != nil {
-		return errors.New("pleg: Relist called on a stopped generator")
-	}
-	err := g.relist(ctx)
-	if serr := g.settlePodRelists(ctx); err == nil {
-		err = serr
-	}
-	return err
-}
+// RequestReinspect makes the next relist of pod uid inspect it even if
+// nothing changed in its listing, emitting PodSync if no other event
+// results. It is never dropped.
+func (g *Generator) RequestReinspect(uid types.UID) { g.inbox.reinspectPod(uid) }
+
+var (
+	errRelistStarted = errors.New("pleg: Relist called on a started generator")
+	errRelistStopped = errors.New("pleg: Relist called on a stopped generator")
+)
 
 // RelistThreshold returns the health threshold in force.
 func (g *Generator) RelistThreshold() time.Duration { return g.opts.RelistThreshold }
 
 // InspectionsOutstanding returns how many abandoned pod inspections have
 // not returned yet.
-func (g *Generator) InspectionsOutstanding() int { return g.inflight.Len() }
-
-// run is the relist goroutine: the global relist every period, and in
-// between, the single-pod relists' bookkeeping. It never waits for a
-// single-pod relist's runtime call (see podrelist.go), so hints, however
-// many and however slow their pods, delay a global relist by at most the
-// handling of one result.
-func (g *Generator) run(ctx context.Context) {
-	var due time.Time // zero: the first relist is immediate
-	for ctx.Err() == nil {
-		if !g.clock.Now().Before(due) {
-			g.relist(ctx)
-			due = g.clock.Now().Add(g.opts.RelistPeriod)
-		}
-		g.dispatchPodRelists()
-		timer := g.clock.NewTimer(due.Sub(g.clock.Now()))
-		select {
-		case <-ctx.Done():
-		case <-timer.C():
-		case <-g.requests.wake:
-		case in := <-g.podResults:
-			g.podCallDone(in)
-		}
-		timer.Stop()
-	}
-}
+func (g *Generator) InspectionsOutstanding() int { return int(g.abandoned.Load()) }
 
 // Healthy reports whether a relist has succeeded recently enough: false
 // before the first successful relist and when the last one started more

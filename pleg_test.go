@@ -12,7 +12,6 @@ import (
 	"github.com/podlifecycle/pleg/metrics"
 	"github.com/prometheus/client_golang/prometheus"
 	"github.com/prometheus/client_golang/prometheus/testutil"
-	"k8s.io/apimachinery/pkg/types"
 	testclock "k8s.io/utils/clock/testing"
 )
 
@@ -43,7 +42,7 @@ func TestHealthy(t *testing.T) {
 	if ok, _ := g.Healthy(); ok {
 		t.Fatal("healthy 10 minutes later without a relist")
 	}
-	g.relist(context.Background())
+	g.Relist(context.Background())
 	clk.Step(time.Minute)
 	if ok, err := g.Healthy(); !ok {
 		t.Fatalf("1 min after a relist: %v", err)
@@ -62,41 +61,44 @@ func TestHealthy(t *testing.T) {
 	}
 	// A failed listing does not advance the health timestamp.
 	rt.listErr = errors.New("runtime down")
-	g.relist(context.Background())
+	g.Relist(context.Background())
 	if ok, _ := g.Healthy(); ok {
 		t.Fatal("a failed relist made the generator healthy")
 	}
 }
 
-// Case 8: a dead pod keeps its last IPs.
+// Case 8: a dead pod keeps its last IPs (the runtime reports them on the
+// pod's sandbox).
 func TestPodIPCarryOver(t *testing.T) {
 	for _, ips := range [][]string{{"192.168.1.5"}, {"192.168.1.5/24", "2000::"}} {
 		rt := newFakeRuntime()
 		g, clk := newTestGenerator(t, rt, nil)
 		ch := g.Watch()
-		rt.setPods(pod("p", "c0=running"))
+		rt.setPods(pod("p", "c0=running", "s:s0=running"))
 		rt.ips["p"] = ips
-		g.relist(context.Background())
-		if got := formatEvents(drain(ch)); !reflect.DeepEqual(got, []string{"p ContainerStarted c0"}) {
+		g.Relist(context.Background())
+		if got := formatEvents(drain(ch)); !reflect.DeepEqual(got, []string{"p ContainerStarted c0", "p ContainerStarted s0"}) {
 			t.Fatalf("relist 1: %v", got)
 		}
 		if s, _ := g.Cache().Get("p"); !reflect.DeepEqual(s.IPs, ips) {
 			t.Fatalf("cache IPs %v, want %v", s.IPs, ips)
 		}
 		clk.Step(time.Second)
-		rt.setPods(pod("p", "c0=exited"))
-		rt.statuses["p"] = &cruntime.PodStatus{UID: "p", ContainerStatuses: []*cruntime.ContainerStatus{{ID: "c0", State: cruntime.StateExited, ExitCode: 1}}}
-		g.relist(context.Background())
-		if got := formatEvents(drain(ch)); !reflect.DeepEqual(got, []string{"p ContainerDied c0 exit=1"}) {
+		rt.setPods(pod("p", "c0=exited", "s:s0=exited"))
+		rt.statuses["p"] = &cruntime.PodStatus{UID: "p",
+			SandboxStatuses:   []*cruntime.SandboxStatus{{ID: "s0", State: cruntime.StateExited}},
+			ContainerStatuses: []*cruntime.ContainerStatus{{ID: "c0", State: cruntime.StateExited, ExitCode: 1}}}
+		g.Relist(context.Background())
+		if got := formatEvents(drain(ch)); !reflect.DeepEqual(got, []string{"p ContainerDied c0 exit=1", "p ContainerDied s0"}) {
 			t.Fatalf("relist 2: %v", got)
 		}
 		if s, _ := g.Cache().Get("p"); !reflect.DeepEqual(s.IPs, ips) {
 			t.Fatalf("dead pod's IPs %v, want %v", s.IPs, ips)
 		}
 		// A ready sandbox without IPs keeps none.
-		rt.statuses["p"] = &cruntime.PodStatus{UID: "p", SandboxStatuses: []*cruntime.SandboxStatus{{ID: "s", State: cruntime.StateRunning}}}
-		g.RequestReinspect("p")
-		g.relist(context.Background())
+		rt.setPods(pod("p", "c0=exited", "s:s0=running"))
+		rt.statuses["p"] = &cruntime.PodStatus{UID: "p", SandboxStatuses: []*cruntime.SandboxStatus{{ID: "s0", State: cruntime.StateRunning}}}
+		g.Relist(context.Background())
 		if s, _ := g.Cache().Get("p"); len(s.IPs) != 0 {
 			t.Fatalf("pod with a ready sandbox kept IPs %v", s.IPs)
 		}
@@ -113,7 +115,7 @@ func TestGauges(t *testing.T) {
 		pod("1234", "c1=running", "c2=unknown", "c3=created", "s:s1=running", "s:s2=running", "s:s3=unknown"),
 		pod("4567", "c4=exited", "s:s4=running", "s:s5=exited"),
 	)
-	g.relist(context.Background())
+	g.Relist(context.Background())
 	expected := `
 # HELP kubelet_running_containers Number of containers currently running
 # TYPE kubelet_running_containers gauge
@@ -139,7 +141,7 @@ func TestGaugesKubeletCase(t *testing.T) {
 		pod("1234", "c1=running", "c2=unknown", "c3=unknown", "s:s1=running", "s:s2=running", "s:s3=unknown"),
 		pod("4567", "c4=exited", "s:s4=running", "s:s5=exited"),
 	)
-	g.relist(context.Background())
+	g.Relist(context.Background())
 	for state, want := range map[string]float64{"exited": 1, "running": 1, "unknown": 2} {
 		if got := testutil.ToFloat64(m.RunningContainers.WithLabelValues(state)); got != want {
 			t.Errorf("running_containers{%s} = %v, want %v", state, got, want)
@@ -157,7 +159,7 @@ func TestChannelDiscards(t *testing.T) {
 	g, _ := newTestGenerator(t, rt, func(o *Options) { o.Metrics = m; o.ChannelCapacity = 4 })
 	ch := g.Watch()
 	rt.setPods(pod("a", "c1=running", "c2=running", "c3=running"), pod("b", "c4=running", "c5=running"))
-	g.relist(context.Background())
+	g.Relist(context.Background())
 	if got := len(drain(ch)); got != 4 {
 		t.Fatalf("delivered %d events, want 4", got)
 	}
@@ -180,7 +182,7 @@ func TestSubscriptionGetsEverything(t *testing.T) {
 		t.Fatalf("first update: %+v %v", u, err)
 	}
 	rt.setPods(pod("a", "c1=running", "c2=running", "c3=running"), pod("b", "c4=running", "c5=running"))
-	g.relist(ctx)
+	g.Relist(ctx)
 	var got []Event
 	for range 5 {
 		u, err := sub.Next(ctx)
@@ -200,7 +202,7 @@ func TestSubscriptionGetsEverything(t *testing.T) {
 func TestSubscriptionResync(t *testing.T) {
 	rt := newFakeRuntime()
 	m := metrics.New(nil)
-	g, clk := newTestGenerator(t, rt, func(o *Options) { o.SubscriberBuffer = 3; o.Metrics = m })
+	g, clk := newTestGenerator(t, rt, func(o *Options) { o.Journal.Size = 3; o.Metrics = m })
 	sub := g.Subscribe()
 	defer sub.Close()
 	ctx := context.Background()
@@ -208,10 +210,10 @@ func TestSubscriptionResync(t *testing.T) {
 		t.Fatal("first update is not a resync")
 	}
 	rt.setPods(pod("a", "c1=running", "c2=running"), pod("b", "c3=running", "s:s1=running"))
-	g.relist(ctx) // 4 events > buffer 3
+	g.Relist(ctx) // 4 events > buffer 3
 	clk.Step(time.Second)
 	rt.setPods(pod("a", "c1=running", "c2=exited"), pod("b", "c3=running", "s:s1=running"))
-	g.relist(ctx)
+	g.Relist(ctx)
 	u, err := sub.Next(ctx)
 	if err != nil || !u.Resync {
 		t.Fatalf("want a resync, got %+v %v", u, err)
@@ -229,7 +231,7 @@ func TestSubscriptionResync(t *testing.T) {
 	// After the resync, events flow again.
 	clk.Step(time.Second)
 	rt.setPods(pod("b", "c3=running", "s:s1=running"))
-	g.relist(ctx)
+	g.Relist(ctx)
 	var got []Event
 	for range 3 {
 		u, err := sub.Next(ctx)
@@ -247,85 +249,15 @@ func TestSubscriptionResync(t *testing.T) {
 	}
 }
 
-// Case 11: on-demand single-pod relists and the skip rule.
-func TestRelistPodOnDemand(t *testing.T) {
-	rt := newFakeRuntime()
-	g, clk := newTestGenerator(t, rt, func(o *Options) { o.RelistPeriod = 2 * time.Second })
-	rt.setPods(pod("1", "c1=running"), pod("2", "c2=running"))
-	ctx := context.Background()
-	due := g.step(ctx, time.Time{}) // the first relist is immediate
-	if rt.count("ListPods") != 1 {
-		t.Fatal("first relist did not run")
-	}
-	t1 := clk.Now()
-
-	type res struct {
-		uid types.UID
-		err error
-	}
-	woke := make(chan res, 2)
-	wctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	for _, uid := range []types.UID{"1", "2"} {
-		go func() {
-			_, err := g.Cache().GetNewerThan(wctx, uid, t1)
-			woke <- res{uid, err}
-		}()
-	}
-	waitWaiters(t, g, 2)
-
-	// A request for pod 1 before the timer fires: served, wakes only pod 1.
-	clk.Step(time.Second)
-	g.RequestRelist("1")
-	due = g.step(ctx, due)
-	if r := <-woke; r.uid != "1" || r.err != nil {
-		t.Fatalf("woke %v", r)
-	}
-	select {
-	case r := <-woke:
-		t.Fatalf("pod 2's waiter woke early: %v", r)
-	case <-time.After(20 * time.Millisecond):
-	}
-	if rt.count("ListPod") != 1 || rt.count("ListPods") != 1 {
-		t.Fatalf("calls %v", rt.calls)
-	}
-
-	// A request for pod 2 queued while the timer fires: the global relist
-	// goes first and wakes pod 2; the request is then skipped.
-	g.RequestRelist("2")
-	clk.Step(time.Second)
-	due = g.step(ctx, due)
-	if r := <-woke; r.uid != "2" || r.err != nil {
-		t.Fatalf("woke %v", r)
-	}
-	if rt.count("ListPods") != 2 || rt.count("ListPod") != 1 {
-		t.Fatalf("the stale request made a runtime call: %v", rt.calls)
-	}
-	if !due.Equal(clk.Now().Add(2 * time.Second)) {
-		t.Fatalf("next relist due %v, want now+2s", due)
-	}
-}
-
-func waitWaiters(t *testing.T, g *Generator, n int) {
-	t.Helper()
-	for range 1000 {
-		if g.cache.Waiters() == n {
-			return
-		}
-		time.Sleep(time.Millisecond)
-	}
-	t.Fatalf("waiters did not block")
-}
-
 func TestRecentRelists(t *testing.T) {
 	rt := newFakeRuntime()
 	g, clk := newTestGenerator(t, rt, nil)
 	rt.setPods(pod("a", "c1=running", "s:s1=running"), pod("b", "c2=running"))
 	rt.fail["b"] = errStatus
-	g.relist(context.Background())
+	g.Relist(context.Background())
 	clk.Step(time.Second)
 	rt.listErr = errors.New("down")
-	g.relist(context.Background())
+	g.Relist(context.Background())
 	stats := g.RecentRelists()
 	if len(stats) != 2 {
 		t.Fatalf("%d stats", len(stats))
@@ -338,7 +270,7 @@ func TestRecentRelists(t *testing.T) {
 		t.Fatalf("second relist %+v", stats[1])
 	}
 	for range statsKept + 5 {
-		g.relist(context.Background())
+		g.Relist(context.Background())
 	}
 	if n := len(g.RecentRelists()); n != statsKept {
 		t.Fatalf("kept %d", n)

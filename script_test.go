@@ -19,10 +19,11 @@ import (
 
 var update = flag.Bool("update", false, "rewrite the expected output of testdata scripts")
 
-// TestScripts runs the scenarios in testdata/core against the pure core
-// (core.go), with a small harness in place of the shell: it answers the
-// core's inspections from the listing, applies cache writes to a real
-// podcache and prints the events. Each file is a sequence of blocks:
+// TestScripts runs the scenarios in testdata/core against the real core
+// (core*.go), stepping it exactly as the loop does: the script plays the
+// runtime (it answers the calls the core makes, when the script says) and
+// the clock. Cache operations go to a real podcache. Each file is a
+// sequence of blocks:
 //
 //	command [args]
 //	input lines
@@ -30,30 +31,53 @@ var update = flag.Bool("update", false, "rewrite the expected output of testdata
 //	expected output
 //
 // ending at a blank line. Listings are one pod a line, "UID id=state ..."
-// ("s:id=state" for a sandbox; "id=exited:3" for an exit code). The clock
-// moves one second before every relist and podrelist. Commands:
+// ("s:id=state" for a sandbox; "id=exited:3" for an exit code); a listing
+// given to a command becomes what the runtime lists from then on.
 //
-//	relist [fail=A,B] [timeout=C]
-//	                    a global relist with the complete listing as input
-//	                    (fail: those pods' status fetches fail; timeout:
-//	                    they exceed the pod inspection timeout). Output:
-//	                    "status: UIDs" (the pods whose status was fetched,
-//	                    or -), then the events delivered, grouped by pod.
-//	relist-fails        a global relist whose listing failed: the core is
-//	                    not stepped. Output: the events (none).
-//	podrelist UID [fail] [timeout] [stale]
-//	                    a single-pod relist with the pod's listing as input
-//	                    (no line: the runtime has nothing for it; stale: the
-//	                    listing predates the last global relist). Output:
-//	                    "stale", "observed", or "status: UID|-" and events.
-//	podlist-timeout UID a single-pod relist's list call timed out. Output:
-//	                    "cached" (the error is cached) or "-".
-//	hint UID at=DUR     a hint made DUR (e.g. -2s, +0s) from now. Output:
-//	                    "covered" (no call) or "call".
-//	reinspect UID       RequestReinspect(UID). No output.
-//	ips UID [ip...]     the IPs the runtime reports for UID from now on.
+// Whole relists, the runtime answering every call at once:
+//
+//	relist [fail=A,B] [hang=C]
+//	                    a global relist with the complete listing as input,
+//	                    one second after the last command. fail: those pods'
+//	                    status calls fail; hang: their status calls hang
+//	                    until they time out (the clock moves to the
+//	                    deadline) and stay out until "release". Output:
+//	                    "status: UIDs" (pods whose status was asked for, or
+//	                    -), the events delivered, then what else happened.
+//	relist-fails        a global relist whose list call fails.
+//	podrelist UID [fail] [hang]
+//	                    a hint for UID and the single-pod relist it makes
+//	                    (input: the pod's listing; none: the runtime has
+//	                    nothing for it), one second after the last command.
+//
+// Step by step, the runtime answering when told:
+//
+//	hint UID [at=DUR] [event=TYPE:ID]
+//	                    a hint (a runtime event when event is set, e.g.
+//	                    event=stopped:c1) made DUR from now (default +0s).
+//	reinspect UID       RequestReinspect(UID).
+//	start-relist        a global relist starts (Generator.Relist).
+//	tick DUR            the clock moves by DUR and the core is ticked.
+//	return CALL [fail]  a call returns, answered from the runtime's listing
+//	                    (fail: with an error): CALL is "list" (the global
+//	                    list call) or a pod's UID (its call out). A list
+//	                    call's input, if any, is the listing it returns.
+//	release UID         the hung call of UID returns.
+//	auto                global relists start on their own once due (as in a
+//	                    started generator); before, only relist and
+//	                    start-relist start them.
+//	identity on|off     whether a watcher wants containers' identities.
+//	budget rate=R burst=B spacing=DUR early=DUR queue=N slots=N
+//	                    the hint budget and the call slots (defaults: none).
+//	calls               output: the calls out.
 //	cache               output: every cache entry.
 //	get UID             output: Get(UID) for one pod, present or not.
+//	ips UID [ip...]     the IPs the runtime reports for UID from now on.
+//
+// Step-by-step commands output what the core did: "call N: KIND UID
+// [items]" for each call it made, "cache: ..." for each cache operation,
+// the events it delivered, and its notes (skip, defer, drop, timeout,
+// failed, early relist, relist done).
 //
 // Run with -update to rewrite the expected output.
 func TestScripts(t *testing.T) {
@@ -66,14 +90,20 @@ func TestScripts(t *testing.T) {
 	}
 }
 
-// harness is the scripts' stand-in for the shell.
+// scriptTimeout is the pod inspection timeout in scripts.
+const scriptTimeout = 10 * time.Second
+
+// harness plays the runtime and the clock for the core.
 type harness struct {
-	c         *core
-	cache     *podcache.Cache
-	now       time.Time
-	ips       map[types.UID][]string
-	exit      map[string]int32 // container ID -> exit code in statuses
-	requested map[types.UID]struct{}
+	t     *testing.T
+	c     *core
+	cache *podcache.Cache
+	now   time.Time
+	pods  map[types.UID]*cruntime.Pod // what the runtime lists
+	ips   map[types.UID][]string
+	exit  map[string]int32 // container ID -> exit code in statuses
+	out   map[callID]callReq
+	hung  map[types.UID]callID // calls the runtime holds
 }
 
 type block struct {
@@ -130,16 +160,23 @@ func parseScript(t *testing.T, file string) (blocks []block, preamble []string) 
 	return blocks, preamble
 }
 
+func newHarness(t *testing.T) *harness {
+	cfg := coreConfig{period: time.Second, manual: true, slots: 16, timeout: scriptTimeout, statusTimeout: scriptTimeout,
+		budget: hintBudget{queue: 4096}}
+	return &harness{t: t, c: newCore(cfg), cache: podcache.New(), now: time.Unix(1_700_000_000, 0),
+		pods: map[types.UID]*cruntime.Pod{}, ips: map[types.UID][]string{}, exit: map[string]int32{},
+		out: map[callID]callReq{}, hung: map[types.UID]callID{}}
+}
+
 func runScript(t *testing.T, file string) {
 	blocks, preamble := parseScript(t, file)
-	h := &harness{c: newCore(false), cache: podcache.New(), now: time.Unix(1_700_000_000, 0),
-		ips: map[types.UID][]string{}, exit: map[string]int32{}, requested: map[types.UID]struct{}{}}
+	h := newHarness(t)
 	var out strings.Builder
 	for _, l := range preamble {
 		out.WriteString(l + "\n")
 	}
 	for n, b := range blocks {
-		got := h.exec(t, b)
+		got := h.exec(b)
 		if !*update && strings.Join(got, "\n") != strings.Join(b.want, "\n") {
 			t.Errorf("%s:%d: %s\n got:\n\t%s\nwant:\n\t%s", file, b.lineNo, b.cmd,
 				strings.Join(got, "\n\t"), strings.Join(b.want, "\n\t"))
@@ -184,7 +221,7 @@ func (h *harness) listing(lines []string) []*cruntime.Pod {
 			}
 			n, err := strconv.Atoi(code)
 			if err != nil {
-				panic("bad exit code in " + it)
+				h.t.Fatalf("bad exit code in %s", it)
 			}
 			h.exit[id] = int32(n)
 			items[i] = prefix + id + "=" + st
@@ -194,45 +231,385 @@ func (h *harness) listing(lines []string) []*cruntime.Pod {
 	return pods
 }
 
-// status answers an inspection from the listing, as the fake runtime does.
-func (h *harness) status(p *cruntime.Pod) *cruntime.PodStatus {
-	s := &cruntime.PodStatus{UID: p.UID, Name: p.Name, Namespace: p.Namespace, IPs: slices.Clone(h.ips[p.UID])}
-	for _, c := range p.Containers {
-		s.ContainerStatuses = append(s.ContainerStatuses, &cruntime.ContainerStatus{ID: c.ID, Name: c.Name, State: c.State, ExitCode: h.exit[c.ID]})
+// setListing makes pods what the runtime lists: all of it (whole) or the
+// pods given.
+func (h *harness) setListing(pods []*cruntime.Pod, whole bool) {
+	if whole {
+		clear(h.pods)
 	}
-	for _, sb := range p.Sandboxes {
-		s.SandboxStatuses = append(s.SandboxStatuses, &cruntime.SandboxStatus{ID: sb.ID, State: sb.State})
+	for _, p := range pods {
+		h.pods[p.UID] = p
 	}
+}
+
+// runtimeListing is what ListPods returns now, in UID order.
+func (h *harness) runtimeListing() []*cruntime.Pod {
+	var pods []*cruntime.Pod
+	for _, p := range h.pods {
+		pods = append(pods, p)
+	}
+	slices.SortFunc(pods, func(a, b *cruntime.Pod) int { return strings.Compare(string(a.UID), string(b.UID)) })
+	return pods
+}
+
+// answer is the runtime's answer to call req (fail: an error).
+func (h *harness) answer(req callReq, fail bool) input {
+	switch req.Kind {
+	case callList:
+		if fail {
+			return listed{call: req.ID, err: errList}
+		}
+		return listed{call: req.ID, pods: h.runtimeListing()}
+	case callListPod:
+		if fail {
+			return podListed{call: req.ID, err: errList}
+		}
+		return podListed{call: req.ID, pod: h.pods[req.UID]}
+	case callIdentity:
+		if fail {
+			return identitiesFetched{call: req.ID, err: errStatus}
+		}
+		ids := make([]*cruntime.Identity, len(req.Containers))
+		for i, c := range req.Containers {
+			ids[i] = &cruntime.Identity{PID: int64(100 + i), CgroupPath: "/pods/" + c.ID}
+		}
+		return identitiesFetched{call: req.ID, ids: ids}
+	}
+	if fail {
+		return statusFetched{call: req.ID, err: errStatus}
+	}
+	sbs, cts := req.Sandboxes, req.Containers
+	if !req.Delta {
+		sbs, cts = req.Pod.Sandboxes, req.Pod.Containers
+	}
+	var sbOut []*cruntime.SandboxStatus
+	for _, sb := range sbs {
+		sbOut = append(sbOut, &cruntime.SandboxStatus{ID: sb.ID, State: sb.State, IPs: slices.Clone(h.ips[req.UID])})
+	}
+	var ctOut []*cruntime.ContainerStatus
+	for _, c := range cts {
+		ctOut = append(ctOut, &cruntime.ContainerStatus{ID: c.ID, Name: c.Name, State: c.State, ExitCode: h.exit[c.ID]})
+	}
+	if req.Delta {
+		return statusFetched{call: req.ID, sandboxes: sbOut, containers: ctOut}
+	}
+	return statusFetched{call: req.ID, status: cruntime.NewPodStatus(req.Pod, sbOut, ctOut)}
+}
+
+// stepped is what one Step did, for the output.
+type stepped struct {
+	calls   []callReq
+	lines   []string // cache operations and notes
+	events  []Event
+	relist  *RelistStat
+	checked bool
+}
+
+// step steps the core with in, applies its cache operations to the cache
+// and returns what it did.
+func (h *harness) step(in input) stepped {
+	rd := h.c.Step(h.now, in)
+	var s stepped
+	for _, req := range rd.Calls {
+		h.out[req.ID] = req
+		s.calls = append(s.calls, req)
+	}
+	for _, op := range rd.Cache {
+		switch op.kind {
+		case cacheSet:
+			h.cache.Set(op.uid, op.status, op.err, op.at)
+			line := "cache: set " + string(op.uid)
+			if op.err != nil {
+				line += " (error)"
+			}
+			s.lines = append(s.lines, line)
+		case cacheDelete:
+			h.cache.Delete(op.uid)
+			s.lines = append(s.lines, "cache: delete "+string(op.uid))
+		case cacheObserved:
+			h.cache.MarkObserved(op.uid, op.at)
+			s.lines = append(s.lines, "cache: observed "+string(op.uid))
+		case cacheTime:
+			h.cache.UpdateTime(op.at, op.held...)
+			line := "cache: time"
+			if len(op.held) > 0 {
+				held := make([]string, len(op.held))
+				for i, uid := range op.held {
+					held[i] = string(uid)
+				}
+				line += " (held: " + strings.Join(held, " ") + ")"
+			}
+			s.lines = append(s.lines, line)
+		}
+	}
+	for _, p := range rd.Publish {
+		s.events = append(s.events, p.events...)
+	}
+	for _, n := range rd.Notes {
+		if l := noteLine(n); l != "" {
+			s.lines = append(s.lines, l)
+		}
+	}
+	s.relist = rd.Relist
+	h.checkInvariants()
 	return s
 }
 
-// inspect answers w (fail and timeout name the pods whose inspection
-// fails), steps the core and applies the outcome; it returns the events.
-func (h *harness) inspect(w work, fail, timeout map[types.UID]bool) []Event {
-	var status *cruntime.PodStatus
-	var err error
-	switch {
-	case w.pod == nil:
-	case fail[w.uid]:
-		err = errStatus
-	case timeout[w.uid]:
-		err = &InspectionTimeoutError{Pod: podRef(w.pod), UID: w.uid, Operation: "container_status", Waited: 10 * time.Second}
-	default:
-		status = h.status(w.pod)
+// checkInvariants fails the test when the core breaks a rule that holds
+// after every step: one call out per pod, at most slots active.
+func (h *harness) checkInvariants() {
+	h.t.Helper()
+	perPod := map[types.UID]int{}
+	active := 0
+	for _, k := range h.c.calls {
+		if k.kind == callList {
+			continue
+		}
+		perPod[k.uid]++
+		if perPod[k.uid] > 1 {
+			h.t.Fatalf("pod %s has %d calls out", k.uid, perPod[k.uid])
+		}
+		if !k.abandoned {
+			active++
+		}
 	}
-	o := h.c.inspected(w, status, err, h.now)
-	switch {
-	case o.Stale:
-		return nil
-	case o.Delete:
-		h.cache.Delete(w.uid)
-	default:
-		h.cache.Set(w.uid, o.Status, o.Err, o.At)
+	if active != h.c.active || active > h.c.cfg.slots {
+		h.t.Fatalf("%d calls active (core counts %d), %d slots", active, h.c.active, h.c.cfg.slots)
 	}
-	return o.Events
 }
 
-func (h *harness) exec(t *testing.T, b block) []string {
+// noteLine renders the notes scripts show.
+func noteLine(n note) string {
+	switch n.kind {
+	case noteEarlyRelist:
+		return "early relist"
+	case noteListFailed:
+		return "list failed"
+	case noteInspectionFailed:
+		return "failed: " + string(n.uid)
+	case noteTimeout:
+		return "timeout: " + string(n.uid) + " " + callName(n.op)
+	case noteAbandonedReturned:
+		return "abandoned call returned: " + string(n.uid)
+	case notePodRelistFailed:
+		return "pod relist failed: " + string(n.uid)
+	case noteHintSkipped:
+		return "skip " + string(n.uid) + ": " + n.reason
+	case noteHintDropped:
+		return "drop " + string(n.uid)
+	case noteHintDeferred:
+		return "defer " + string(n.uid) + ": " + n.reason
+	case noteIdentityFailed:
+		return "identity failed: " + string(n.uid)
+	}
+	return ""
+}
+
+func callLine(req callReq) string {
+	switch req.Kind {
+	case callList:
+		return fmt.Sprintf("call %d: list", req.ID)
+	case callListPod:
+		return fmt.Sprintf("call %d: list-pod %s", req.ID, req.UID)
+	case callIdentity:
+		var ids []string
+		for _, c := range req.Containers {
+			ids = append(ids, c.ID)
+		}
+		return fmt.Sprintf("call %d: identity %s (%s)", req.ID, req.UID, strings.Join(ids, " "))
+	}
+	line := fmt.Sprintf("call %d: status %s", req.ID, req.UID)
+	if req.Delta {
+		var ids []string
+		for _, c := range req.Sandboxes {
+			ids = append(ids, "s:"+c.ID)
+		}
+		for _, c := range req.Containers {
+			ids = append(ids, c.ID)
+		}
+		line += " (delta: " + strings.Join(ids, " ") + ")"
+	}
+	return line
+}
+
+// render turns steps into output lines: calls, cache operations and
+// notes, then the events grouped by pod.
+func render(steps ...stepped) []string {
+	var out []string
+	var events []Event
+	for _, s := range steps {
+		for _, req := range s.calls {
+			out = append(out, callLine(req))
+		}
+		out = append(out, s.lines...)
+		events = append(events, s.events...)
+		if s.relist != nil {
+			out = append(out, fmt.Sprintf("relist done: %d inspected, %d failed", s.relist.Inspected, s.relist.Failed))
+		}
+	}
+	return append(out, formatEvents(events)...)
+}
+
+// tick moves the clock to t and ticks the core, the hung calls waiting on
+// their first item's status call.
+func (h *harness) tick(t time.Time) stepped {
+	h.now = t
+	waiting := map[callID]trackedCall{}
+	for id, req := range h.out {
+		switch req.Kind {
+		case callList:
+			waiting[id] = trackedCall{op: "list_podsandbox"}
+		case callListPod:
+			waiting[id] = trackedCall{op: "list_containers"}
+		default:
+			op, cid := "container_status", ""
+			cts, sbs := req.Containers, req.Sandboxes
+			if !req.Delta {
+				cts, sbs = req.Pod.Containers, req.Pod.Sandboxes
+			}
+			switch {
+			case len(cts) > 0:
+				cid = cts[0].ID
+			case len(sbs) > 0:
+				op, cid = "podsandbox_status", sbs[0].ID
+			}
+			waiting[id] = trackedCall{op: op, id: cid}
+		}
+	}
+	return h.step(tick{waiting: waiting})
+}
+
+// callOf returns the call out that name designates: "list" the global
+// list call, otherwise the call of the pod with that UID (0: none).
+func (h *harness) callOf(name string) callID {
+	for id, k := range h.c.calls {
+		if name == "list" && k.kind == callList || name != "list" && k.kind != callList && string(k.uid) == name {
+			if _, out := h.out[id]; out {
+				return id
+			}
+		}
+	}
+	return 0
+}
+
+// returnCall returns call id with the runtime's answer (fail: an error).
+func (h *harness) returnCall(id callID, fail bool) stepped {
+	req, ok := h.out[id]
+	if !ok {
+		h.t.Fatalf("call %d is not out", id)
+	}
+	delete(h.out, id)
+	if req.Kind != callList {
+		if h.hung[req.UID] == id {
+			delete(h.hung, req.UID)
+		}
+	}
+	return h.step(h.answer(req, fail))
+}
+
+// relist runs a whole global relist: the runtime answers every call of it
+// at once; fail and hang name the pods whose status calls fail or hang.
+func (h *harness) relist(fail, hang map[types.UID]bool, listFails bool) []string {
+	h.now = h.now.Add(time.Second)
+	steps := []stepped{h.step(relistNow{})}
+	var list callID
+	for _, req := range steps[0].calls {
+		if req.Kind == callList {
+			list = req.ID
+		}
+	}
+	if list == 0 {
+		h.t.Fatalf("the relist made no list call (one still running?)")
+	}
+	steps = append(steps, h.returnCall(list, listFails))
+	var statusOf []string
+	// Answer the relist's status calls as they come, until it ends.
+	for pending := steps[1].calls; ; {
+		if steps[len(steps)-1].relist != nil || h.c.relist.phase == relistIdle {
+			break
+		}
+		var next []callReq
+		for _, req := range pending {
+			if req.Kind != callStatus {
+				continue
+			}
+			statusOf = append(statusOf, string(req.UID))
+			if hang[req.UID] {
+				h.hung[req.UID] = req.ID
+				continue
+			}
+			s := h.returnCall(req.ID, fail[req.UID])
+			steps = append(steps, s)
+			next = append(next, s.calls...)
+		}
+		if len(next) == 0 {
+			if h.c.relist.phase == relistIdle {
+				break
+			}
+			// Only hung calls are left: time runs to their deadline.
+			s := h.tick(h.now.Add(scriptTimeout))
+			steps = append(steps, s)
+			next = s.calls
+		}
+		pending = next
+	}
+	sort.Strings(statusOf)
+	status := "status: -"
+	if len(statusOf) > 0 {
+		status = "status: " + strings.Join(statusOf, " ")
+	}
+	out := render(steps...)
+	// The status calls are in the status line; the rest stays.
+	var rest []string
+	for _, l := range out {
+		if strings.HasPrefix(l, "call ") && strings.Contains(l, ": status ") || strings.HasSuffix(l, ": list") ||
+			strings.HasPrefix(l, "cache: set ") && !strings.HasSuffix(l, "(error)") || l == "cache: time" || strings.HasPrefix(l, "relist done") ||
+			strings.HasPrefix(l, "failed: ") {
+			continue
+		}
+		rest = append(rest, l)
+	}
+	return append([]string{status}, rest...)
+}
+
+// podRelist runs a hint for uid and the single-pod relist it makes, the
+// runtime answering every call at once.
+func (h *harness) podRelist(uid types.UID, fail, hang bool) []string {
+	h.now = h.now.Add(time.Second)
+	steps := []stepped{h.step(hintIn{uid: uid, at: h.now})}
+	return render(append(steps, h.answerPodCalls(uid, steps[0].calls, fail, hang)...)...)
+}
+
+// answerPod answers the calls for uid among started, and those they lead
+// to, until none is left.
+func (h *harness) answerPod(uid types.UID, started []callReq) []stepped {
+	return h.answerPodCalls(uid, started, false, false)
+}
+
+func (h *harness) answerPodCalls(uid types.UID, pending []callReq, fail, hang bool) []stepped {
+	var steps []stepped
+	for len(pending) > 0 {
+		var next []callReq
+		for _, req := range pending {
+			if req.UID != uid {
+				continue
+			}
+			if hang && req.Kind == callStatus {
+				h.hung[uid] = req.ID
+				steps = append(steps, h.tick(h.now.Add(scriptTimeout)))
+				continue
+			}
+			s := h.returnCall(req.ID, fail && req.Kind == callStatus)
+			steps = append(steps, s)
+			next = append(next, s.calls...)
+		}
+		pending = next
+	}
+	return steps
+}
+
+func (h *harness) exec(b block) []string {
+	t := h.t
 	fields := strings.Fields(b.cmd)
 	args := map[string]string{}
 	for _, a := range fields[1:] {
@@ -248,97 +625,112 @@ func (h *harness) exec(t *testing.T, b block) []string {
 		}
 		return m
 	}
-	statusLine := func(uids []string) string {
-		sort.Strings(uids)
-		if len(uids) == 0 {
-			return "status: -"
-		}
-		return "status: " + strings.Join(uids, " ")
-	}
+	_, fail := args["fail"]
 	switch fields[0] {
 	case "relist":
-		for k := range args {
-			if k != "fail" && k != "timeout" {
-				t.Fatalf("line %d: unknown relist argument %q", b.lineNo, k)
-			}
-		}
-		h.now = h.now.Add(time.Second)
-		var requested []types.UID
-		for uid := range h.requested {
-			requested = append(requested, uid)
-		}
-		clear(h.requested)
-		todo := h.c.listed(h.now, h.listing(b.input), requested)
-		fail, timeout := set(args["fail"]), set(args["timeout"])
-		var called []string
-		var events []Event
-		for _, w := range todo {
-			if w.pod != nil {
-				called = append(called, string(w.uid))
-			}
-			events = append(events, h.inspect(w, fail, timeout)...)
-		}
-		h.cache.UpdateTime(h.now)
-		return append([]string{statusLine(called)}, formatEvents(events)...)
+		h.setListing(h.listing(b.input), true)
+		return h.relist(set(args["fail"]), set(args["hang"]), false)
 	case "relist-fails":
-		h.now = h.now.Add(time.Second)
-		return nil
+		return h.relist(nil, nil, true)
 	case "podrelist":
-		h.now = h.now.Add(time.Second)
 		uid := types.UID(fields[1])
-		var p *cruntime.Pod
-		if pods := h.listing(b.input); len(pods) == 1 {
-			p = pods[0]
-		}
-		gen := h.c.gen
-		if _, ok := args["stale"]; ok {
-			gen--
-		}
-		_, req := h.requested[uid]
-		requested := !h.c.flagged(uid) && req
-		if requested {
-			delete(h.requested, uid)
-		}
-		w, ok, stale := h.c.podListed(uid, p, gen, requested)
-		switch {
-		case stale:
-			return []string{"stale"}
-		case !ok:
-			h.cache.MarkObserved(uid, h.now)
-			return []string{"observed"}
-		}
-		fail, timeout := map[types.UID]bool{}, map[types.UID]bool{}
-		if _, ok := args["fail"]; ok {
-			fail[uid] = true
-		}
-		if _, ok := args["timeout"]; ok {
-			timeout[uid] = true
-		}
-		var called []string
-		if w.pod != nil {
-			called = []string{string(uid)}
-		}
-		return append([]string{statusLine(called)}, formatEvents(h.inspect(w, fail, timeout))...)
-	case "podlist-timeout":
-		uid := types.UID(fields[1])
-		if !h.c.listTimedOut(uid, h.c.gen) {
-			return []string{"-"}
-		}
-		st, _ := h.cache.Get(uid)
-		h.cache.Set(uid, st, &InspectionTimeoutError{Pod: "ns/name-" + string(uid), UID: uid, Operation: "list_containers", Waited: 10 * time.Second}, h.now)
-		return []string{"cached"}
+		delete(h.pods, uid)
+		h.setListing(h.listing(b.input), false)
+		_, hang := args["hang"]
+		return h.podRelist(uid, fail, hang)
 	case "hint":
-		d, err := time.ParseDuration(args["at"])
+		at := h.now
+		if v, ok := args["at"]; ok {
+			d, err := time.ParseDuration(v)
+			if err != nil {
+				t.Fatalf("line %d: %v", b.lineNo, err)
+			}
+			at = at.Add(d)
+		}
+		in := hintIn{uid: types.UID(fields[1]), at: at}
+		if v, ok := args["event"]; ok {
+			typ, id, _ := strings.Cut(v, ":")
+			in.event, in.container = true, id
+			in.eventType = map[string]cruntime.EventType{"created": cruntime.EventCreated, "started": cruntime.EventStarted,
+				"stopped": cruntime.EventStopped, "deleted": cruntime.EventDeleted}[typ]
+		}
+		return render(h.step(in))
+	case "reinspect":
+		return render(h.step(reinspectIn{uid: types.UID(fields[1])}))
+	case "start-relist":
+		return render(h.step(relistNow{}))
+	case "tick":
+		d, err := time.ParseDuration(fields[1])
 		if err != nil {
 			t.Fatalf("line %d: %v", b.lineNo, err)
 		}
-		if covered(h.now.Add(d), h.c.lastRelist) {
-			return []string{"covered"}
+		return render(h.tick(h.now.Add(d)))
+	case "return":
+		n := h.callOf(fields[1])
+		if n == 0 {
+			return []string{"no call out for " + fields[1]}
 		}
-		return []string{"call"}
-	case "reinspect":
-		h.requested[types.UID(fields[1])] = struct{}{}
+		if len(b.input) > 0 {
+			pods := h.listing(b.input)
+			if req := h.out[callID(n)]; req.Kind == callListPod {
+				delete(h.pods, req.UID)
+			}
+			h.setListing(pods, h.out[callID(n)].Kind == callList)
+		}
+		return render(h.returnCall(callID(n), fail))
+	case "release":
+		uid := types.UID(fields[1])
+		id, ok := h.hung[uid]
+		if !ok {
+			t.Fatalf("line %d: no hung call for %s", b.lineNo, uid)
+		}
+		steps := []stepped{h.returnCall(id, false)}
+		return render(append(steps, h.answerPod(uid, steps[0].calls)...)...)
+	case "auto":
+		h.c.cfg.manual = false
 		return nil
+	case "identity":
+		return render(h.step(identityIn{wanted: fields[1] == "on"}))
+	case "budget":
+		bu := &h.c.cfg.budget
+		for k, v := range args {
+			var err error
+			switch k {
+			case "rate":
+				bu.rate, err = strconv.ParseFloat(v, 64)
+			case "burst":
+				bu.burst, err = strconv.Atoi(v)
+			case "queue":
+				bu.queue, err = strconv.Atoi(v)
+			case "slots":
+				h.c.cfg.slots, err = strconv.Atoi(v)
+			case "spacing":
+				bu.spacing, err = time.ParseDuration(v)
+			case "early":
+				bu.early, err = time.ParseDuration(v)
+			default:
+				err = fmt.Errorf("unknown budget argument %q", k)
+			}
+			if err != nil {
+				t.Fatalf("line %d: %v", b.lineNo, err)
+			}
+		}
+		return nil
+	case "calls":
+		var ids []int
+		for id := range h.out {
+			ids = append(ids, int(id))
+		}
+		sort.Ints(ids)
+		var out []string
+		for _, id := range ids {
+			line := callLine(h.out[callID(id)])
+			if k := h.c.calls[callID(id)]; k != nil && k.abandoned {
+				line += " (abandoned)"
+			}
+			out = append(out, line)
+		}
+		return out
 	case "ips":
 		h.ips[types.UID(fields[1])] = fields[2:]
 		return nil

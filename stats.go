@@ -21,6 +21,7 @@ type RelistStat struct {
 	Events int `json:"events"`
 	// Err is the listing error of a failed relist.
 	Err string `json:"error,omitempty"`
+	err error
 }
 
 // statsRing keeps the most recent relists.

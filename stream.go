@@ -3,13 +3,13 @@ package pleg
 import (
 	"context"
 	"errors"
+	"io"
 	"math/rand/v2"
 	"sync"
 	"time"
 
 	"github.com/podlifecycle/pleg/cruntime"
-	"github.com/podlifecycle/pleg/metrics"
-	"k8s.io/apimachinery/pkg/types"
+	"github.com/podlifecycle/pleg/journal"
 )
 
 // EventsMode says whether the generator uses the runtime's container event
@@ -57,14 +57,11 @@ type EventStreamStatus struct {
 	ConnectedAt time.Time  `json:"connectedAt,omitzero"`
 }
 
-// eventStream holds the state of the stream consumer.
+// eventStream holds the state of the stream consumer, which its goroutine
+// publishes for EventStream.
 type eventStream struct {
 	mu     sync.Mutex
 	status EventStreamStatus
-	// hints: when the earliest runtime event not yet turned into a
-	// lifecycle event arrived for a pod (its created_at), to measure event
-	// latency. Bounded by the request queue's limit.
-	hints map[types.UID]time.Time
 }
 
 // EventStream returns the state of the runtime event stream.
@@ -80,51 +77,29 @@ func (g *Generator) setStream(f func(*EventStreamStatus)) {
 	g.stream.mu.Unlock()
 }
 
-// takeHint returns and forgets the time of the earliest pending runtime
-// event for uid.
-func (g *Generator) takeHint(uid types.UID) (time.Time, bool) {
-	g.stream.mu.Lock()
-	defer g.stream.mu.Unlock()
-	t, ok := g.stream.hints[uid]
-	if ok {
-		delete(g.stream.hints, uid)
-	}
-	return t, ok
-}
-
-// onRuntimeEvent turns one runtime event into a single-pod relist request.
-// It never blocks: the stream is read continuously.
+// onRuntimeEvent hands one runtime event to the loop as a hint. It never
+// blocks: the stream is read continuously. Which hints make a runtime call
+// is the core's to decide (core_hints.go).
 func (g *Generator) onRuntimeEvent(e cruntime.Event) {
 	g.m.RuntimeEvents.WithLabelValues(e.Type.String()).Inc()
+	now := g.clock.Now()
 	if !e.CreatedAt.IsZero() {
-		g.m.EventedConnectionLatency.Observe(g.clock.Since(e.CreatedAt).Seconds())
+		g.m.EventedConnectionLatency.Observe(now.Sub(e.CreatedAt).Seconds())
 	}
-	// The last global relist started after the event: its listing already
-	// shows what the event says (containerd 2.x replays events kept while
-	// nobody subscribed, minutes old). The rule is the core's (covered).
-	stale := !e.CreatedAt.IsZero() && covered(e.CreatedAt, g.LastRelist())
-	g.stream.mu.Lock()
-	g.stream.status.Events++
-	g.stream.status.LastEvent = g.clock.Now()
-	if !stale && e.PodUID != "" && !e.CreatedAt.IsZero() {
-		if _, ok := g.stream.hints[e.PodUID]; !ok && len(g.stream.hints) < g.opts.PodRelistQueue {
-			g.stream.hints[e.PodUID] = e.CreatedAt
-		}
-	}
-	g.stream.mu.Unlock()
-	if stale {
-		g.m.PodRelistSkipped.WithLabelValues(metrics.SkipStaleEvent).Inc()
-		g.log.V(4).Info("Runtime event older than the last relist; no call", "podUID", e.PodUID, "containerID", e.ContainerID,
-			"type", e.Type.String(), "createdAt", e.CreatedAt)
-		return
-	}
+	g.setStream(func(s *EventStreamStatus) { s.Events++; s.LastEvent = now })
 	if e.PodUID == "" {
 		// Without a pod the hint cannot be targeted; the relist covers it.
 		g.log.V(4).Info("Runtime event without a pod; leaving it to the relist", "containerID", e.ContainerID, "type", e.Type.String())
 		return
 	}
 	g.log.V(4).Info("Runtime event", "podUID", e.PodUID, "pod", e.PodNamespace+"/"+e.PodName, "containerID", e.ContainerID, "type", e.Type.String())
-	g.RequestRelist(e.PodUID)
+	at := e.CreatedAt
+	if at.IsZero() {
+		at = now
+	}
+	if !g.inbox.hint(hintIn{uid: e.PodUID, at: at, event: true, eventType: e.Type, container: e.ContainerID}) {
+		g.m.PodRelistQueueDropped.Inc()
+	}
 }
 
 // watchEvents consumes the runtime's event stream until ctx ends,
@@ -150,6 +125,7 @@ func (g *Generator) watchEvents(ctx context.Context, src cruntime.EventSource) {
 				s.State, s.Connects, s.ConnectedAt, s.LastError = StreamConnected, s.Connects+1, connectedAt, ""
 			})
 			g.log.V(2).Info("Connected to the runtime's container event stream")
+			g.journal.Append(journal.Entry{Kind: journal.KindRuntime, Runtime: &journal.RuntimeStatus{State: journal.RuntimeEventStreamConnected}})
 		}, func(e cruntime.Event) {
 			events++
 			g.onRuntimeEvent(e)
@@ -158,21 +134,31 @@ func (g *Generator) watchEvents(ctx context.Context, src cruntime.EventSource) {
 		if ctx.Err() != nil {
 			return
 		}
+		if !connectedAt.IsZero() {
+			msg := "event stream ended"
+			if err != nil {
+				msg = err.Error()
+			}
+			g.journal.Append(journal.Entry{Kind: journal.KindRuntime, Runtime: &journal.RuntimeStatus{State: journal.RuntimeEventStreamLost, Message: msg}})
+		}
 		if events > 0 || (!connectedAt.IsZero() && g.clock.Since(start) >= streamClosesAtOnce) {
 			hasStream = true
 		}
+		// Unsupported: Unimplemented, or a stream the runtime closes
+		// cleanly right after it opened, without an event (CRI-O with pod
+		// events off). Any other error, however early, is transient.
 		unsupported := !hasStream && (errors.Is(err, cruntime.ErrEventsUnsupported) ||
-			(events == 0 && !connectedAt.IsZero() && g.clock.Since(start) < streamClosesAtOnce))
+			(errors.Is(err, io.EOF) && events == 0 && !connectedAt.IsZero() && g.clock.Since(start) < streamClosesAtOnce))
 		var wait time.Duration
 		if unsupported {
 			wait = streamUnsupportedWait
 			if mode == EventsOn {
 				g.log.Error(err, "The runtime has no container event stream; relying on the periodic relist", "retryIn", wait)
 			} else if !loggedUnsupported {
-				g.log.Info("The runtime has no container event stream; relying on the periodic relist", "reason", errString(err))
+				g.log.Info("The runtime has no container event stream; relying on the periodic relist", "reason", errorString(err))
 			}
 			loggedUnsupported = true
-			g.setStream(func(s *EventStreamStatus) { s.State, s.LastError = StreamUnsupported, errString(err) })
+			g.setStream(func(s *EventStreamStatus) { s.State, s.LastError = StreamUnsupported, errorString(err) })
 		} else {
 			if err == nil {
 				err = errors.New("event stream ended")
@@ -198,6 +184,13 @@ func (g *Generator) watchEvents(ctx context.Context, src cruntime.EventSource) {
 		case <-t.C():
 		}
 	}
+}
+
+func errorString(err error) string {
+	if err == nil {
+		return ""
+	}
+	return err.Error()
 }
 
 // streamBackoff is the wait before reconnection attempt n+1 after n

@@ -3,9 +3,13 @@ package pleg
 import (
 	"context"
 	"errors"
+	"fmt"
+	"io"
 	"math/rand/v2"
+	"reflect"
 	"sync"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/podlifecycle/pleg/cruntime"
@@ -26,7 +30,8 @@ type fakeEvents struct {
 type fakeSession struct {
 	err    error // returned at once, without connecting
 	events []cruntime.Event
-	end    error // returned after the events; nil keeps the stream open
+	after  time.Duration // how long the session stays open before end
+	end    error         // returned after the events; nil keeps the stream open
 }
 
 func (f *fakeEvents) WatchEvents(ctx context.Context, connected func(), fn func(cruntime.Event)) error {
@@ -45,6 +50,7 @@ func (f *fakeEvents) WatchEvents(ctx context.Context, connected func(), fn func(
 		fn(e)
 	}
 	if s.end != nil {
+		time.Sleep(s.after)
 		return s.end
 	}
 	for {
@@ -66,84 +72,117 @@ func (f *fakeEvents) count() int {
 // An event turns into a single-pod relist of its pod, long before the next
 // global relist, and its latency is measured.
 func TestRuntimeEventTriggersPodRelist(t *testing.T) {
-	rt := newFakeRuntime()
-	src := &fakeEvents{live: make(chan cruntime.Event)}
-	m := metrics.New(nil)
-	g, clk := newTestGenerator(t, rt, func(o *Options) {
-		o.EventSource, o.Metrics, o.RelistPeriod = src, m, time.Hour
+	synctest.Test(t, func(t *testing.T) {
+		rt := newFakeRuntime()
+		src := &fakeEvents{live: make(chan cruntime.Event)}
+		m := metrics.New(nil)
+		g := newLoopGenerator(t, rt, func(o *Options) {
+			o.EventSource, o.Metrics, o.RelistPeriod, o.RelistThreshold = src, m, time.Hour, 3*time.Hour
+		})
+		rt.setPods(pod("a", "c1=running"))
+		ch := g.Watch()
+		g.Start()
+		synctest.Wait()
+		drain(ch)
+		if s := g.EventStream().State; s != StreamConnected {
+			t.Fatalf("stream %s", s)
+		}
+		time.Sleep(time.Second)
+		rt.setPods(pod("a", "c1=exited"))
+		created := time.Now()
+		time.Sleep(2 * time.Millisecond)
+		src.live <- cruntime.Event{ContainerID: "c1", Type: cruntime.EventStopped, PodUID: "a", CreatedAt: created}
+		synctest.Wait()
+		if got := formatEvents(drain(ch)); !reflect.DeepEqual(got, []string{"a ContainerDied c1 exit=0"}) {
+			t.Fatalf("events %v", got)
+		}
+		if rt.count("ListPods") != 1 || rt.count("ListPod") != 1 {
+			t.Fatalf("calls %v: want one global and one single-pod relist", rt.calls)
+		}
+		if n := testutil.CollectAndCount(m.EventDeliveryLatency); n != 1 {
+			t.Fatalf("latency histogram has %d series", n)
+		}
+		if got := testutil.ToFloat64(m.EventedConnectionSuccess); got != 1 {
+			t.Fatalf("connection success count %v", got)
+		}
+		if s := g.EventStream(); s.Events != 1 || s.Connects != 1 {
+			t.Fatalf("stream status %+v", s)
+		}
 	})
-	rt.setPods(pod("a", "c1=running"))
-	ch := g.Watch()
-	g.Start()
-	if e := <-ch; e.ContainerID != "c1" {
-		t.Fatalf("first relist: %+v", e)
-	}
-	waitFor(t, func() bool { return g.EventStream().State == StreamConnected })
-
-	clk.Step(time.Second)
-	rt.setPods(pod("a", "c1=exited"))
-	src.live <- cruntime.Event{ContainerID: "c1", Type: cruntime.EventStopped, PodUID: "a", CreatedAt: clk.Now().Add(-2 * time.Millisecond)}
-	e := <-ch
-	if e.Type != ContainerDied || e.ContainerID != "c1" {
-		t.Fatalf("event %+v", e)
-	}
-	if rt.count("ListPods") != 1 || rt.count("ListPod") != 1 {
-		t.Fatalf("calls %v: want one global and one single-pod relist", rt.calls)
-	}
-	if n := testutil.CollectAndCount(m.EventDeliveryLatency); n != 1 {
-		t.Fatalf("latency histogram has %d series", n)
-	}
-	if got := testutil.ToFloat64(m.EventedConnectionSuccess); got != 1 {
-		t.Fatalf("connection success count %v", got)
-	}
-	if s := g.EventStream(); s.Events != 1 || s.Connects != 1 {
-		t.Fatalf("stream status %+v", s)
-	}
 }
 
 // A runtime without events is said once, the relist goes on, and the
-// stream is probed again only rarely.
+// stream is probed again only rarely: Unimplemented, or a stream the
+// runtime closes cleanly right after it opened (CRI-O without pod events).
+// A transient error at start, however quick, is retried with backoff.
 func TestRuntimeWithoutEvents(t *testing.T) {
-	rt := newFakeRuntime()
 	unsupported := errors.Join(cruntime.ErrEventsUnsupported, errors.New("unimplemented"))
-	src := &fakeEvents{sessions: []fakeSession{{err: unsupported}, {err: unsupported}}}
-	g, clk := newTestGenerator(t, rt, func(o *Options) { o.EventSource = src })
-	g.Start()
-	waitFor(t, func() bool { return g.EventStream().State == StreamUnsupported })
-	clk.Step(time.Minute)
-	time.Sleep(10 * time.Millisecond)
-	if src.count() != 1 {
-		t.Fatalf("probed %d times within a minute", src.count())
+	eof := fmt.Errorf("stream closed by the runtime: %w", io.EOF)
+	for _, c := range []struct {
+		name     string
+		sessions []fakeSession
+		want     string
+	}{
+		{"unimplemented", []fakeSession{{err: unsupported}, {err: unsupported}}, StreamUnsupported},
+		{"closed at once", []fakeSession{{end: eof}, {end: eof}}, StreamUnsupported},
+		{"unavailable at once", []fakeSession{{end: errors.New("rpc error: code = Unavailable")}, {end: eof}}, StreamBackoff},
+		{"closed after a while", []fakeSession{{end: eof, after: 2 * streamClosesAtOnce}, {}}, StreamBackoff},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				src := &fakeEvents{sessions: c.sessions, live: make(chan cruntime.Event)}
+				g := newLoopGenerator(t, newFakeRuntime(), func(o *Options) { o.EventSource = src })
+				g.Start()
+				time.Sleep(c.sessions[0].after)
+				synctest.Wait()
+				if s := g.EventStream().State; s != c.want && !(c.want == StreamBackoff && src.count() == 2) {
+					t.Fatalf("state %s after %d attempts, want %s", s, src.count(), c.want)
+				}
+				time.Sleep(time.Minute)
+				synctest.Wait()
+				if c.want == StreamUnsupported && src.count() != 1 {
+					t.Fatalf("probed %d times within a minute", src.count())
+				}
+				if c.want == StreamBackoff && src.count() != 2 {
+					t.Fatalf("retried %d times, want 2 attempts", src.count())
+				}
+				if c.want == StreamUnsupported {
+					time.Sleep(streamUnsupportedWait)
+					synctest.Wait()
+					if src.count() != 2 {
+						t.Fatalf("probed %d times after %v", src.count(), streamUnsupportedWait)
+					}
+				}
+			})
+		})
 	}
-	clk.Step(streamUnsupportedWait)
-	waitFor(t, func() bool { return src.count() == 2 })
-
-	// A stream that connects and closes at once without events is the
-	// same thing (CRI-O without pod events).
-	src2 := &fakeEvents{sessions: []fakeSession{{end: errors.New("EOF")}}}
-	g2, _ := newTestGenerator(t, rt, func(o *Options) { o.EventSource = src2 })
-	g2.Start()
-	waitFor(t, func() bool { return g2.EventStream().State == StreamUnsupported })
 }
 
 // A broken stream reconnects: the first retry at once, then with backoff.
 func TestEventStreamReconnects(t *testing.T) {
-	rt := newFakeRuntime()
-	m := metrics.New(nil)
-	boom := errors.New("connection reset")
-	src := &fakeEvents{live: make(chan cruntime.Event), sessions: []fakeSession{
-		{events: []cruntime.Event{{PodUID: "a", ContainerID: "x"}}, end: boom}, // up, then breaks
-		{err: boom}, // the immediate retry fails
-		{},          // after the backoff: stays up
-	}}
-	g, clk := newTestGenerator(t, rt, func(o *Options) { o.EventSource, o.Metrics = src, m })
-	g.Start()
-	waitFor(t, func() bool { return src.count() == 2 && g.EventStream().State == StreamBackoff })
-	if got := testutil.ToFloat64(m.EventedConnectionErrors); got != 2 {
-		t.Fatalf("connection errors %v", got)
-	}
-	clk.Step(2 * streamBackoffBase)
-	waitFor(t, func() bool { return g.EventStream().State == StreamConnected && src.count() == 3 })
+	synctest.Test(t, func(t *testing.T) {
+		m := metrics.New(nil)
+		boom := errors.New("connection reset")
+		src := &fakeEvents{live: make(chan cruntime.Event), sessions: []fakeSession{
+			{events: []cruntime.Event{{PodUID: "a", ContainerID: "x"}}, end: boom}, // up, then breaks
+			{err: boom}, // the immediate retry fails
+			{},          // after the backoff: stays up
+		}}
+		g := newLoopGenerator(t, newFakeRuntime(), func(o *Options) { o.EventSource, o.Metrics = src, m })
+		g.Start()
+		synctest.Wait()
+		if src.count() != 2 || g.EventStream().State != StreamBackoff {
+			t.Fatalf("%d attempts, state %s", src.count(), g.EventStream().State)
+		}
+		if got := testutil.ToFloat64(m.EventedConnectionErrors); got != 2 {
+			t.Fatalf("connection errors %v", got)
+		}
+		time.Sleep(2 * streamBackoffBase)
+		synctest.Wait()
+		if g.EventStream().State != StreamConnected || src.count() != 3 {
+			t.Fatalf("%d attempts, state %s", src.count(), g.EventStream().State)
+		}
+	})
 }
 
 func TestStreamBackoff(t *testing.T) {
@@ -167,8 +206,8 @@ func TestStreamBackoff(t *testing.T) {
 	}
 }
 
-// With the stream down or events dropped, the periodic relist still
-// delivers every change with the same events.
+// With events dropped, the periodic relist still delivers every change
+// with the same events.
 func TestEventsDroppedRelistStillDelivers(t *testing.T) {
 	steps := [][]*cruntime.Pod{
 		{pod("a", "c1=running", "s:s1=running")},
@@ -176,21 +215,25 @@ func TestEventsDroppedRelistStillDelivers(t *testing.T) {
 		{pod("b", "c2=exited")},
 	}
 	run := func(withEvents bool) []string {
-		rt := newFakeRuntime()
-		src := &fakeEvents{live: make(chan cruntime.Event, 10)}
-		g, _ := newTestGenerator(t, rt, func(o *Options) { o.EventSource = src })
-		ch := g.Watch()
 		var out []string
-		for _, pods := range steps {
-			rt.setPods(pods...)
-			if withEvents {
-				// Only some events arrive; the others were dropped.
-				g.RequestRelist(pods[0].UID)
-				g.step(context.Background(), time.Now().Add(time.Hour))
+		synctest.Test(t, func(t *testing.T) {
+			rt := newFakeRuntime()
+			src := &fakeEvents{live: make(chan cruntime.Event, 10)}
+			g := newLoopGenerator(t, rt, func(o *Options) { o.EventSource = src })
+			ch := g.Watch()
+			g.Start()
+			for _, pods := range steps {
+				rt.setPods(pods...)
+				if withEvents {
+					// Only the first pod's event arrives; the others
+					// were dropped.
+					src.live <- cruntime.Event{PodUID: pods[0].UID, CreatedAt: time.Now()}
+				}
+				time.Sleep(time.Second)
+				synctest.Wait()
+				out = append(out, formatEvents(drain(ch))...)
 			}
-			g.relist(context.Background())
-			out = append(out, formatEvents(drain(ch))...)
-		}
+		})
 		return out
 	}
 	without, with := run(false), run(true)

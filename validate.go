@@ -1,7 +1,6 @@
 package pleg
 
 import (
-	"errors"
 	"fmt"
 
 	"github.com/podlifecycle/pleg/cruntime"
@@ -12,7 +11,7 @@ import (
 // cruntime.Runtime contract promises one. A listing or inspection that
 // carries one fails as a whole, like a failed call, so that nothing is
 // half-applied and nothing panics.
-var ErrMalformed = errors.New("malformed runtime answer")
+var ErrMalformed = cruntime.ErrMalformed
 
 // checkPods rejects a listing with a nil pod, sandbox or container.
 func checkPods(pods []*cruntime.Pod) error {

@@ -11,6 +11,7 @@ package cruntime
 import (
 	"context"
 	"errors"
+	"fmt"
 	"slices"
 	"time"
 
@@ -78,6 +79,9 @@ type SandboxStatus struct {
 	IPs       []string // primary first
 	// HostNetwork is true when the sandbox shares the node's network namespace.
 	HostNetwork bool
+	// Labels and Annotations are the sandbox's (the pod's, as the
+	// kubelet set them).
+	Labels, Annotations map[string]string
 }
 
 // ContainerStatus is the full status of one container.
@@ -94,6 +98,8 @@ type ContainerStatus struct {
 	ExitCode   int32
 	Reason     string
 	Message    string
+	// Labels and Annotations are the container's.
+	Labels, Annotations map[string]string
 }
 
 // PodStatus is the full status of a pod: every sandbox and container of it
@@ -109,7 +115,21 @@ type PodStatus struct {
 
 // Runtime is what the generator needs from a container runtime.
 //
-// Implementations must be safe for concurrent use.
+// The contract:
+//   - Implementations are safe for concurrent use. Every call may block
+//     (it is I/O); it must return once ctx is done, and should bound itself
+//     (runtime/cri applies the runtime request timeout to each call).
+//   - What a call returns is never mutated afterwards, by the runtime or by
+//     the generator: pods, containers and statuses are read-only values
+//     that may be shared.
+//   - An unchanged pod may be returned again as the very same *Pod (and an
+//     unchanged listing as the very same pods in the same order): the
+//     generator then skips its checks. A pod whose listing changed is a new
+//     *Pod. Equal content in a new *Pod is fine; it only costs a comparison.
+//   - Each runtime call an implementation makes is reported to the
+//     context's CallTracer (CallTracerFrom), so that a call the generator
+//     gives up on can be named; a call timed out while none is reported is
+//     labelled "unknown".
 type Runtime interface {
 	// ListPods lists every sandbox and container, in every state, grouped
 	// by pod UID. Items without metadata or ID are skipped.
@@ -117,24 +137,55 @@ type Runtime interface {
 	// ListPod lists the sandboxes and containers of one pod. It returns
 	// (nil, nil) when the runtime has nothing for that UID.
 	ListPod(ctx context.Context, uid types.UID) (*Pod, error)
-	// PodStatus fetches the full status of every sandbox and container of
-	// pod, using the IDs in pod (no further list calls). Items that vanished
-	// since the listing (NotFound) are left out, not reported as errors.
-	PodStatus(ctx context.Context, pod *Pod) (*PodStatus, error)
+	// ItemStatuses fetches the status of each of sandboxes and containers,
+	// listed items of pod (no further list calls). The results are in the
+	// order of the arguments; an item the runtime no longer knows
+	// (NotFound) is nil, not an error. Any other failure is the error of
+	// the whole call. NewPodStatus assembles the results into the pod's
+	// status; the generator asks for every item of a pod, or (delta
+	// inspection) only for those whose listing changed since their last
+	// status.
+	ItemStatuses(ctx context.Context, pod *Pod, sandboxes, containers []*Container) ([]*SandboxStatus, []*ContainerStatus, error)
+	// Identities fetches what ties each of containers, listed containers
+	// of pod, to the kernel: its init PID and cgroup path (CRI: a verbose
+	// ContainerStatus). Results are in the order of the arguments; nil for
+	// a container the runtime no longer knows or has no process for. A
+	// runtime that cannot tell returns ErrIdentityUnsupported. The
+	// generator asks only while a watcher wants identities, once per
+	// running container.
+	Identities(ctx context.Context, pod *Pod, containers []*Container) ([]*Identity, error)
 }
 
-// ItemStatuser is implemented by runtimes that can fetch the status of
-// some of a pod's sandboxes and containers, not all of them. The generator
-// uses it to fetch only the items whose listing changed since their last
-// status (docs/semantics.md, "Delta inspection"); a Runtime without it has
-// every item of a changed pod fetched, as the kubelet does.
-type ItemStatuser interface {
-	// ItemStatuses fetches the status of each of sandboxes and containers,
-	// listed items of pod, with the same calls, bounds and errors as
-	// PodStatus. The results are in the order of the arguments; an item
-	// the runtime no longer knows (NotFound) is nil. NewPodStatus
-	// assembles the results.
-	ItemStatuses(ctx context.Context, pod *Pod, sandboxes, containers []*Container) ([]*SandboxStatus, []*ContainerStatus, error)
+// Identity ties a container to what the kernel sees.
+type Identity struct {
+	// PID is the container's init process in the node's PID namespace.
+	PID int64
+	// CgroupPath is the container's cgroup as the runtime's OCI spec
+	// gives it (linux.cgroupsPath).
+	CgroupPath string
+}
+
+// ErrIdentityUnsupported says that a runtime cannot tell containers'
+// identities.
+var ErrIdentityUnsupported = errors.New("runtime does not report container identities")
+
+// ErrMalformed is wrapped by the errors about runtime answers that break
+// the Runtime contract (a nil where a value is promised, a wrong number of
+// statuses).
+var ErrMalformed = errors.New("malformed runtime answer")
+
+// FetchPodStatus fetches the status of every sandbox and container of pod
+// with one ItemStatuses call and assembles it (NewPodStatus).
+func FetchPodStatus(ctx context.Context, rt Runtime, pod *Pod) (*PodStatus, error) {
+	sbs, cts, err := rt.ItemStatuses(ctx, pod, pod.Sandboxes, pod.Containers)
+	if err != nil {
+		return nil, err
+	}
+	if len(sbs) != len(pod.Sandboxes) || len(cts) != len(pod.Containers) {
+		return nil, fmt.Errorf("%w: ItemStatuses for pod %s/%s returned %d sandbox and %d container statuses for %d and %d items",
+			ErrMalformed, pod.Namespace, pod.Name, len(sbs), len(cts), len(pod.Sandboxes), len(pod.Containers))
+	}
+	return NewPodStatus(pod, sbs, cts), nil
 }
 
 // NewPodStatus assembles the status of pod from the statuses of its

@@ -43,12 +43,6 @@ func Method(op string) string {
 	return op
 }
 
-// Reasons of pleg_pod_relist_requests_skipped_total.
-const (
-	SkipCovered    = "covered"
-	SkipStaleEvent = "stale_event"
-)
-
 // Metrics is the set of collectors one generator (and its runtime client)
 // reports to. Create it with New; the zero value is not usable.
 type Metrics struct {
@@ -80,6 +74,11 @@ type Metrics struct {
 	RuntimeEvents         *prometheus.CounterVec
 	PodRelistQueueDropped prometheus.Counter
 	PodRelistSkipped      *prometheus.CounterVec
+	PodRelistDeferred     *prometheus.CounterVec
+	PodRelistFailures     prometheus.Counter
+	EarlyRelists          prometheus.Counter
+	LogLinesSuppressed    *prometheus.CounterVec
+	IdentityFailures      prometheus.Counter
 	EventStreamUp         prometheus.Gauge
 	StatusItems           *prometheus.CounterVec
 
@@ -167,7 +166,7 @@ func New(reg prometheus.Registerer) *Metrics {
 		}),
 		InspectionsInFlight: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "pleg_pod_inspections_in_flight",
-			Help: "Pod status fetches now outstanding, including abandoned ones that have not returned yet.",
+			Help: "Runtime calls for one pod now outstanding (status fetches, single-pod list calls, identity calls), including abandoned ones that have not returned yet.",
 		}),
 		SubscriberResyncs: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "pleg_subscriber_resyncs_total",
@@ -192,8 +191,28 @@ func New(reg prometheus.Registerer) *Metrics {
 		}),
 		PodRelistSkipped: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "pleg_pod_relist_requests_skipped_total",
-			Help: "Single-pod relist requests dropped without a runtime call, by reason: covered (a later global relist already listed the pod) or stale_event (the runtime event predates the last global relist, e.g. a replay after reconnecting).",
+			Help: "Single-pod relist requests (hints) dropped without a runtime call, by reason: covered (a global relist that started later listed the pod, including hints that waited for the budget), stale_event (the runtime event predates the last global relist, e.g. a replay after reconnecting) or unchanged (the runtime event names a container in the state pleg already shows).",
 		}, []string{"reason"}),
+		PodRelistDeferred: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "pleg_pod_relist_requests_deferred_total",
+			Help: "Single-pod relist requests (hints) that had to wait, by reason: budget (no token of the single-pod relist rate left; an early global relist covers them) or spacing (the pod was relisted on its own too recently).",
+		}, []string{"reason"}),
+		PodRelistFailures: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "pleg_pod_relist_failures_total",
+			Help: "Single-pod relists whose list call failed; the next global relist covers the pod.",
+		}),
+		EarlyRelists: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "pleg_early_relists_total",
+			Help: "Global relists started before their period because hints waited for the single-pod relist budget.",
+		}),
+		IdentityFailures: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "pleg_identity_failures_total",
+			Help: "Calls for containers' identities (init PID, cgroup path; asked while a watcher wants them) that failed or timed out; those containers' identities stay unknown.",
+		}),
+		LogLinesSuppressed: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "pleg_log_lines_suppressed_total",
+			Help: "Repeated per-pod error lines not logged (a summary line is logged once a minute), by kind.",
+		}, []string{"kind"}),
 		EventStreamUp: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "pleg_event_stream_connected",
 			Help: "1 while the runtime's container event stream is connected, 0 otherwise.",
@@ -226,7 +245,8 @@ func (m *Metrics) collectors() []prometheus.Collector {
 		m.EventedConnectionErrors, m.EventedConnectionSuccess, m.EventedConnectionLatency,
 		m.RelistInProgress, m.InspectionTimeouts, m.InspectionFailures, m.InspectionsInFlight,
 		m.SubscriberResyncs, m.EventsDelivered, m.EventDeliveryLatency, m.RuntimeEvents,
-		m.PodRelistQueueDropped, m.PodRelistSkipped, m.EventStreamUp, m.StatusItems,
+		m.PodRelistQueueDropped, m.PodRelistSkipped, m.PodRelistDeferred, m.PodRelistFailures,
+		m.EarlyRelists, m.LogLinesSuppressed, m.IdentityFailures, m.EventStreamUp, m.StatusItems,
 	}
 }
 

@@ -35,7 +35,10 @@ type Cache struct {
 	mu        sync.Mutex
 	pods      map[types.UID]*Entry
 	timestamp time.Time // global: every entry is at least this fresh
-	waiters   map[types.UID][]*waiter
+	// held: pods the global timestamp does not cover, with the timestamp
+	// that does (UpdateTime's held pods, until their next write).
+	held    map[types.UID]time.Time
+	waiters map[types.UID][]*waiter
 }
 
 type waiter struct {
@@ -47,6 +50,7 @@ type waiter struct {
 func New() *Cache {
 	return &Cache{
 		pods:    make(map[types.UID]*Entry),
+		held:    make(map[types.UID]time.Time),
 		waiters: make(map[types.UID][]*waiter),
 	}
 }
@@ -116,7 +120,8 @@ func (c *Cache) Set(uid types.UID, status *cruntime.PodStatus, err error, t time
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.pods[uid] = &Entry{Status: status, Err: err, Modified: t}
-	c.notifyLocked(uid, t)
+	c.releaseLocked(uid)
+	c.notifyLocked(uid, c.freshLocked(uid, t))
 }
 
 // MarkObserved records that uid was observed at t without any change: the
@@ -129,26 +134,64 @@ func (c *Cache) MarkObserved(uid types.UID, t time.Time) {
 		e2.Modified = t
 		c.pods[uid] = &e2
 	}
-	c.notifyLocked(uid, t)
+	c.releaseLocked(uid)
+	c.notifyLocked(uid, c.freshLocked(uid, t))
 }
 
-// Delete removes the entry of uid.
+// Delete removes the entry of uid. A held pod's waiters are woken with the
+// empty status, as the global timestamp now covers it.
 func (c *Cache) Delete(uid types.UID) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	delete(c.pods, uid)
+	if c.releaseLocked(uid) {
+		c.notifyLocked(uid, c.timestamp)
+	}
 }
 
 // UpdateTime sets the global timestamp to t and wakes every waiter whose
 // minimum time is not after t, with the current entry of its pod (or the
 // empty status).
-func (c *Cache) UpdateTime(t time.Time) {
+//
+// The pods in held are not covered by it: their entries are still being
+// refreshed (pleg's global relist hands a pod whose single-pod relist is
+// under way over to it). Until their next Set, MarkObserved or Delete they
+// keep the global timestamp they had, and their waiters keep waiting.
+func (c *Cache) UpdateTime(t time.Time, held ...types.UID) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
+	for _, uid := range held {
+		if _, ok := c.held[uid]; !ok {
+			c.held[uid] = c.timestamp
+		}
+	}
 	c.timestamp = t
 	for uid := range c.waiters {
-		c.notifyLocked(uid, t)
+		c.notifyLocked(uid, c.freshLocked(uid, t))
 	}
+}
+
+// freshLocked returns how fresh uid's information is known to be, given an
+// entry written or observed at t: the later of t and the global timestamp
+// that covers uid.
+func (c *Cache) freshLocked(uid types.UID, t time.Time) time.Time {
+	g, ok := c.held[uid]
+	if !ok {
+		g = c.timestamp
+	}
+	if g.After(t) {
+		return g
+	}
+	return t
+}
+
+// releaseLocked ends the hold of uid, reporting whether it had one.
+func (c *Cache) releaseLocked(uid types.UID) bool {
+	if _, ok := c.held[uid]; !ok {
+		return false
+	}
+	delete(c.held, uid)
+	return true
 }
 
 // GetNewerThan returns the status of uid once the cache holds information
@@ -158,7 +201,7 @@ func (c *Cache) UpdateTime(t time.Time) {
 func (c *Cache) GetNewerThan(ctx context.Context, uid types.UID, min time.Time) (*cruntime.PodStatus, error) {
 	c.mu.Lock()
 	e := c.entryLocked(uid)
-	if e.Modified.After(min) || c.timestamp.After(min) {
+	if c.freshLocked(uid, e.Modified).After(min) {
 		c.mu.Unlock()
 		return e.Status, e.Err
 	}

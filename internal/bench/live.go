@@ -164,9 +164,9 @@ func (p *liveProbe) ListPod(ctx context.Context, uid types.UID) (*cruntime.Pod, 
 	return p.Runtime.ListPod(ctx, uid)
 }
 
-func (p *liveProbe) PodStatus(ctx context.Context, pod *cruntime.Pod) (*cruntime.PodStatus, error) {
+func (p *liveProbe) ItemStatuses(ctx context.Context, pod *cruntime.Pod, sbs, cts []*cruntime.Container) ([]*cruntime.SandboxStatus, []*cruntime.ContainerStatus, error) {
 	p.countStatus(pod)
-	return p.Runtime.PodStatus(ctx, pod)
+	return p.Runtime.ItemStatuses(ctx, pod, sbs, cts)
 }
 
 // countStatus counts a pod status fetch, whole or of the changed items.
@@ -177,10 +177,8 @@ func (p *liveProbe) countStatus(pod *cruntime.Pod) {
 	}
 }
 
-// asRuntime returns the probe as the generator's runtime (withItemStatuses).
-func (p *liveProbe) asRuntime() cruntime.Runtime {
-	return withItemStatuses(p, p.Runtime, p.countStatus)
-}
+// asRuntime returns the probe as the generator's runtime.
+func (p *liveProbe) asRuntime() cruntime.Runtime { return p }
 
 // listsIn returns the durations of the listings that started in [from, to].
 func (p *liveProbe) listsIn(from, to time.Time) []time.Duration {

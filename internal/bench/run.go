@@ -155,7 +155,7 @@ func (c column) name() string {
 }
 
 // probe wraps the CRI client to time the listings and count the pods
-// inspected (PodStatus calls that reached the runtime client).
+// inspected (status fetches that reached the runtime client).
 type probe struct {
 	cruntime.Runtime
 	inspected atomic.Int64
@@ -173,43 +173,17 @@ func (p *probe) ListPods(ctx context.Context) ([]*cruntime.Pod, error) {
 	return pods, err
 }
 
-func (p *probe) PodStatus(ctx context.Context, pod *cruntime.Pod) (*cruntime.PodStatus, error) {
+func (p *probe) ItemStatuses(ctx context.Context, pod *cruntime.Pod, sbs, cts []*cruntime.Container) ([]*cruntime.SandboxStatus, []*cruntime.ContainerStatus, error) {
 	p.inspected.Add(1)
-	return p.Runtime.PodStatus(ctx, pod)
+	return p.Runtime.ItemStatuses(ctx, pod, sbs, cts)
 }
 
 func (p *probe) ListPod(ctx context.Context, uid types.UID) (*cruntime.Pod, error) {
 	return p.Runtime.ListPod(ctx, uid)
 }
 
-// asRuntime returns the probe as the generator's runtime (withItemStatuses).
-func (p *probe) asRuntime() cruntime.Runtime {
-	return withItemStatuses(p, p.Runtime, func(*cruntime.Pod) { p.inspected.Add(1) })
-}
-
-// withItemStatuses returns the probe p of client as the generator's
-// runtime: with the client's single-item status fetches
-// (cruntime.ItemStatuser, pleg's delta inspection) when it has them, so that
-// the probe hides nothing of the client. Such a fetch is counted by count,
-// as the probe counts a PodStatus call.
-func withItemStatuses(p, client cruntime.Runtime, count func(*cruntime.Pod)) cruntime.Runtime {
-	if is, ok := client.(cruntime.ItemStatuser); ok {
-		return itemCounter{Runtime: p, is: is, count: count}
-	}
-	return p
-}
-
-// itemCounter is a probe whose client fetches single items.
-type itemCounter struct {
-	cruntime.Runtime
-	is    cruntime.ItemStatuser
-	count func(*cruntime.Pod)
-}
-
-func (r itemCounter) ItemStatuses(ctx context.Context, pod *cruntime.Pod, sbs, cts []*cruntime.Container) ([]*cruntime.SandboxStatus, []*cruntime.ContainerStatus, error) {
-	r.count(pod)
-	return r.is.ItemStatuses(ctx, pod, sbs, cts)
-}
+// asRuntime returns the probe as the generator's runtime.
+func (p *probe) asRuntime() cruntime.Runtime { return p }
 
 func startDriver(o Options, cfg simConfig) (driver, error) {
 	if o.InProcess {

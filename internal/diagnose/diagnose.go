@@ -496,7 +496,7 @@ func (d *diagnoser) inspect(ctx context.Context, pod *cruntime.Pod, pr *PodRepor
 		if _, err := d.rt.ListPod(ctx, pod.UID); err != nil {
 			return nil, err
 		}
-		return d.rt.PodStatus(ctx, pod)
+		return cruntime.FetchPodStatus(ctx, d.rt, pod)
 	})
 	pr.InspectionSeconds = time.Since(start).Seconds()
 	pr.Calls = d.calls(tr.snapshot())

@@ -246,9 +246,9 @@ func TestUnreachableRuntime(t *testing.T) {
 type fakeRuntime struct {
 	pods      []*cruntime.Pod
 	listBlock chan struct{} // ListPods blocks on it, ignoring its context, when not nil
-	delay     time.Duration // of every PodStatus
-	fail      types.UID     // PodStatus of this pod fails
-	// rendezvous, when not 0, holds every PodStatus until that many have
+	delay     time.Duration // of every status fetch
+	fail      types.UID     // the status fetch of this pod fails
+	// rendezvous, when not 0, holds every status fetch until that many have
 	// been in flight at once (or rendezvousWait passed), so that a test of
 	// the parallelism does not depend on how soon goroutines get a CPU.
 	rendezvous int32
@@ -278,7 +278,7 @@ func (f *fakeRuntime) ListPod(ctx context.Context, uid types.UID) (*cruntime.Pod
 	return nil, nil
 }
 
-func (f *fakeRuntime) PodStatus(ctx context.Context, pod *cruntime.Pod) (*cruntime.PodStatus, error) {
+func (f *fakeRuntime) ItemStatuses(ctx context.Context, pod *cruntime.Pod, sbs, cts []*cruntime.Container) ([]*cruntime.SandboxStatus, []*cruntime.ContainerStatus, error) {
 	n := f.inflight.Add(1)
 	defer f.inflight.Add(-1)
 	for {
@@ -295,9 +295,9 @@ func (f *fakeRuntime) PodStatus(ctx context.Context, pod *cruntime.Pod) (*crunti
 	}
 	time.Sleep(f.delay)
 	if pod.UID == f.fail {
-		return nil, errors.New("ContainerStatus \"c1\": rpc error: code = Internal desc = shim is gone")
+		return nil, nil, errors.New("ContainerStatus \"c1\": rpc error: code = Internal desc = shim is gone")
 	}
-	return &cruntime.PodStatus{UID: pod.UID, Name: pod.Name, Namespace: pod.Namespace}, nil
+	return make([]*cruntime.SandboxStatus, len(sbs)), make([]*cruntime.ContainerStatus, len(cts)), nil
 }
 
 func fakePods(n int) []*cruntime.Pod {
@@ -485,3 +485,7 @@ func callNames(calls []Call) []string {
 }
 
 func near(a, b float64) bool { return a-b < 1e-9 && b-a < 1e-9 }
+
+func (f *fakeRuntime) Identities(context.Context, *cruntime.Pod, []*cruntime.Container) ([]*cruntime.Identity, error) {
+	return nil, cruntime.ErrIdentityUnsupported
+}

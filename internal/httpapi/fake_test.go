@@ -69,16 +69,20 @@ func (f *fakeRuntime) ListPod(_ context.Context, uid types.UID) (*cruntime.Pod, 
 	return nil, nil
 }
 
-func (f *fakeRuntime) PodStatus(_ context.Context, p *cruntime.Pod) (*cruntime.PodStatus, error) {
+func (f *fakeRuntime) ItemStatuses(_ context.Context, p *cruntime.Pod, sbs, cts []*cruntime.Container) ([]*cruntime.SandboxStatus, []*cruntime.ContainerStatus, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	st := &cruntime.PodStatus{UID: p.UID, Name: p.Name, Namespace: p.Namespace, IPs: f.ips[p.UID]}
+	if err := f.fail[p.UID]; err != nil {
+		return nil, nil, err
+	}
 	base := time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC)
-	for _, s := range p.Sandboxes {
-		st.SandboxStatuses = append(st.SandboxStatuses, &cruntime.SandboxStatus{ID: s.ID, State: s.State,
+	var sbOut []*cruntime.SandboxStatus
+	for _, s := range sbs {
+		sbOut = append(sbOut, &cruntime.SandboxStatus{ID: s.ID, State: s.State,
 			Attempt: s.Attempt, CreatedAt: time.Unix(0, s.CreatedAt).UTC(), IPs: f.ips[p.UID]})
 	}
-	for _, c := range p.Containers {
+	var ctOut []*cruntime.ContainerStatus
+	for _, c := range cts {
 		cs := &cruntime.ContainerStatus{ID: c.ID, Name: c.Name, Attempt: c.Attempt, State: c.State,
 			Image: c.Image, StartedAt: base}
 		if c.State == cruntime.StateExited {
@@ -86,12 +90,9 @@ func (f *fakeRuntime) PodStatus(_ context.Context, p *cruntime.Pod) (*cruntime.P
 			cs.FinishedAt = base.Add(time.Minute)
 			cs.Reason = "Error"
 		}
-		st.ContainerStatuses = append(st.ContainerStatuses, cs)
+		ctOut = append(ctOut, cs)
 	}
-	if err := f.fail[p.UID]; err != nil {
-		return st, err
-	}
-	return st, nil
+	return sbOut, ctOut, nil
 }
 
 // startGenerator runs a generator over rt with a short period until the
@@ -151,3 +152,7 @@ type fixedCondition pleg.Condition
 func (c fixedCondition) Condition() pleg.Condition { return pleg.Condition(c) }
 
 var errInspect = errors.New("rpc error: code = DeadlineExceeded desc = context deadline exceeded")
+
+func (f *fakeRuntime) Identities(context.Context, *cruntime.Pod, []*cruntime.Container) ([]*cruntime.Identity, error) {
+	return nil, cruntime.ErrIdentityUnsupported
+}

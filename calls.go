@@ -1,0 +1,201 @@
+package pleg
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/podlifecycle/pleg/cruntime"
+	"github.com/podlifecycle/pleg/metrics"
+	"k8s.io/apimachinery/pkg/types"
+)
+
+// pool makes the runtime calls the core asks for, each on a goroutine of
+// its own, and hands each result back to the loop as an input. It holds no
+// rule: how many calls run at once (at most Options.MaxParallelInspections
+// active, plus abandoned ones, one per pod at most) and when a call is
+// given up are the core's. Every call runs under the generator's context,
+// so that abandoning it does not cancel it (its pod keeps one call out
+// until it returns, by the runtime's request timeout at the latest); Stop
+// cancels them all.
+type pool struct {
+	rt      cruntime.Runtime
+	ctx     context.Context
+	wg      *sync.WaitGroup
+	m       *metrics.Metrics
+	results chan input
+
+	mu  sync.Mutex
+	out map[callID]*callTracker // the progress of each call out
+}
+
+func newPool(ctx context.Context, rt cruntime.Runtime, wg *sync.WaitGroup, m *metrics.Metrics) *pool {
+	return &pool{rt: rt, ctx: ctx, wg: wg, m: m, results: make(chan input), out: make(map[callID]*callTracker)}
+}
+
+// start makes the call req on a goroutine of its own.
+func (p *pool) start(req callReq) {
+	tr := &callTracker{}
+	p.mu.Lock()
+	p.out[req.ID] = tr
+	p.mu.Unlock()
+	perPod := req.Kind != callList
+	if perPod {
+		p.m.InspectionsInFlight.Inc()
+	}
+	p.wg.Add(1)
+	go func() {
+		defer p.wg.Done()
+		res := p.do(cruntime.WithCallTracer(p.ctx, tr), req)
+		if perPod {
+			p.m.InspectionsInFlight.Dec()
+		}
+		p.mu.Lock()
+		delete(p.out, req.ID)
+		p.mu.Unlock()
+		select {
+		case p.results <- res:
+		case <-p.ctx.Done():
+		}
+	}()
+}
+
+// do makes one call and returns its result as the core's input.
+func (p *pool) do(ctx context.Context, req callReq) input {
+	switch req.Kind {
+	case callList:
+		pods, err := p.rt.ListPods(ctx)
+		return listed{call: req.ID, pods: pods, err: err}
+	case callListPod:
+		pod, err := p.rt.ListPod(ctx, req.UID)
+		return podListed{call: req.ID, pod: pod, err: err}
+	case callIdentity:
+		ids, err := p.rt.Identities(ctx, req.Pod, req.Containers)
+		return identitiesFetched{call: req.ID, ids: ids, err: err}
+	}
+	if !req.Delta {
+		status, err := cruntime.FetchPodStatus(ctx, p.rt, req.Pod)
+		return statusFetched{call: req.ID, status: status, err: err}
+	}
+	sbs, cts, err := p.rt.ItemStatuses(ctx, req.Pod, req.Sandboxes, req.Containers)
+	return statusFetched{call: req.ID, sandboxes: sbs, containers: cts, err: err}
+}
+
+// waiting returns, for each call out, the runtime call it is waiting on
+// now; "unknown" when the runtime reported none (see cruntime.CallTracer).
+func (p *pool) waiting() map[callID]trackedCall {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if len(p.out) == 0 {
+		return nil
+	}
+	w := make(map[callID]trackedCall, len(p.out))
+	for id, tr := range p.out {
+		op, cid := tr.outstanding()
+		if op == "" {
+			op = opUnknown
+		}
+		w[id] = trackedCall{op: op, id: cid}
+	}
+	return w
+}
+
+// opUnknown labels a timed-out call during which the runtime reported no
+// call of its own.
+const opUnknown = "unknown"
+
+// callTracker remembers the runtime calls one call is waiting on (a pod's
+// status calls may run concurrently).
+type callTracker struct {
+	mu   sync.Mutex
+	next int
+	out  map[int]trackedCall
+}
+
+func (c *callTracker) StartCall(op, id string) func(time.Duration, error) {
+	c.mu.Lock()
+	if c.out == nil {
+		c.out = make(map[int]trackedCall)
+	}
+	key := c.next
+	c.next++
+	c.out[key] = trackedCall{op: op, id: id}
+	c.mu.Unlock()
+	return func(time.Duration, error) {
+		c.mu.Lock()
+		delete(c.out, key)
+		c.mu.Unlock()
+	}
+}
+
+// outstanding returns the oldest call still out (op "" when none).
+func (c *callTracker) outstanding() (op, id string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	first := -1
+	for k := range c.out {
+		if first < 0 || k < first {
+			first = k
+		}
+	}
+	if first < 0 {
+		return "", ""
+	}
+	call := c.out[first]
+	return call.op, call.id
+}
+
+// InspectionTimeoutError is the error cached for a pod whose inspection
+// exceeded the pod inspection timeout.
+type InspectionTimeoutError struct {
+	Pod       string // namespace/name
+	UID       types.UID
+	Operation string // the runtime call outstanding, e.g. "container_status"; "unknown" if none was reported
+	ID        string // the container or sandbox it was about
+	Waited    time.Duration
+	// StillRunning is true when an earlier inspection of the pod has not
+	// returned yet, so no new call was made.
+	StillRunning bool
+}
+
+// Call returns the CRI method name of the outstanding call, e.g.
+// "ContainerStatus".
+func (e *InspectionTimeoutError) Call() string { return callName(e.Operation) }
+
+func (e *InspectionTimeoutError) Error() string {
+	call := callName(e.Operation)
+	if e.ID != "" {
+		call += fmt.Sprintf(" %q", e.ID)
+	}
+	if e.StillRunning {
+		return fmt.Sprintf("inspection of pod %q still outstanding after %v (%s)", e.Pod, e.Waited, call)
+	}
+	return fmt.Sprintf("inspection of pod %q exceeded the pod inspection timeout of %v (%s outstanding)", e.Pod, e.Waited, call)
+}
+
+// isTimeout reports whether err is an InspectionTimeoutError.
+func isTimeout(err error) bool {
+	var te *InspectionTimeoutError
+	return errors.As(err, &te)
+}
+
+// callName turns an operation type into the CRI method name.
+func callName(op string) string {
+	switch op {
+	case "":
+		return "no runtime call"
+	case opUnknown:
+		return "an unknown runtime call"
+	}
+	return metrics.Method(op)
+}
+
+// podRef formats a pod as "namespace/name", the kubelet's pod= log form.
+func podRef(p *cruntime.Pod) string {
+	if p == nil {
+		return ""
+	}
+	return p.Namespace + "/" + p.Name
+}

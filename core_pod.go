@@ -1,0 +1,238 @@
+package pleg
+
+import (
+	"fmt"
+	"time"
+
+	"github.com/podlifecycle/pleg/cruntime"
+	"k8s.io/apimachinery/pkg/types"
+)
+
+// One pod's inspection and its outcome (docs/semantics.md, "One relist",
+// step 6): the status is fetched for the pod's latest listing; a failure is
+// cached with its error and flags the pod, delivering nothing; a success is
+// cached, delivers the events between what was delivered and the listing
+// (PodSync if none), and advances the record.
+
+// onPodListed steps the result of a single-pod relist's list call.
+func (c *core) onPodListed(in podListed) {
+	k, r := c.callReturned(in.call)
+	if k == nil {
+		return
+	}
+	uid := k.uid
+	err := in.err
+	if err == nil {
+		err = checkPod(in.pod)
+	}
+	switch {
+	case err != nil:
+		c.note(note{kind: notePodRelistFailed, uid: uid, pod: k.pod, err: err})
+		c.inspectOwed(uid, r)
+	case k.gen != c.gen:
+		// A global relist listed since the call started: its listing is
+		// newer; it inspected the pod itself, or handed it over.
+		c.inspectOwed(uid, r)
+	default:
+		r.current, r.currentAt = in.pod, k.started
+		switch {
+		case !r.needsInspection():
+			c.out.Cache = append(c.out.Cache, cacheOp{kind: cacheObserved, uid: uid, at: k.started})
+			c.note(note{kind: notePodRelistDone, d: c.stepNow.Sub(k.started)})
+			r.hint.clearLatency()
+		case r.current == nil:
+			// Gone: no runtime call, the cache entry goes.
+			c.apply(uid, r, false, r.requested, nil, nil, k.started)
+			c.note(note{kind: notePodRelistDone, d: c.stepNow.Sub(k.started)})
+		default:
+			c.startStatus(uid, r, false, k.started)
+		}
+	}
+	c.afterCall(uid)
+}
+
+// inspectOwed inspects a pod handed over by a global relist, now that its
+// call is back.
+func (c *core) inspectOwed(uid types.UID, r *record) {
+	if !r.owed {
+		return
+	}
+	if r.current == nil || !r.needsInspection() {
+		r.owed = false
+		c.out.Cache = append(c.out.Cache, cacheOp{kind: cacheObserved, uid: uid, at: r.currentAt})
+		return
+	}
+	c.startStatus(uid, r, false, time.Time{})
+}
+
+// afterCall relists the pod uid if a hint came while its call was out,
+// and forgets it if nothing is left.
+func (c *core) afterCall(uid types.UID) {
+	r := c.records[uid]
+	if r == nil {
+		return
+	}
+	if r.call == nil && r.hint.again {
+		r.hint.again = false
+		c.queueHint(uid, r)
+	}
+	c.forget(uid)
+}
+
+// onStatus steps the result of a status call.
+func (c *core) onStatus(in statusFetched) {
+	k, r := c.callReturned(in.call)
+	if k == nil {
+		return
+	}
+	uid := k.uid
+	status, err := c.assemble(k, k.plan, in)
+	switch {
+	case r.current == nil:
+		// A newer global listing found the pod gone and delivered that.
+	case !sameStates(k.pod, r.current):
+		// A newer global listing changed the pod since: fetch again for
+		// it (the pod was handed over).
+		c.inspectOwed(uid, r)
+	default:
+		c.apply(uid, r, c.relistOwns(k), k.reqSeq, status, err, r.currentAt)
+		if !k.podRelist.IsZero() {
+			c.note(note{kind: notePodRelistDone, d: c.stepNow.Sub(k.podRelist)})
+		}
+	}
+	c.maybeEndRelist()
+	c.afterCall(uid)
+}
+
+// assemble checks a status call's result and, for a delta inspection (d
+// not nil), builds the pod's status from the fetched items and the reused
+// ones.
+func (c *core) assemble(k *call, d *delta, in statusFetched) (*cruntime.PodStatus, error) {
+	if d == nil {
+		status, err := in.status, in.err
+		if err == nil {
+			err = checkStatus(k.pod, status)
+		} else if status != nil && checkStatus(k.pod, status) != nil {
+			status = nil // a partial status with nil entries: keep none of it
+		}
+		if err == nil {
+			c.note(note{kind: noteStatusItems, n: len(status.SandboxStatuses) + len(status.ContainerStatuses)})
+		}
+		return status, err
+	}
+	if in.err != nil {
+		return nil, in.err
+	}
+	if len(in.sandboxes) != len(d.fetchSbs) || len(in.containers) != len(d.fetchCts) {
+		return nil, fmt.Errorf("%w: ItemStatuses for pod %q returned %d sandbox and %d container statuses for %d and %d items",
+			ErrMalformed, podRef(k.pod), len(in.sandboxes), len(in.containers), len(d.fetchSbs), len(d.fetchCts))
+	}
+	sbs, cts := fill(d.sandboxes, in.sandboxes), fill(d.containers, in.containers)
+	fetched := len(d.fetchSbs) + len(d.fetchCts)
+	c.note(note{kind: noteStatusItems, n: fetched, reused: len(k.pod.Sandboxes) + len(k.pod.Containers) - fetched})
+	return cruntime.NewPodStatus(k.pod, sbs, cts), nil
+}
+
+// apply carries out the outcome of inspecting pod uid (record r) with
+// status and err (both nil for a pod gone from the listing), cached at
+// at. forRelist counts it in the global relist's statistics; a success
+// serves the RequestReinspect numbered reqSeq, unless a newer one came. It
+// reports whether the inspection succeeded.
+func (c *core) apply(uid types.UID, r *record, forRelist bool, reqSeq uint64, status *cruntime.PodStatus, err error, at time.Time) bool {
+	r.owed = false
+	if r.current == nil {
+		c.out.Cache = append(c.out.Cache, cacheOp{kind: cacheDelete, uid: uid, at: at})
+	} else {
+		if err == nil {
+			status.IPs = carryIPs(r.ips, status)
+			r.ips, r.status = status.IPs, status
+		} else {
+			r.ips, r.status = nil, nil
+			if status == nil {
+				status = placeholderStatus(uid, r.current)
+			}
+		}
+		c.out.Cache = append(c.out.Cache, cacheOp{kind: cacheSet, uid: uid, status: status, err: err, at: at})
+	}
+	if err != nil {
+		r.flagged = true
+		c.note(note{kind: noteInspectionFailed, uid: uid, pod: r.current, err: err})
+		if forRelist {
+			c.relist.stat.Failed++
+			if isTimeout(err) {
+				c.relist.stat.TimedOut++
+			}
+		}
+		return false
+	}
+	r.flagged = false
+	if r.requested == reqSeq {
+		r.requested = 0
+	}
+	events := Diff(uid, r.old, r.current)
+	pod := r.pod()
+	if len(events) == 0 {
+		events = []Event{{PodUID: uid, Type: PodSync}}
+	}
+	r.old = r.current
+	out := make([]Event, 0, len(events))
+	for _, e := range events {
+		if e.Type == ContainerChanged {
+			continue
+		}
+		e.Time = c.stepNow
+		if pod != nil {
+			e.PodName, e.PodNamespace = pod.Name, pod.Namespace
+		}
+		if e.Type == ContainerDied && status != nil {
+			if cs := findContainerStatus(status, e.ContainerID); cs != nil {
+				code := cs.ExitCode
+				e.ExitCode = &code
+			}
+		}
+		out = append(out, e)
+	}
+	c.out.Publish = append(c.out.Publish, publication{uid: uid, pod: r.current, last: pod, status: status, events: out,
+		relist: forRelist, identities: r.identity})
+	c.wantIdentities(uid, r)
+	if forRelist {
+		c.relist.stat.Events += len(out)
+	}
+	if first, ok := r.hint.takeLatency(); ok && len(out) > 0 {
+		c.note(note{kind: noteHintLatency, d: c.stepNow.Sub(first)})
+	}
+	return true
+}
+
+// placeholderStatus is the status cached for a pod whose inspection
+// failed without one: its identity and no items.
+func placeholderStatus(uid types.UID, p *cruntime.Pod) *cruntime.PodStatus {
+	s := &cruntime.PodStatus{UID: uid}
+	if p != nil {
+		s.Name, s.Namespace = p.Name, p.Namespace
+	}
+	return s
+}
+
+// carryIPs keeps a dead pod's last IPs: when the fresh status has none and
+// no sandbox is ready, the previous IPs stay.
+func carryIPs(prev []string, status *cruntime.PodStatus) []string {
+	if len(status.IPs) != 0 || len(prev) == 0 {
+		return status.IPs
+	}
+	for _, s := range status.SandboxStatuses {
+		if s.State == cruntime.StateRunning {
+			return status.IPs
+		}
+	}
+	return prev
+}
+
+func findContainerStatus(s *cruntime.PodStatus, id string) *cruntime.ContainerStatus {
+	for _, c := range s.ContainerStatuses {
+		if c.ID == id && c.State == cruntime.StateExited {
+			return c
+		}
+	}
+	return nil
+}

@@ -1,0 +1,80 @@
+package pleg
+
+import (
+	"sync"
+
+	"k8s.io/apimachinery/pkg/types"
+)
+
+// inbox carries inputs from other goroutines (the runtime event stream,
+// RequestRelist, RequestReinspect) to the loop, which takes them all each
+// time it wakes. Putting never blocks. Hints are bounded (a hint over the
+// bound is dropped: hints are only hints, the next global relist covers
+// the pod); reinspection requests coalesce per pod and are never dropped.
+type inbox struct {
+	mu        sync.Mutex
+	limit     int
+	hints     []hintIn
+	reinspect map[types.UID]struct{}
+	identity  *bool         // the last identity wish, if any since the last take
+	wake      chan struct{} // capacity 1: "there is something to take"
+}
+
+func newInbox(limit int) *inbox {
+	return &inbox{limit: limit, reinspect: make(map[types.UID]struct{}), wake: make(chan struct{}, 1)}
+}
+
+// hint puts h; it reports false when the inbox is full.
+func (b *inbox) hint(h hintIn) bool {
+	b.mu.Lock()
+	if len(b.hints) >= b.limit {
+		b.mu.Unlock()
+		return false
+	}
+	b.hints = append(b.hints, h)
+	b.mu.Unlock()
+	b.signal()
+	return true
+}
+
+func (b *inbox) reinspectPod(uid types.UID) {
+	b.mu.Lock()
+	b.reinspect[uid] = struct{}{}
+	b.mu.Unlock()
+	b.signal()
+}
+
+func (b *inbox) identityWanted(wanted bool) {
+	b.mu.Lock()
+	b.identity = &wanted
+	b.mu.Unlock()
+	b.signal()
+}
+
+func (b *inbox) signal() {
+	select {
+	case b.wake <- struct{}{}:
+	default:
+	}
+}
+
+// take returns everything put since the last take, reinspection requests
+// first, then hints in the order they came. into is reused.
+func (b *inbox) take(into []input) []input {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.identity != nil {
+		into = append(into, identityIn{wanted: *b.identity})
+		b.identity = nil
+	}
+	for uid := range b.reinspect {
+		into = append(into, reinspectIn{uid: uid})
+	}
+	clear(b.reinspect)
+	for _, h := range b.hints {
+		into = append(into, h)
+	}
+	clear(b.hints)
+	b.hints = b.hints[:0]
+	return into
+}

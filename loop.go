@@ -1,0 +1,139 @@
+package pleg
+
+import (
+	"context"
+	"time"
+
+	"github.com/podlifecycle/pleg/journal"
+)
+
+// The loop is the one goroutine that owns the core: it feeds it time, the
+// pool's results and what other goroutines put in the inbox, and carries
+// out what comes out. It holds no rule of its own. What other goroutines
+// read (health, the running relist, recent relists, the cache, the
+// subscriptions) is what the loop publishes.
+
+// run is the loop of a started generator, until ctx ends.
+func (g *Generator) run(ctx context.Context) {
+	g.step(tick{}) // the first relist is immediate
+	var batch []input
+	for ctx.Err() == nil {
+		batch = g.next(ctx, batch[:0])
+		for i, in := range batch {
+			g.step(in)
+			batch[i] = nil
+		}
+	}
+}
+
+// next waits for what happens next and returns it as inputs: a tick when
+// the core's wake time has come, a call's result, or what the inbox holds.
+// It returns none when ctx ends.
+func (g *Generator) next(ctx context.Context, into []input) []input {
+	now := g.clock.Now()
+	wake := g.core.Wake()
+	if !wake.IsZero() && !now.Before(wake) {
+		return append(into, tick{waiting: g.pool.waiting()})
+	}
+	var timeout <-chan time.Time
+	if !wake.IsZero() {
+		t := g.clock.NewTimer(wake.Sub(now))
+		defer t.Stop()
+		timeout = t.C()
+	}
+	select {
+	case <-ctx.Done():
+		return into
+	case <-timeout:
+		return append(into, tick{waiting: g.pool.waiting()})
+	case in := <-g.pool.results:
+		return append(into, in)
+	case <-g.inbox.wake:
+		return g.inbox.take(into)
+	}
+}
+
+// step steps the core with in at the clock's time and carries out the
+// effects.
+func (g *Generator) step(in input) {
+	now := g.clock.Now()
+	g.logs.now = now
+	rd := g.core.Step(now, in)
+	for _, req := range rd.Calls {
+		g.pool.start(req)
+	}
+	for _, op := range rd.Cache {
+		switch op.kind {
+		case cacheSet:
+			g.cache.Set(op.uid, op.status, op.err, op.at)
+		case cacheDelete:
+			g.cache.Delete(op.uid)
+		case cacheObserved:
+			g.cache.MarkObserved(op.uid, op.at)
+		case cacheTime:
+			g.cache.UpdateTime(op.at, op.held...)
+		}
+	}
+	for _, p := range rd.Publish {
+		g.journal.Append(journalEntry(p, now))
+		if !p.update {
+			g.deliver.publish(p.events)
+		}
+	}
+	if r := rd.Runtime; r != nil {
+		g.journal.Append(journal.Entry{Kind: journal.KindRuntime, Time: now, Runtime: r})
+	}
+	for _, n := range rd.Notes {
+		g.report(n)
+	}
+	if !rd.Healthy.IsZero() {
+		g.lastRelist.Store(rd.Healthy.UnixNano())
+		g.m.LastSeen.Set(float64(rd.Healthy.Unix()))
+	}
+	if !rd.RelistStarted.IsZero() {
+		g.relistRunningSince.Store(rd.RelistStarted.UnixNano())
+		g.log.V(5).Info("GenericPLEG: Relisting")
+	}
+	if s := rd.Relist; s != nil {
+		g.relistRunningSince.Store(0)
+		g.m.RelistDuration.Observe(s.Duration.Seconds())
+		g.stats.add(*s)
+		g.lastStat = *s
+	}
+	g.abandoned.Store(int64(rd.Abandoned))
+	g.logs.flush(now)
+}
+
+// Relist runs one global relist on the calling goroutine and returns the
+// listing error, if any; then it runs the single-pod relists requested so
+// far as far as the hint budget allows. It is for generators that are
+// driven by hand (benchmarks, tools, tests) and fails if Start was called.
+func (g *Generator) Relist(ctx context.Context) error {
+	g.lifecycle.Lock()
+	defer g.lifecycle.Unlock()
+	if g.started {
+		return errRelistStarted
+	}
+	if g.rootCtx.Err() != nil {
+		return errRelistStopped
+	}
+	g.lastStat = RelistStat{}
+	g.step(relistNow{})
+	var batch []input
+	for {
+		batch = g.inbox.take(batch[:0])
+		for _, in := range batch {
+			g.step(in)
+		}
+		if g.core.Settled() && len(batch) == 0 {
+			return g.lastStat.err
+		}
+		batch = g.next(ctx, batch[:0])
+		if ctx.Err() != nil {
+			return ctx.Err()
+		}
+		for _, in := range batch {
+			g.step(in)
+		}
+	}
+}
