@@ -79,6 +79,7 @@ type runtimeFlags struct {
 	podInspectionTimeout time.Duration
 	fullInspection       bool
 	events               string
+	listStreaming        string
 	podRelistRate        float64
 	podRelistBurst       int
 	podRelistSpacing     time.Duration
@@ -116,6 +117,17 @@ func (f *runtimeFlags) addFlags(fs *pflag.FlagSet) {
 	durationVar(fs, &f.earlyRelistGap, "early-relist-gap", pleg.DefaultEarlyRelistGap, time.Millisecond, time.Hour,
 		"when hints wait for the budget, start the next global relist this long after the last one ended instead of a period after (0: never early)",
 		special[time.Duration]{0, "never early"})
+	fs.Var(newEnumValue(&f.listStreaming, "auto", "auto", "on", "off"), "list-streaming",
+		"list through the runtime's streaming list RPCs (KEP-5825), in batches, so no 16 MiB message limit bounds the node: auto (when the runtime has them), on, off")
+}
+
+// listStreamingMode is --list-streaming as the CRI client's option.
+func (f *runtimeFlags) listStreamingMode() cri.ListStreaming {
+	m, err := cri.ParseListStreaming(f.listStreaming)
+	if err != nil { // the flag accepts the three words only
+		return cri.ListStreamingAuto
+	}
+	return m
 }
 
 // validate checks the values pflag cannot; its errors are usage errors.
