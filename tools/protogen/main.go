@@ -194,7 +194,6 @@ func goCommand() (string, error) {
 	return p, nil
 }
 
-
 func fileExists(p string) bool {
 	_, err := os.Stat(p)
 	return err == nil
