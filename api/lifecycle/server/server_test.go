@@ -438,22 +438,31 @@ func TestListenUnix(t *testing.T) {
 	}
 }
 
-// The metrics are registered with their names.
-func TestMetricNames(t *testing.T) {
+// The metrics are registered with their names; a watcher's lag counts
+// from where it started.
+func TestMetrics(t *testing.T) {
 	h := newHarness(t, journal.Options{}, Config{})
-	s := h.watch(t, &lifecyclev1.WatchRequest{})
-	recv(t, s)
+	change(h.j, pod("a", "prod", nil), "PodSync")
+	change(h.j, pod("a", "prod", nil), "PodSync")
+	h.watch(t, &lifecyclev1.WatchRequest{Cursor: h.j.Head().String()})
+	h.jclock.waitTimer(t) // it waits for the journal: nothing to send
 	mfs, err := h.reg.Gather()
 	if err != nil {
 		t.Fatal(err)
 	}
-	var names []string
+	got := map[string]float64{}
 	for _, mf := range mfs {
-		names = append(names, mf.GetName())
-	}
-	for _, want := range []string{"pleg_lifecycle_watchers", "pleg_lifecycle_watcher_max_lag_entries"} {
-		if !slices.Contains(names, want) {
-			t.Errorf("%s not registered (have %v)", want, names)
+		for _, m := range mf.GetMetric() {
+			got[mf.GetName()] = m.GetGauge().GetValue()
 		}
+	}
+	for name, want := range map[string]float64{"pleg_lifecycle_watchers": 1, "pleg_lifecycle_watcher_max_lag_entries": 0} {
+		if v, ok := got[name]; !ok || v != want {
+			t.Errorf("%s = %v (registered: %v), want %v", name, v, ok, want)
+		}
+	}
+	change(h.j, pod("a", "prod", nil), "PodSync")
+	if _, lag := h.srv.watchStats(); lag > 1 {
+		t.Errorf("lag %d after one append, want at most 1", lag)
 	}
 }
