@@ -307,6 +307,9 @@ func TestSlowWatcherIsCutAndResumes(t *testing.T) {
 	if !strings.Contains(st.Message(), "resume with cursor "+last) {
 		t.Fatalf("cut message %q does not name the last cursor received (%s)", st.Message(), last)
 	}
+	if r, c := errorInfo(err); r != lifecyclev1.ReasonNotReading || c != last {
+		t.Fatalf("cut's ErrorInfo: reason %q cursor %q, want %q %q", r, c, lifecyclev1.ReasonNotReading, last)
+	}
 	if c := testutil.ToFloat64(h.srv.m.cuts.WithLabelValues(CutNotReading)); c != 1 {
 		t.Fatalf("cuts = %v, want 1", c)
 	}
@@ -337,6 +340,9 @@ func TestShutdownEndsWatches(t *testing.T) {
 	_, err := recvErr(s)
 	if st := status.Convert(err); st.Code() != codes.Unavailable || !strings.Contains(st.Message(), end.GetCursor()) {
 		t.Fatalf("after shutdown: %v, want Unavailable naming %s", err, end.GetCursor())
+	}
+	if r, c := errorInfo(err); r != lifecyclev1.ReasonShuttingDown || c != end.GetCursor() {
+		t.Fatalf("shutdown's ErrorInfo: %q %q", r, c)
 	}
 	if _, err := os.Stat(h.sock); !os.IsNotExist(err) {
 		t.Fatalf("socket left behind: %v", err)
@@ -465,4 +471,14 @@ func TestMetrics(t *testing.T) {
 	if _, lag := h.srv.watchStats(); lag > 1 {
 		t.Errorf("lag %d after one append, want at most 1", lag)
 	}
+}
+
+// errorInfo returns the reason and cursor of a status's ErrorInfo.
+func errorInfo(err error) (reason, cursor string) {
+	for _, d := range status.Convert(err).Details() {
+		if info, ok := d.(*errdetails.ErrorInfo); ok && info.GetDomain() == lifecyclev1.ErrorDomain {
+			return info.GetReason(), info.GetMetadata()[lifecyclev1.MetadataCursor]
+		}
+	}
+	return "", ""
 }

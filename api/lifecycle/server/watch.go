@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"sync/atomic"
 
+	"google.golang.org/genproto/googleapis/rpc/errdetails"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -45,6 +46,20 @@ func (w *watch) resumeHint() string {
 	return "watch again (nothing was sent)"
 }
 
+// status is a watch's end with an ErrorInfo detail of reason and its
+// cursor.
+func (w *watch) status(code codes.Code, reason, msg string) error {
+	st := status.New(code, msg)
+	info := &errdetails.ErrorInfo{Reason: reason, Domain: lifecyclev1.ErrorDomain}
+	if c := w.cursor(); c != "" {
+		info.Metadata = map[string]string{lifecyclev1.MetadataCursor: c}
+	}
+	if d, err := st.WithDetails(info); err == nil {
+		st = d
+	}
+	return st.Err()
+}
+
 // errCut is the cause of a watch cut for not reading.
 var errCut = errors.New("cut")
 
@@ -62,7 +77,8 @@ func (s *Server) Watch(req *lifecyclev1.WatchRequest, stream grpc.ServerStreamin
 	case s.slots <- struct{}{}:
 		defer func() { <-s.slots }()
 	default:
-		return status.Errorf(codes.ResourceExhausted, "too many watchers (at most %d at once); retry later", s.cfg.MaxWatchers)
+		return (&watch{}).status(codes.ResourceExhausted, lifecyclev1.ReasonTooManyWatchers,
+			fmt.Sprintf("too many watchers (at most %d at once); retry later", s.cfg.MaxWatchers))
 	}
 	jw, err := s.j.Watch(req.GetCursor(), f)
 	if err != nil {
@@ -198,7 +214,8 @@ func (s *Server) ended(ctx context.Context, w *watch, err error) error {
 	if errors.Is(err, errCut) {
 		s.m.cuts.WithLabelValues(CutNotReading).Inc()
 		log.Info("Cut a watcher that did not read", "stallTimeout", s.cfg.StallTimeout, "cursor", w.cursor())
-		return status.Errorf(codes.ResourceExhausted, "watcher did not read for %v; %s", s.cfg.StallTimeout, w.resumeHint())
+		return w.status(codes.ResourceExhausted, lifecyclev1.ReasonNotReading,
+			fmt.Sprintf("watcher did not read for %v; %s", s.cfg.StallTimeout, w.resumeHint()))
 	}
 	cause := err
 	if ctx.Err() != nil {
@@ -207,7 +224,8 @@ func (s *Server) ended(ctx context.Context, w *watch, err error) error {
 	switch {
 	case errors.Is(cause, errShutdown):
 		log.V(1).Info("Watch ended: shutting down", "cursor", w.cursor())
-		return status.Errorf(codes.Unavailable, "pleg is shutting down; %s (a restarted pleg answers it with resync_required)", w.resumeHint())
+		return w.status(codes.Unavailable, lifecyclev1.ReasonShuttingDown,
+			fmt.Sprintf("pleg is shutting down; %s (a restarted pleg answers it with resync_required)", w.resumeHint()))
 	case errors.Is(cause, context.Canceled), errors.Is(cause, context.DeadlineExceeded):
 		log.V(1).Info("Watch ended: the client went away", "cursor", w.cursor())
 		return status.FromContextError(cause).Err()

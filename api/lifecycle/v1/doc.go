@@ -15,3 +15,22 @@
 package lifecyclev1
 
 //go:generate go run -C ../../../tools/protogen . -root ../.. -out ../.. api/lifecycle/v1/lifecycle.proto
+
+// The google.rpc.ErrorInfo detail of the statuses a watch can end with
+// besides OK (Domain ErrorDomain; Metadata["cursor"]: the cursor of the
+// last message sent, when one was): clients tell them apart by Reason.
+const (
+	ErrorDomain = "lifecycle.pleg.io"
+	// ReasonNotReading: the client read nothing for the stall timeout
+	// (codes.ResourceExhausted); resume from the last cursor received.
+	ReasonNotReading = "WATCHER_NOT_READING"
+	// ReasonShuttingDown: pleg is stopping (codes.Unavailable); resume
+	// from the last cursor received once it is back (a new pleg instance
+	// answers with resync_required).
+	ReasonShuttingDown = "SHUTTING_DOWN"
+	// ReasonTooManyWatchers: the server's cap on watches is reached
+	// (codes.ResourceExhausted); retry later.
+	ReasonTooManyWatchers = "TOO_MANY_WATCHERS"
+	// MetadataCursor is the ErrorInfo metadata key of the cursor.
+	MetadataCursor = "cursor"
+)
