@@ -14,6 +14,7 @@ import (
 	"path/filepath"
 	"reflect"
 	"regexp"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -70,6 +71,11 @@ type proc struct {
 
 func startPleg(t *testing.T, args ...string) *proc {
 	t.Helper()
+	// pleg run serves the lifecycle API on /run/pleg/pleg.sock by default:
+	// tests use a socket of their own.
+	if len(args) > 0 && args[0] == "run" && !slices.ContainsFunc(args, func(a string) bool { return strings.HasPrefix(a, "--lifecycle-socket") }) {
+		args = append(args, "--lifecycle-socket="+filepath.Join(t.TempDir(), "pleg.sock"))
+	}
 	cmd := exec.Command(plegBinary, args...)
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
@@ -339,6 +345,12 @@ func TestBadFlags(t *testing.T) {
 		{[]string{"run", "--listen-address", "127.0.0.1:http"}, `pleg: invalid --listen-address "127.0.0.1:http": port must be a number from 0 to 65535`},
 		{[]string{"run", "--metrics-address", "0.0.0.0"}, `pleg: invalid --metrics-address "0.0.0.0": address 0.0.0.0: missing port in address`},
 		{[]string{"watch", "extra"}, `pleg: unknown command "extra" for "pleg watch"`},
+		{[]string{"run", "--lifecycle-tcp-address", "0.0.0.0:10267"}, `pleg: invalid --lifecycle-tcp-address "0.0.0.0:10267": must be on loopback (127.0.0.1, ::1 or localhost): TCP has no access control`},
+		{[]string{"run", "--lifecycle-tcp-address", "127.0.0.1:0", "--lifecycle-allowed-uids", "0"}, `pleg: --lifecycle-tcp-address cannot be combined with --lifecycle-allowed-uids/gids: TCP peers carry no credentials to check`},
+		{[]string{"run", "--lifecycle-socket-mode", "0999"}, `pleg: invalid --lifecycle-socket-mode "0999": want octal permissions such as 0660`},
+		{[]string{"run", "--lifecycle-socket-group", "no-such-group-here"}, `pleg: invalid --lifecycle-socket-group "no-such-group-here": group: unknown group no-such-group-here`},
+		{[]string{"run", "--journal-size", "0"}, `pleg: invalid --journal-size 0: must be from 1 to 1048576`},
+		{[]string{"run", "--lifecycle-stall-timeout", "10ms"}, `pleg: invalid --lifecycle-stall-timeout "10ms": must be from 1s to 1h`},
 	}
 	for _, tc := range tests {
 		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
