@@ -24,6 +24,7 @@ import (
 	"io"
 	"net/http"
 	"os/exec"
+	"path/filepath"
 	"regexp"
 	goruntime "runtime"
 	"slices"
@@ -789,7 +790,9 @@ type daemonView struct {
 // /api/v1/events; it returns once the stream's first resync arrived.
 func startDaemon(t testing.TB, name string, args ...string) *daemonView {
 	t.Helper()
-	all := append([]string{"run", "-r", CRIEndpoint(), "--listen-address", "127.0.0.1:0"}, args...)
+	// A lifecycle socket of its own (the default is /run/pleg/pleg.sock).
+	all := append([]string{"run", "-r", CRIEndpoint(), "--listen-address", "127.0.0.1:0",
+		"--lifecycle-socket", filepath.Join(t.TempDir(), "pleg.sock")}, args...)
 	d := &daemonView{plegProc: startPleg(t, name, nil, all...), log: newEventLog(name)}
 	select {
 	case addr := <-d.listen:

@@ -158,7 +158,8 @@ func ListenUnix(path string, mode os.FileMode, gid int) (net.Listener, error) {
 	if err := removeStale(path); err != nil {
 		return nil, err
 	}
-	tmp := fmt.Sprintf("%s.%d.tmp", path, os.Getpid())
+	// A short temporary name: a unix socket's path is at most 107 bytes.
+	tmp := filepath.Join(filepath.Dir(path), fmt.Sprintf(".pleg-%d", os.Getpid()))
 	_ = os.Remove(tmp)
 	ln, err := net.ListenUnix("unix", &net.UnixAddr{Name: tmp, Net: "unix"})
 	if err != nil {
