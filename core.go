@@ -24,7 +24,7 @@ import (
 // The files core_*.go hold its rules by concern: core_relist.go the global
 // relist, core_pod.go one pod's inspection and its outcome,
 // core_calls.go the calls out and their timeouts, core_hints.go hints, their
-// coverage and their budget.
+// coverage and their budget, core_identity.go containers' identities.
 type core struct {
 	cfg coreConfig
 
@@ -54,6 +54,11 @@ type core struct {
 	// reachable: whether the last listing succeeded (0: none yet, 1:
 	// yes, -1: no).
 	reachable int8
+
+	// identityWanted: some watcher wants containers' identities; idTodo:
+	// the pods waiting for an identity call.
+	identityWanted bool
+	idTodo         []types.UID
 
 	hints   hintQueue
 	reqSeq  uint64 // numbers RequestReinspect requests
@@ -113,6 +118,11 @@ type record struct {
 	// lastPodRelist is when the pod's last single-pod relist started (the
 	// budget's per-pod spacing).
 	lastPodRelist time.Time
+	// identity: the identities fetched of the pod's containers, by ID (nil
+	// value: asked for, none given); idQueued: waiting for an identity
+	// call.
+	identity map[string]*cruntime.Identity
+	idQueued bool
 }
 
 // pod returns the most recent listing of the record.
@@ -133,7 +143,7 @@ func (r *record) needsInspection() bool {
 // idle reports whether the record holds nothing worth keeping.
 func (r *record) idle() bool {
 	return r.old == nil && r.current == nil && r.call == nil && !r.hint.pending() &&
-		!r.flagged && r.requested == 0 && !r.owed
+		!r.flagged && r.requested == 0 && !r.owed && !r.idQueued
 }
 
 func newCore(cfg coreConfig) *core {
@@ -209,13 +219,25 @@ type hintIn struct {
 // reinspectIn: RequestReinspect(uid).
 type reinspectIn struct{ uid types.UID }
 
-func (tick) isInput()          {}
-func (relistNow) isInput()     {}
-func (listed) isInput()        {}
-func (podListed) isInput()     {}
-func (statusFetched) isInput() {}
-func (hintIn) isInput()        {}
-func (reinspectIn) isInput()   {}
+// identityIn: whether some watcher wants containers' identities now.
+type identityIn struct{ wanted bool }
+
+// identitiesFetched: an identity call returned.
+type identitiesFetched struct {
+	call callID
+	ids  []*cruntime.Identity
+	err  error
+}
+
+func (tick) isInput()              {}
+func (relistNow) isInput()         {}
+func (listed) isInput()            {}
+func (podListed) isInput()         {}
+func (statusFetched) isInput()     {}
+func (hintIn) isInput()            {}
+func (reinspectIn) isInput()       {}
+func (identityIn) isInput()        {}
+func (identitiesFetched) isInput() {}
 
 // Ready is what a Step asks the loop to carry out, in this order: start the
 // calls, apply the cache operations in order, publish the events in order,
@@ -262,6 +284,10 @@ func (c *core) Step(now time.Time, in input) Ready {
 		c.onHint(in)
 	case reinspectIn:
 		c.onReinspect(in)
+	case identityIn:
+		c.onIdentityWanted(in.wanted)
+	case identitiesFetched:
+		c.onIdentities(in)
 	}
 	c.dispatch()
 	c.out.Abandoned = c.abandoned

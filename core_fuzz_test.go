@@ -100,6 +100,13 @@ func (fz *fuzzer) apply(rd Ready) {
 		fz.out[req.ID] = req
 	}
 	for _, p := range rd.Publish {
+		if p.update {
+			// Identities learnt: the pod's listing is what was told.
+			if changed(fz.told[p.uid], p.pod) || len(p.events) != 1 || p.events[0].Type != "PodUpdated" {
+				t.Fatalf("pod %s: an identity update %v for %s, told %s", p.uid, p.events, dump(p.pod), dump(fz.told[p.uid]))
+			}
+			continue
+		}
 		diff := Diff(p.uid, fz.told[p.uid], p.pod)
 		var want []string
 		for _, e := range diff {
@@ -203,7 +210,11 @@ func (fz *fuzzer) step() {
 		}
 		fz.stepCore(in)
 	case 6:
-		fz.stepCore(reinspectIn{uid: uid})
+		if op&0x80 != 0 {
+			fz.stepCore(identityIn{wanted: op&0x40 != 0})
+		} else {
+			fz.stepCore(reinspectIn{uid: uid})
+		}
 	case 7:
 		fz.stepCore(relistNow{})
 	}

@@ -199,7 +199,9 @@ func (c *core) apply(uid types.UID, r *record, forRelist bool, reqSeq uint64, st
 		}
 		out = append(out, e)
 	}
-	c.out.Publish = append(c.out.Publish, publication{uid: uid, pod: r.current, last: pod, status: status, events: out, relist: forRelist})
+	c.out.Publish = append(c.out.Publish, publication{uid: uid, pod: r.current, last: pod, status: status, events: out,
+		relist: forRelist, identities: r.identity})
+	c.wantIdentities(uid, r)
 	if forRelist {
 		c.relist.stat.Events += len(out)
 	}

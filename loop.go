@@ -76,7 +76,9 @@ func (g *Generator) step(in input) {
 	}
 	for _, p := range rd.Publish {
 		g.journal.Append(journalEntry(p, now))
-		g.deliver.publish(p.events)
+		if !p.update {
+			g.deliver.publish(p.events)
+		}
 	}
 	if r := rd.Runtime; r != nil {
 		g.journal.Append(journal.Entry{Kind: journal.KindRuntime, Time: now, Runtime: r})

@@ -317,6 +317,13 @@ func (g *Generator) RequestRelist(uid types.UID) bool {
 	return ok
 }
 
+// SetIdentityWanted says whether some consumer wants containers'
+// identities (init PID, cgroup path): while it does, the generator fetches
+// them once per running container (one verbose status call each) and
+// publishes them in the journal (PodUpdated). The lifecycle API server
+// calls it as watchers that ask for identities come and go.
+func (g *Generator) SetIdentityWanted(wanted bool) { g.inbox.identityWanted(wanted) }
+
 // RequestReinspect makes the next relist of pod uid inspect it even if
 // nothing changed in its listing, emitting PodSync if no other event
 // results. It is never dropped.

@@ -66,6 +66,7 @@ var update = flag.Bool("update", false, "rewrite the expected output of testdata
 //	auto                global relists start on their own once due (as in a
 //	                    started generator); before, only relist and
 //	                    start-relist start them.
+//	identity on|off     whether a watcher wants containers' identities.
 //	budget rate=R burst=B spacing=DUR early=DUR queue=N slots=N
 //	                    the hint budget and the call slots (defaults: none).
 //	calls               output: the calls out.
@@ -264,6 +265,15 @@ func (h *harness) answer(req callReq, fail bool) input {
 			return podListed{call: req.ID, err: errList}
 		}
 		return podListed{call: req.ID, pod: h.pods[req.UID]}
+	case callIdentity:
+		if fail {
+			return identitiesFetched{call: req.ID, err: errStatus}
+		}
+		ids := make([]*cruntime.Identity, len(req.Containers))
+		for i, c := range req.Containers {
+			ids[i] = &cruntime.Identity{PID: int64(100 + i), CgroupPath: "/pods/" + c.ID}
+		}
+		return identitiesFetched{call: req.ID, ids: ids}
 	}
 	if fail {
 		return statusFetched{call: req.ID, err: errStatus}
@@ -389,6 +399,8 @@ func noteLine(n note) string {
 		return "drop " + string(n.uid)
 	case noteHintDeferred:
 		return "defer " + string(n.uid) + ": " + n.reason
+	case noteIdentityFailed:
+		return "identity failed: " + string(n.uid)
 	}
 	return ""
 }
@@ -399,6 +411,12 @@ func callLine(req callReq) string {
 		return fmt.Sprintf("call %d: list", req.ID)
 	case callListPod:
 		return fmt.Sprintf("call %d: list-pod %s", req.ID, req.UID)
+	case callIdentity:
+		var ids []string
+		for _, c := range req.Containers {
+			ids = append(ids, c.ID)
+		}
+		return fmt.Sprintf("call %d: identity %s (%s)", req.ID, req.UID, strings.Join(ids, " "))
 	}
 	line := fmt.Sprintf("call %d: status %s", req.ID, req.UID)
 	if req.Delta {
@@ -671,6 +689,8 @@ func (h *harness) exec(b block) []string {
 	case "auto":
 		h.c.cfg.manual = false
 		return nil
+	case "identity":
+		return render(h.step(identityIn{wanted: fields[1] == "on"}))
 	case "budget":
 		bu := &h.c.cfg.budget
 		for k, v := range args {

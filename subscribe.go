@@ -126,7 +126,7 @@ func eventsOf(m journal.Message) []Event {
 
 // journalEntry is the journal's record of a publication at now.
 func journalEntry(p publication, now time.Time) journal.Entry {
-	e := journal.Entry{Kind: journal.KindPod, Time: now, Pod: journalPod(p.uid, p.last, p.pod, p.status, now), Source: journal.SourceHint}
+	e := journal.Entry{Kind: journal.KindPod, Time: now, Pod: journalPod(p.uid, p.last, p.pod, p.status, p.identities, now), Source: journal.SourceHint}
 	if p.relist {
 		e.Source = journal.SourceRelist
 	}
@@ -139,7 +139,7 @@ func journalEntry(p publication, now time.Time) journal.Entry {
 
 // journalPod is the state of pod uid: its listing (nil: gone, last: the
 // listing before) joined with its status, newest first as the status is.
-func journalPod(uid types.UID, last, listing *cruntime.Pod, status *cruntime.PodStatus, now time.Time) *journal.Pod {
+func journalPod(uid types.UID, last, listing *cruntime.Pod, status *cruntime.PodStatus, ids map[string]*cruntime.Identity, now time.Time) *journal.Pod {
 	if listing == nil {
 		p := &journal.Pod{UID: uid, Gone: true, ObservedAt: now}
 		if last != nil {
@@ -179,6 +179,9 @@ func journalPod(uid types.UID, last, listing *cruntime.Pod, status *cruntime.Pod
 			if st.Image != "" {
 				jc.Image = st.Image
 			}
+		}
+		if id := ids[c.ID]; id != nil {
+			jc.Identity = &journal.Identity{PID: id.PID, CgroupPath: id.CgroupPath}
 		}
 		p.Containers = append(p.Containers, jc)
 	}

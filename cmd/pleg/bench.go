@@ -95,12 +95,14 @@ A full run takes about ninety seconds with --kubelet; --quick about twenty.`,
 	f := cmd.Flags()
 	f.StringVar(&o.kubelet, "kubelet", "", "path of the kubelet-relist program (test/kubelet/build.sh builds it): also run every scenario with the kubelet's own relist as the baseline")
 	f.StringVar(&o.scenario, "scenario", "all", "scenarios to run: all, or names separated by commas ("+strings.Join(bench.Names(), ", ")+")")
-	f.IntVar(&o.relists, "relists", 0, "measured relists per run (0: each scenario's default; kubelet runs with a hung pod use at most 5; live scenarios run for a wall time instead)")
+	intVar(f, &o.relists, "relists", 0, 1, 100000, "measured relists per run (0: each scenario's default; kubelet runs with a hung pod use at most 5; live scenarios run for a wall time instead)",
+		special[int]{0, "each scenario's default"})
 	f.BoolVar(&o.quick, "quick", false, "few relists per run: a smoke test, not a measurement")
 	f.StringVarP(&o.output, "output", "o", "text", "output format: text or json")
 	f.BoolVar(&o.inProcess, "in-process", false, "serve the simulated runtime and run pleg's generator in this process (the simulator's work is then counted in pleg's CPU and allocations; no peak RSS)")
-	f.IntVar(&o.parallel, "max-parallel-inspections", 0, "pleg's inspection bound (0: the library default)")
-	f.Uint64Var(&o.seed, "seed", 1, "seed of the simulated node")
+	intVar(f, &o.parallel, "max-parallel-inspections", 0, 1, maxParallelInspections, "pleg's inspection bound (0: the library default)",
+		special[int]{0, "the library default"})
+	uint64Var(f, &o.seed, "seed", 1, "seed of the simulated node")
 	f.StringVar(&o.cpuProf, "cpuprofile", "", "write a CPU profile of this process to this file (with --in-process: pleg's generator and the simulated runtime)")
 	return cmd
 }
@@ -108,12 +110,6 @@ A full run takes about ninety seconds with --kubelet; --quick about twenty.`,
 func runBench(cmd *cobra.Command, o *benchOptions) error {
 	if o.output != "text" && o.output != "json" {
 		return usageErrorf("--output %q: want text or json", o.output)
-	}
-	if o.relists < 0 {
-		return usageErrorf("--relists must not be negative, got %d", o.relists)
-	}
-	if o.parallel < 0 {
-		return usageErrorf("--max-parallel-inspections must not be negative, got %d", o.parallel)
 	}
 	scenarios, err := bench.Lookup(o.scenario)
 	if err != nil {

@@ -45,6 +45,12 @@ dashboard show pod names, IPs and errors without authentication.
 --metrics-address serves only /healthz, /readyz and /metrics, for
 Prometheus and the kubelet's probes on the node's address.
 
+--listen-address answers only requests whose Host is a loopback address or
+localhost (or one of --allowed-hosts), so that a web page cannot read it
+through DNS rebinding. Each listener serves at most --max-connections
+connections, and drops an event stream whose client has taken nothing for
+10s or has more than 256 KiB waiting.
+
 A runtime that is down at start or restarts later is retried on every relist
 forever; /healthz and /readyz say why meanwhile. With -v=2 every event is
 logged as the kubelet does ("SyncLoop (PLEG): event for pod").
@@ -101,15 +107,10 @@ func runDaemon(cmd *cobra.Command, rf *runtimeFlags, lf *listenFlags, cf *lifecy
 		return err
 	}
 	if !loopbackOnly(lf.address) {
-		d.log.Info("WARNING: --listen-address is not loopback: the pod API (/api/v1/) and the dashboard, which show pod names, IPs and errors, are served without authentication; keep it on 127.0.0.1 and use --metrics-address for Prometheus and probes",
+		d.log.Info("WARNING: --listen-address is not loopback: the pod API (/api/v1/) and the dashboard, which show pod names, IPs and errors, are served without authentication; keep it on 127.0.0.1 and use --metrics-address for Prometheus and probes (it answers only loopback Host headers unless --allowed-hosts names others)",
 			"listenAddress", lf.address)
 	}
-	srv := httpapi.New(httpapi.Config{
-		Generator: d.gen,
-		Readiness: d.ready,
-		Gatherer:  d.reg,
-		Logger:    d.log.WithName("http"),
-	})
+	srv := httpapi.New(lf.serverConfig(d))
 	srv.Handle("/", dashboard.Handler())
 	// The one startup line; tests and scripts read the URL from it (the
 	// port is only known here when --listen-address has port 0).

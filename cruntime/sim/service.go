@@ -345,6 +345,9 @@ func (s *service) ContainerStatus(ctx context.Context, req *runtimeapi.Container
 		}
 		if !first || !r.isHung(uid) {
 			resp := &runtimeapi.ContainerStatusResponse{Status: containerStatus(c)}
+			if req.GetVerbose() {
+				resp.Info = verboseInfo(c)
+			}
 			r.mu.Unlock()
 			return resp, nil
 		}

@@ -13,6 +13,7 @@ import (
 
 	"github.com/podlifecycle/pleg"
 	"github.com/podlifecycle/pleg/cruntime"
+	"github.com/podlifecycle/pleg/internal/outbox"
 	"github.com/podlifecycle/pleg/podcache"
 )
 
@@ -226,7 +227,9 @@ func PodsFromCache(entries []podcache.Entry) []Pod {
 // The first message is a resync; another resync replaces everything the
 // client knew when it fell too far behind. An idle stream carries a
 // ": heartbeat" comment every heartbeat interval. The stream ends when the
-// client goes away, the generator stops or the server shuts down.
+// client goes away, the generator stops or the server shuts down, and pleg
+// drops it when its connection takes none of the data waiting for it for
+// the stream write timeout, or when more than StreamMaxQueuedBytes wait.
 func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 	select {
 	case s.streamSlots <- struct{}{}:
@@ -237,17 +240,11 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 		return
 	}
 	rc := http.NewResponseController(w)
-	// A client that stops reading must not hold its subscription: every
-	// write has a deadline.
-	write := func(b []byte) error {
-		if err := rc.SetWriteDeadline(time.Now().Add(s.cfg.StreamWriteTimeout)); err != nil && !errors.Is(err, http.ErrNotSupported) {
-			return err
-		}
-		if _, err := w.Write(b); err != nil {
-			return err
-		}
-		return rc.Flush()
-	}
+	// The server's write timeout bounds a response; a stream lasts, and its
+	// outbox bounds it instead. (net/http lifts the read deadline itself
+	// once the request is read.)
+	_ = rc.SetWriteDeadline(time.Time{})
+
 	ctx, cancel := context.WithCancel(r.Context())
 	defer cancel()
 	stop := context.AfterFunc(s.streams, cancel)
@@ -261,58 +258,127 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 	h.Set("Cache-Control", "no-cache")
 	h.Set("X-Accel-Buffering", "no")
 	w.WriteHeader(http.StatusOK)
-	if err := write(nil); err != nil {
-		return
-	}
 
-	var buf bytes.Buffer
-	for {
+	ob := outbox.New(outbox.Config[[]byte]{
+		MaxBytes:     s.cfg.StreamMaxQueuedBytes,
+		StallTimeout: s.cfg.StreamWriteTimeout,
+		Size:         func(b []byte) int { return len(b) },
+		Send: func(b []byte, progress func()) error {
+			for first := true; first || len(b) > 0; first = false {
+				n := min(len(b), streamChunk)
+				if _, err := w.Write(b[:n]); err != nil {
+					return err
+				}
+				if err := rc.Flush(); err != nil {
+					return err
+				}
+				b = b[n:]
+				progress()
+			}
+			return nil
+		},
+		// A write deadline in the past fails the write in progress and
+		// every later one; the handler's context ends its loop.
+		Abort: func() {
+			cancel()
+			_ = rc.SetWriteDeadline(time.Unix(1, 0))
+		},
+	})
+	s.addOutbox(ob)
+	defer s.removeOutbox(ob)
+	defer ob.Close() // before the handler returns: its sender writes to w
+
+	err := ob.Put(nil) // the headers
+	for err == nil {
+		var msg []byte
 		nctx, ncancel := context.WithTimeout(ctx, s.cfg.Heartbeat)
-		u, err := sub.Next(nctx)
+		u, nerr := sub.Next(nctx)
 		ncancel()
-		buf.Reset()
 		switch {
-		case err == nil && u.Resync:
+		case nerr == nil && u.Resync:
 			pods := u.Pods
 			if pods == nil {
 				pods = []pleg.PodState{}
 			}
-			if !writeSSE(&buf, "resync", struct {
+			if msg = encodeSSE("resync", struct {
 				Pods []pleg.PodState `json:"pods"`
-			}{pods}) {
+			}{pods}); msg == nil {
 				s.cfg.Logger.Error(nil, "Encoding a resync failed")
 				return
 			}
-		case err == nil:
-			if !writeSSE(&buf, "lifecycle", u.Event) {
+		case nerr == nil:
+			if msg = encodeSSE("lifecycle", u.Event); msg == nil {
 				s.cfg.Logger.Error(nil, "Encoding an event failed", "podUID", u.Event.PodUID)
 				return
 			}
-		case errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil:
-			buf.WriteString(": heartbeat\n\n")
-		default: // client gone, shutdown, or the generator stopped
-			return
+		case errors.Is(nerr, context.DeadlineExceeded) && ctx.Err() == nil:
+			msg = []byte(": heartbeat\n\n")
+		case errors.Is(nerr, pleg.ErrClosed):
+			// The generator stopped: end the stream cleanly, after what
+			// is queued.
+			if err = ob.Drain(); err == nil {
+				err = nerr
+			}
+		default: // client gone, dropped, or shutdown
+			if err = ob.Err(); err == nil {
+				err = nerr
+			}
 		}
-		if err := write(buf.Bytes()); err != nil {
-			s.cfg.Logger.V(2).Info("Event stream client gone or not reading; closing its stream", "remote", r.RemoteAddr, "err", err.Error())
-			return
+		if msg != nil {
+			err = ob.Put(msg)
 		}
+	}
+	var drop *outbox.DropError
+	if errors.As(err, &drop) {
+		s.metrics.streamDrops.WithLabelValues(string(drop.Reason)).Inc()
+		s.cfg.Logger.Info("Dropped an event stream client", "remote", r.RemoteAddr, "reason", string(drop.Reason),
+			"queuedBytes", drop.Queued, "err", drop.Error())
+	} else if err != nil {
+		s.cfg.Logger.V(2).Info("Event stream client gone", "remote", r.RemoteAddr, "err", err.Error())
 	}
 }
 
-// writeSSE appends one SSE message to buf. JSON has no raw newlines, so the
-// data fits on one line.
-func writeSSE(buf *bytes.Buffer, event string, v any) bool {
+// streamOutbox is the queue of one event stream.
+type streamOutbox = outbox.Outbox[[]byte]
+
+func (s *Server) addOutbox(o *streamOutbox) {
+	s.outboxMu.Lock()
+	s.outboxes[o] = struct{}{}
+	s.outboxMu.Unlock()
+}
+
+func (s *Server) removeOutbox(o *streamOutbox) {
+	s.outboxMu.Lock()
+	delete(s.outboxes, o)
+	s.outboxMu.Unlock()
+}
+
+// streamStats returns the number of open event streams and the bytes
+// queued for them.
+func (s *Server) streamStats() (streams, queued int) {
+	s.outboxMu.Lock()
+	defer s.outboxMu.Unlock()
+	for o := range s.outboxes {
+		queued += o.Queued()
+	}
+	return len(s.outboxes), queued
+}
+
+// encodeSSE returns one SSE message, nil if v cannot be encoded. JSON has
+// no raw newlines, so the data fits on one line.
+func encodeSSE(event string, v any) []byte {
 	b, err := json.Marshal(v)
 	if err != nil {
-		return false
+		return nil
 	}
+	var buf bytes.Buffer
+	buf.Grow(len(event) + len(b) + 16)
 	buf.WriteString("event: ")
 	buf.WriteString(event)
 	buf.WriteString("\ndata: ")
 	buf.Write(b)
 	buf.WriteString("\n\n")
-	return true
+	return buf.Bytes()
 }
 
 func (s *Server) writeJSON(w http.ResponseWriter, code int, v any) {

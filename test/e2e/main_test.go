@@ -75,6 +75,10 @@ type env struct {
 	snapshotter  string // overlayfs or native
 	cgroupParent string // cgroup parent of all pods, e.g. /pleg-e2e-123
 	runDirMade   bool   // /run/containerd did not exist before we started
+	// socketGID is the group containerd gives its socket ([grpc] gid),
+	// 0 (root's) unless a test sets it and restarts containerd
+	// (TestDaemonSetOnKubelet: the socket's group for a non-root pleg).
+	socketGID int
 
 	sup *supervisorClient
 	cri *criClient
