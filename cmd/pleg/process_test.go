@@ -22,6 +22,9 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/protobuf/encoding/protojson"
+
+	lifecyclev1 "github.com/podlifecycle/pleg/api/lifecycle/v1"
 	"github.com/podlifecycle/pleg/cruntime/sim"
 	"github.com/podlifecycle/pleg/internal/httpapi"
 )
@@ -463,10 +466,10 @@ func TestRun(t *testing.T) {
 		t.Errorf("/api/v1/pods = %+v", pods)
 	}
 
-	// The event stream: a resync, then the exit of the server container.
-	// The resync holds the pod once a relist that listed it has ended
-	// without a failure (the cache above is set before the pod's events
-	// are delivered).
+	// The event stream: the snapshot (the pod, once a relist that listed
+	// it has ended without a failure: the cache above is set before the
+	// pod's events are delivered), its end, then the exit of the server
+	// container.
 	poll(t, patience, "a relist of the pod to end", func() bool {
 		_, body := httpGet(t, base+"/api/v1/relists")
 		var relists struct {
@@ -508,16 +511,23 @@ func TestRun(t *testing.T) {
 		}
 	}
 	ev, data := readMessage()
-	if ev != "resync" || !strings.Contains(data, `"podUID":"`+pod.UID+`"`) {
-		t.Fatalf("first message = %s %s, want a resync with the pod", ev, data)
+	if ev != "snapshot" || !strings.Contains(data, `"uid":"`+pod.UID+`"`) {
+		t.Fatalf("first message = %s %s, want the pod's snapshot", ev, data)
+	}
+	if ev, data = readMessage(); ev != "snapshot-end" {
+		t.Fatalf("second message = %s %s, want snapshot-end", ev, data)
 	}
 	if err := r.ExitContainer(server.ID, 3); err != nil {
 		t.Fatal(err)
 	}
-	ev, data = readMessage()
-	var e jsonEvent
-	_ = json.Unmarshal([]byte(data), &e)
-	if ev != "lifecycle" || e.Type != "ContainerDied" || e.ContainerID != server.ID || e.ExitCode == nil || *e.ExitCode != 3 {
+	for ev, data = readMessage(); ev != "event"; ev, data = readMessage() {
+	}
+	var msg lifecyclev1.WatchResponse
+	if err := protojson.Unmarshal([]byte(data), &msg); err != nil {
+		t.Fatal(err)
+	}
+	if trs := msg.GetEvent().GetTransitions(); len(trs) != 1 || trs[0].GetType() != lifecyclev1.EventType_CONTAINER_DIED ||
+		trs[0].GetContainerId() != server.ID || trs[0].GetExitCode() != 3 {
 		t.Errorf("message = %s %s, want ContainerDied of the server with exit code 3", ev, data)
 	}
 	// Logged before the event is delivered, but read from stderr by
