@@ -107,7 +107,7 @@ func (c *stallClock) waitTimer(t *testing.T) {
 type harness struct {
 	j      *journal.Journal
 	jclock *stallClock // the journal's: entries' times, bookmarks
-	sclock *stallClock             // the server's: stall timeouts
+	sclock *stallClock // the server's: stall timeouts
 	srv    *Server
 	reg    *prometheus.Registry
 	sock   string
@@ -259,7 +259,7 @@ func kinds(ms []*lifecyclev1.WatchResponse) []string {
 // "<uid>-<name>" running.
 func pod(uid, ns string, labels map[string]string, names ...string) *journal.Pod {
 	p := &journal.Pod{UID: types.UID(uid), Name: "pod-" + uid, Namespace: ns, Labels: labels, IPs: []string{"10.0.0.1"},
-		Sandboxes: []journal.Sandbox{{ID: uid + "-sb", Name: "pod-" + uid, State: cruntime.StateRunning, CreatedAt: epoch}},
+		Sandboxes:  []journal.Sandbox{{ID: uid + "-sb", Name: "pod-" + uid, State: cruntime.StateRunning, CreatedAt: epoch}},
 		ObservedAt: epoch}
 	for _, n := range names {
 		p.Containers = append(p.Containers, journal.Container{ID: uid + "-" + n, Name: n, State: cruntime.StateRunning,

@@ -359,7 +359,7 @@ func TestMaxWatchersAndBookmarks(t *testing.T) {
 	if st := status.Convert(err); st.Code() != codes.ResourceExhausted || !strings.Contains(st.Message(), "too many watchers") {
 		t.Fatalf("second watch: %v", err)
 	}
-	h.jclock.waitTimer(t) // the watch waits for the journal
+	h.jclock.waitTimer(t)                        // the watch waits for the journal
 	change(h.j, pod("x", "dev", nil), "PodSync") // filtered out
 	h.jclock.Step(time.Minute)
 	if m := recv(t, s); kind(m) != "bookmark" || m.GetCursor() != h.j.Head().String() {
