@@ -42,6 +42,25 @@ func (p *proc) waitLifecycle(n int) []string {
 	return addrs
 }
 
+// waitStderr reads stderr until a line containing sub.
+func (p *proc) waitStderr(sub string) {
+	p.t.Helper()
+	deadline := time.After(patience)
+	for {
+		select {
+		case l, ok := <-p.errCh:
+			if !ok {
+				p.t.Fatalf("pleg exited before logging %q", sub)
+			}
+			if strings.Contains(l, sub) {
+				return
+			}
+		case <-deadline:
+			p.t.Fatalf("no %q line within %v", sub, patience)
+		}
+	}
+}
+
 // pleg run against the simulated runtime serves the lifecycle API on its
 // unix socket (mode 0660 by default) and on loopback TCP: the Go client
 // gets the snapshot, then the runtime's changes; lookups and the gRPC
@@ -141,5 +160,67 @@ func TestRunLifecycleAPI(t *testing.T) {
 	}
 	if _, err := os.Stat(sock); !os.IsNotExist(err) {
 		t.Errorf("the socket outlived pleg: %v", err)
+	}
+}
+
+// pleg watch --daemon prints a running pleg's events from its lifecycle
+// socket; when that pleg restarts, it reconnects, resyncs (stderr says
+// so) and goes on printing the new instance's events.
+func TestWatchDaemon(t *testing.T) {
+	r := serveSim(t, sim.Config{Seed: 7})
+	sock := filepath.Join(t.TempDir(), "pleg.sock")
+	runArgs := []string{"run", "-r", r.Endpoint(), "--listen-address", "127.0.0.1:0", "--relist-period", "100ms", "--lifecycle-socket", sock}
+	daemon := startPleg(t, runArgs...)
+	daemon.waitListening()
+	daemon.waitLifecycle(1)
+	w := startPleg(t, "watch", "--daemon", sock, "-o", "json", "-v=1")
+	w.waitStderr("Watching pleg's lifecycle stream") // its snapshot came: what follows are events
+
+	// nextEvent returns the next printed event of type typ for pod name.
+	nextEvent := func(typ, name string) jsonEvent {
+		t.Helper()
+		for {
+			e := parseJSONEvent(t, w.nextLine(patience))
+			if e.Type == typ && e.PodName == name {
+				return e
+			}
+		}
+	}
+	a, err := r.AddPod(sim.PodSpec{Name: "a", Namespace: "prod", Containers: []string{"app"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	app, _ := a.Container("app")
+	if e := nextEvent("ContainerStarted", "a"); e.PodNamespace != "prod" {
+		t.Fatalf("event %+v", e)
+	}
+	if err := r.ExitContainer(app.ID, 3); err != nil {
+		t.Fatal(err)
+	}
+	if e := nextEvent("ContainerDied", "a"); e.ContainerID != app.ID || e.ExitCode == nil || *e.ExitCode != 3 {
+		t.Fatalf("ContainerDied %+v", e)
+	}
+
+	if code := daemon.stop(); code != 0 {
+		t.Fatalf("pleg run exit code %d", code)
+	}
+	restarted := startPleg(t, runArgs...)
+	restarted.waitListening()
+	// The new instance answers the watch's cursor with resync_required:
+	// what changed meanwhile comes as the snapshot, not as events.
+	w.waitStderr("pleg asked for a resync")
+	b, err := r.AddPod(sim.PodSpec{Name: "b", Namespace: "prod", Containers: []string{"app"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	bapp, _ := b.Container("app")
+	if err := r.ExitContainer(bapp.ID, 4); err != nil {
+		t.Fatal(err)
+	}
+	if e := nextEvent("ContainerDied", "b"); e.ExitCode == nil || *e.ExitCode != 4 {
+		t.Fatalf("after the restart: %+v", e)
+	}
+	if code := w.stop(); code != 0 {
+		t.Errorf("pleg watch exit code %d", code)
 	}
 }
