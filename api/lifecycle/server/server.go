@@ -1,6 +1,7 @@
 // Package server serves the node's lifecycle stream (service
 // pleg.lifecycle.v1.Lifecycle, api/lifecycle/v1/lifecycle.proto) over gRPC
-// from a generator's journal, with the standard gRPC health service.
+// from a generator's journal, with the standard gRPC health service and
+// server reflection.
 //
 // Every Watch reads the shared journal through its own journal.Watcher
 // (which holds no buffer: a watcher that reads nothing costs its position)
@@ -33,6 +34,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/peer"
+	"google.golang.org/grpc/reflection"
 	"google.golang.org/grpc/status"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/clock"
@@ -178,6 +180,9 @@ func (s *Server) Serve(ctx context.Context, lns ...net.Listener) error {
 		g := grpc.NewServer(opts...)
 		lifecyclev1.RegisterLifecycleServer(g, s)
 		healthpb.RegisterHealthServer(g, s.health)
+		// Server reflection: grpcurl and other generic clients need no
+		// copy of the .proto.
+		reflection.Register(g)
 		servers[i] = g
 	}
 	errc := make(chan error, len(lns))

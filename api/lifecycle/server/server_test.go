@@ -17,6 +17,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	reflectionpb "google.golang.org/grpc/reflection/grpc_reflection_v1"
 	"google.golang.org/grpc/status"
 
 	lifecyclev1 "github.com/podlifecycle/pleg/api/lifecycle/v1"
@@ -212,6 +213,26 @@ func TestLookups(t *testing.T) {
 	if err != nil || hc.GetStatus() != healthpb.HealthCheckResponse_SERVING {
 		t.Fatalf("health: %v %v", hc, err)
 	}
+	// Reflection lists the services, for generic clients (grpcurl).
+	rs, err := reflectionpb.NewServerReflectionClient(h.conn).ServerReflectionInfo(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := rs.Send(&reflectionpb.ServerReflectionRequest{MessageRequest: &reflectionpb.ServerReflectionRequest_ListServices{}}); err != nil {
+		t.Fatal(err)
+	}
+	lr, err := rs.Recv()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var services []string
+	for _, sv := range lr.GetListServicesResponse().GetService() {
+		services = append(services, sv.GetName())
+	}
+	if !slices.Contains(services, "pleg.lifecycle.v1.Lifecycle") {
+		t.Fatalf("reflection lists %v", services)
+	}
+	_ = rs.CloseSend()
 }
 
 // Identities: only a watcher that asks gets them, and the journal knows
