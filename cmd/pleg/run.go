@@ -27,7 +27,7 @@ keeps the pod status cache fresh and serves on --listen-address:
   GET /readyz          the node Ready condition as JSON (200 True, 503 False)
   GET /metrics         Prometheus metrics with the kubelet's names
   GET /api/v1/pods     the pod status cache as JSON
-  GET /api/v1/events   lifecycle events as Server-Sent Events
+  GET /api/v1/events   the lifecycle stream as Server-Sent Events (docs/stream.md)
   GET /api/v1/relists  the recent relists (durations, pods inspected)
   GET /                a live dashboard
 
