@@ -93,7 +93,12 @@ type Server struct {
 	log    logr.Logger
 	health *health.Server
 	m      *serverMetrics
-	slots  chan struct{} // one token per open watch
+	// encoded holds recent entries' messages in their wire form.
+	encoded *encodeCache
+	// perWatcherEncoding makes every watch encode its messages itself
+	// (the benchmark's baseline).
+	perWatcherEncoding bool
+	slots   chan struct{} // one token per open watch
 
 	// stopping ends every watch when Serve shuts down.
 	stopping context.Context
@@ -139,7 +144,7 @@ func New(cfg Config) (*Server, error) {
 	if cfg.Logger.GetSink() == nil {
 		cfg.Logger = logr.Discard()
 	}
-	s := &Server{cfg: cfg, j: cfg.Journal, log: cfg.Logger, health: health.NewServer(),
+	s := &Server{cfg: cfg, j: cfg.Journal, log: cfg.Logger, health: health.NewServer(), encoded: &encodeCache{},
 		slots: make(chan struct{}, cfg.MaxWatchers), watches: map[*watch]struct{}{}}
 	s.stopping, s.stop = context.WithCancelCause(context.Background())
 	m, err := newServerMetrics(cfg.Registerer, s)
@@ -165,6 +170,7 @@ func (s *Server) Serve(ctx context.Context, lns ...net.Listener) error {
 	for i, ln := range lns {
 		opts := []grpc.ServerOption{
 			grpc.MaxRecvMsgSize(maxRequestSize),
+			grpc.ForceServerCodecV2(newServerCodec()),
 			// Clients may keep idle connections alive (any language's
 			// defaults are at least this long).
 			grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),

@@ -20,6 +20,13 @@ const (
 	CutNotReading = "not_reading"
 )
 
+// outMsg is a message queued for a watch's sender: a *WatchResponse, or
+// an *encoded one, and its cursor.
+type outMsg struct {
+	cursor journal.Cursor
+	body   any
+}
+
 // watch is one open Watch.
 type watch struct {
 	peer  string
@@ -27,13 +34,13 @@ type watch struct {
 	// sent is the sequence number of the last message handed to the
 	// stream; its lag is the journal's head minus it.
 	sent atomic.Uint64
-	// sentCursor is the cursor of that message ("" before the first).
-	sentCursor atomic.Pointer[string]
+	// sentCursor is the cursor of that message (nil before the first).
+	sentCursor atomic.Pointer[journal.Cursor]
 }
 
 func (w *watch) cursor() string {
 	if c := w.sentCursor.Load(); c != nil {
-		return *c
+		return c.String()
 	}
 	return ""
 }
@@ -109,7 +116,7 @@ func (s *Server) Watch(req *lifecyclev1.WatchRequest, stream grpc.ServerStreamin
 	defer cancel(nil)
 	defer context.AfterFunc(s.stopping, func() { cancel(context.Cause(s.stopping)) })()
 
-	q := make(chan *lifecyclev1.WatchResponse, s.cfg.QueueSize)
+	q := make(chan outMsg, s.cfg.QueueSize)
 	progress := make(chan struct{}, 1)
 	done := make(chan struct{})
 	s.senders.Add(1)
@@ -117,15 +124,14 @@ func (s *Server) Watch(req *lifecyclev1.WatchRequest, stream grpc.ServerStreamin
 		defer s.senders.Done()
 		defer close(done)
 		for m := range q {
-			if err := stream.Send(m); err != nil {
+			if err := stream.SendMsg(m.body); err != nil {
 				cancel(err)
 				return
 			}
-			if c, err := journal.ParseCursor(m.GetCursor()); err == nil {
-				w.sent.Store(c.Seq)
+			w.sent.Store(m.cursor.Seq)
+			if c := w.sentCursor.Load(); c == nil || *c != m.cursor {
+				w.sentCursor.Store(&m.cursor)
 			}
-			cur := m.GetCursor()
-			w.sentCursor.Store(&cur)
 			select {
 			case progress <- struct{}{}:
 			default:
@@ -144,11 +150,26 @@ func (s *Server) Watch(req *lifecyclev1.WatchRequest, stream grpc.ServerStreamin
 		if err != nil {
 			return s.ended(ctx, w, err)
 		}
-		resp := WatchResponse(m, identity)
-		if resp == nil {
+		out := outMsg{cursor: m.Cursor}
+		switch m.Type {
+		case journal.Event, journal.Runtime:
+			// The same bytes for every watcher: encoded once.
+			if s.perWatcherEncoding {
+				if r := WatchResponse(m, identity); r != nil {
+					out.body = r
+				}
+			} else if e := s.encoded.get(m, identity); e != nil {
+				out.body = e
+			}
+		default:
+			if r := WatchResponse(m, identity); r != nil {
+				out.body = r
+			}
+		}
+		if out.body == nil {
 			continue
 		}
-		if err := s.push(ctx, w, q, resp); err != nil {
+		if err := s.push(ctx, w, q, out); err != nil {
 			return s.ended(ctx, w, err)
 		}
 		if m.Type == journal.ResyncRequired {
@@ -167,7 +188,7 @@ func (s *Server) Watch(req *lifecyclev1.WatchRequest, stream grpc.ServerStreamin
 
 // push queues m, waiting at most the stall timeout for room: when the
 // queue stays full that long, the client has read nothing meanwhile.
-func (s *Server) push(ctx context.Context, w *watch, q chan<- *lifecyclev1.WatchResponse, m *lifecyclev1.WatchResponse) error {
+func (s *Server) push(ctx context.Context, w *watch, q chan<- outMsg, m outMsg) error {
 	select {
 	case q <- m:
 		return nil
