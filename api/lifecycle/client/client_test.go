@@ -364,7 +364,7 @@ func TestDropDuringSnapshotStartsOver(t *testing.T) {
 			Namespace: "default", Annotations: map[string]string{"gen": "1", "blob": strings.Repeat("x", 1024)}}})
 		want = append(want, uid+"/1")
 	}
-	px.limit = 64 << 10 // ~60 of the 500 pods, then the connection drops
+	px.setLimit(64 << 10) // ~60 of the 500 pods, then the connection drops
 	rec := newRecorder()
 	c, backoff := runClient(t, filepath.Join(dir, "proxy.sock"), rec, client.Options{})
 	got := rec.next(t, backoff)
@@ -506,6 +506,12 @@ func startProxy(t *testing.T, path, target string) *proxy {
 		p.wg.Wait()
 	})
 	return p
+}
+
+func (p *proxy) setLimit(n int64) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	p.limit = n
 }
 
 func (p *proxy) dropAll() {

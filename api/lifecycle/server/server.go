@@ -98,7 +98,7 @@ type Server struct {
 	// perWatcherEncoding makes every watch encode its messages itself
 	// (the benchmark's baseline).
 	perWatcherEncoding bool
-	slots   chan struct{} // one token per open watch
+	slots              chan struct{} // one token per open watch
 
 	// stopping ends every watch when Serve shuts down.
 	stopping context.Context
