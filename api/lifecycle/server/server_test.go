@@ -262,6 +262,17 @@ func TestIdentityField(t *testing.T) {
 	if !h.j.IdentityWanted() {
 		t.Fatal("identity not wanted while a watcher asks")
 	}
+	// An event, encoded once for each choice: the plain watcher's has no
+	// identity, the other's has it.
+	recv(t, plain) // snapshot_end
+	recv(t, s)
+	change(h.j, p, "PodSync")
+	if m := recv(t, s); m.GetEvent().GetPod().GetContainers()[0].GetIdentity().GetPid() != 4242 {
+		t.Fatalf("identity watcher's event: %v", m)
+	}
+	if m := recv(t, plain); m.GetEvent() == nil || m.GetEvent().GetPod().GetContainers()[0].GetIdentity() != nil {
+		t.Fatalf("plain watcher's event: %v", m)
+	}
 	cancel()
 	_, _ = recvErr(s)
 	// Once Serve returns, every handler has (and closed its journal
