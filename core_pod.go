@@ -16,19 +16,16 @@ import (
 
 // onPodListed steps the result of a single-pod relist's list call.
 func (c *core) onPodListed(in podListed) {
-	k := c.endCall(in.call)
+	k, r := c.callReturned(in.call)
 	if k == nil {
 		return
 	}
 	uid := k.uid
-	r := c.records[uid]
 	err := in.err
 	if err == nil {
 		err = checkPod(in.pod)
 	}
 	switch {
-	case r == nil:
-		return
 	case err != nil:
 		c.note(note{kind: notePodRelistFailed, uid: uid, pod: k.pod, err: err})
 		c.inspectOwed(uid, r)
@@ -38,8 +35,10 @@ func (c *core) onPodListed(in podListed) {
 		c.inspectOwed(uid, r)
 	default:
 		r.current, r.currentAt = in.pod, k.started
+		r.idleRelist = time.Time{}
 		switch {
 		case !r.needsInspection():
+			r.idleRelist = c.stepNow
 			c.out.Cache = append(c.out.Cache, cacheOp{kind: cacheObserved, uid: uid, at: k.started})
 			c.note(note{kind: notePodRelistDone, d: c.stepNow.Sub(k.started)})
 			r.hint.clearLatency()
@@ -84,15 +83,11 @@ func (c *core) afterCall(uid types.UID) {
 
 // onStatus steps the result of a status call.
 func (c *core) onStatus(in statusFetched) {
-	k := c.endCall(in.call)
+	k, r := c.callReturned(in.call)
 	if k == nil {
 		return
 	}
 	uid := k.uid
-	r := c.records[uid]
-	if r == nil {
-		return
-	}
 	status, err := c.assemble(k, k.plan, in)
 	switch {
 	case r.current == nil:

@@ -112,7 +112,7 @@ func (f *runtimeFlags) addFlags(fs *pflag.FlagSet) {
 	intVar(fs, &f.podRelistBurst, "pod-relist-burst", pleg.DefaultPodRelistBurst, 1, 10000,
 		"single-pod relists hints may make at once")
 	durationVar(fs, &f.podRelistSpacing, "pod-relist-spacing", pleg.DefaultPodRelistSpacing, time.Millisecond, time.Minute,
-		"least time between two single-pod relists of one pod (0: none)", special[time.Duration]{0, "none"})
+		"after a single-pod relist of a pod that found nothing, the least time before another (0: none)", special[time.Duration]{0, "none"})
 	durationVar(fs, &f.earlyRelistGap, "early-relist-gap", pleg.DefaultEarlyRelistGap, time.Millisecond, time.Hour,
 		"when hints wait for the budget, start the next global relist this long after the last one ended instead of a period after (0: never early)",
 		special[time.Duration]{0, "never early"})
