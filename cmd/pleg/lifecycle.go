@@ -50,17 +50,17 @@ func (f *lifecycleFlags) addFlags(fs *pflag.FlagSet) {
 		"UIDs allowed on the lifecycle socket besides its mode (peer credentials; with --lifecycle-allowed-gids: either matches; empty: any)")
 	fs.UintSliceVar(&f.allowedGIDs, "lifecycle-allowed-gids", nil,
 		"primary GIDs allowed on the lifecycle socket besides its mode (see --lifecycle-allowed-uids)")
-	fs.DurationVar(&f.stallTimeout, "lifecycle-stall-timeout", server.DefaultStallTimeout,
+	durationVar(fs, &f.stallTimeout, "lifecycle-stall-timeout", server.DefaultStallTimeout, time.Second, time.Hour,
 		"a watcher that reads nothing for this long while messages wait is cut (it resumes by its cursor)")
-	fs.IntVar(&f.maxWatchers, "lifecycle-max-watchers", server.DefaultMaxWatchers,
+	intVar(fs, &f.maxWatchers, "lifecycle-max-watchers", server.DefaultMaxWatchers, 1, 1<<20,
 		"watches served at once; more are refused (ResourceExhausted)")
-	fs.IntVar(&f.journalSize, "journal-size", journal.DefaultSize,
+	intVar(fs, &f.journalSize, "journal-size", journal.DefaultSize, 1, 1<<20,
 		"lifecycle events the journal keeps for watchers to resume from")
-	fs.DurationVar(&f.journalMaxAge, "journal-max-age", journal.DefaultMaxAge,
+	durationVar(fs, &f.journalMaxAge, "journal-max-age", journal.DefaultMaxAge, time.Second, 24*time.Hour,
 		"how long the journal keeps an event, and a removed container for lookups")
-	fs.IntVar(&f.journalMaxBytes, "journal-max-bytes", journal.DefaultMaxBytes,
+	intVar(fs, &f.journalMaxBytes, "journal-max-bytes", journal.DefaultMaxBytes, 1<<16, 1<<30,
 		"memory the journal's events may take (estimated); the oldest go first")
-	fs.DurationVar(&f.bookmark, "lifecycle-bookmark-interval", journal.DefaultBookmarkInterval,
+	durationVar(fs, &f.bookmark, "lifecycle-bookmark-interval", journal.DefaultBookmarkInterval, 100*time.Millisecond, time.Hour,
 		"an idle watcher gets a bookmark (its cursor moved on) after this long")
 }
 
@@ -96,20 +96,6 @@ func (f *lifecycleFlags) validate() error {
 				return usageErrorf("invalid --lifecycle-allowed-%s %d: too large", l.name, id)
 			}
 		}
-	}
-	switch {
-	case f.stallTimeout < time.Second || f.stallTimeout > time.Hour:
-		return usageErrorf("invalid --lifecycle-stall-timeout %q: must be from 1s to 1h", f.stallTimeout)
-	case f.maxWatchers < 1 || f.maxWatchers > 1<<20:
-		return usageErrorf("invalid --lifecycle-max-watchers %d: must be from 1 to 1048576", f.maxWatchers)
-	case f.journalSize < 1 || f.journalSize > 1<<20:
-		return usageErrorf("invalid --journal-size %d: must be from 1 to 1048576", f.journalSize)
-	case f.journalMaxAge < time.Second:
-		return usageErrorf("invalid --journal-max-age %q: must be at least 1s", f.journalMaxAge)
-	case f.journalMaxBytes < 1<<16:
-		return usageErrorf("invalid --journal-max-bytes %d: must be at least 65536", f.journalMaxBytes)
-	case f.bookmark < 100*time.Millisecond || f.bookmark > time.Hour:
-		return usageErrorf("invalid --lifecycle-bookmark-interval %q: must be from 100ms to 1h", f.bookmark)
 	}
 	return nil
 }

@@ -359,8 +359,8 @@ func TestBadFlags(t *testing.T) {
 		{[]string{"run", "--lifecycle-tcp-address", "127.0.0.1:0", "--lifecycle-allowed-uids", "0"}, `pleg: --lifecycle-tcp-address cannot be combined with --lifecycle-allowed-uids/gids: TCP peers carry no credentials to check`},
 		{[]string{"run", "--lifecycle-socket-mode", "0999"}, `pleg: invalid --lifecycle-socket-mode "0999": want octal permissions such as 0660`},
 		{[]string{"run", "--lifecycle-socket-group", "no-such-group-here"}, `pleg: invalid --lifecycle-socket-group "no-such-group-here": group: unknown group no-such-group-here`},
-		{[]string{"run", "--journal-size", "0"}, `pleg: invalid --journal-size 0: must be from 1 to 1048576`},
-		{[]string{"run", "--lifecycle-stall-timeout", "10ms"}, `pleg: invalid --lifecycle-stall-timeout "10ms": must be from 1s to 1h`},
+		{[]string{"run", "--journal-size", "0"}, `pleg: invalid argument "0" for "--journal-size" flag: must be from 1 to 1048576`},
+		{[]string{"run", "--lifecycle-stall-timeout", "10ms"}, `pleg: invalid argument "10ms" for "--lifecycle-stall-timeout" flag: must be from 1s to 1h`},
 	}
 	for _, tc := range tests {
 		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
