@@ -78,6 +78,8 @@ type Journal struct {
 	gone    []string              // removed's keys in removal order
 	changed chan struct{}         // closed and replaced on every Append
 	watches map[*Watcher]struct{}
+	// identities counts the open watchers that asked for identities.
+	identities int
 }
 
 // New returns an empty journal.

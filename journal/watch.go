@@ -119,7 +119,19 @@ func (j *Journal) Watch(cursor string, f *Filter) (*Watcher, error) {
 		w.pos = c.Seq
 	}
 	j.watches[w] = struct{}{}
+	if f != nil && f.identity {
+		j.identities++
+	}
 	return w, nil
+}
+
+// IdentityWanted reports whether an open watcher asked for containers'
+// identities (FilterSpec.Identity): while none does, the generator need
+// not fetch them.
+func (j *Journal) IdentityWanted() bool {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return j.identities > 0
 }
 
 // Next returns the next message, waiting for one at most until ctx ends.
@@ -213,6 +225,9 @@ func (w *Watcher) Lag() uint64 {
 func (w *Watcher) Close() {
 	w.j.mu.Lock()
 	defer w.j.mu.Unlock()
+	if _, open := w.j.watches[w]; open && w.filter != nil && w.filter.identity {
+		w.j.identities--
+	}
 	delete(w.j.watches, w)
 	w.done = true
 	w.snapshot = nil
