@@ -98,7 +98,13 @@ func (j *Journal) Watch(cursor string, f *Filter) (*Watcher, error) {
 		}
 	}
 	j.mu.Lock()
-	defer j.mu.Unlock()
+	first := false
+	defer func() {
+		j.mu.Unlock()
+		if first && j.onIdentity != nil {
+			j.onIdentity(true)
+		}
+	}()
 	switch {
 	case cursor == "":
 		for _, p := range j.pods {
@@ -121,6 +127,7 @@ func (j *Journal) Watch(cursor string, f *Filter) (*Watcher, error) {
 	j.watches[w] = struct{}{}
 	if f != nil && f.identity {
 		j.identities++
+		first = j.identities == 1
 	}
 	return w, nil
 }
@@ -223,14 +230,20 @@ func (w *Watcher) Lag() uint64 {
 
 // Close ends the watcher; Next then returns ErrClosed.
 func (w *Watcher) Close() {
-	w.j.mu.Lock()
-	defer w.j.mu.Unlock()
-	if _, open := w.j.watches[w]; open && w.filter != nil && w.filter.identity {
-		w.j.identities--
+	j := w.j
+	j.mu.Lock()
+	last := false
+	if _, open := j.watches[w]; open && w.filter != nil && w.filter.identity {
+		j.identities--
+		last = j.identities == 0
 	}
-	delete(w.j.watches, w)
+	delete(j.watches, w)
 	w.done = true
 	w.snapshot = nil
+	j.mu.Unlock()
+	if last && j.onIdentity != nil {
+		j.onIdentity(false)
+	}
 }
 
 // Watchers returns how many watchers are open, and the largest lag among
