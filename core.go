@@ -124,6 +124,9 @@ type record struct {
 	// call.
 	identity map[string]*cruntime.Identity
 	idQueued bool
+	// observed: the states fresh runtime events said containers reached,
+	// until the pod's next outcome (core_hints.go, observe).
+	observed map[string]cruntime.State
 }
 
 // pod returns the most recent listing of the record.

@@ -2,6 +2,7 @@ package pleg
 
 import (
 	"fmt"
+	"maps"
 	"slices"
 	"testing"
 	"time"
@@ -21,7 +22,8 @@ import (
 //   - no event twice, none out of thin air: the events delivered for a pod
 //     are exactly the transitions between the listing subscribers were
 //     last told about and the one they lead to (PodSync when none), that
-//     one being the listing with what fresher statuses showed;
+//     one being the listing with what fresher statuses showed, through
+//     what runtime events saw in between;
 //
 // and at the end, once the runtime stops changing and answers every call:
 //
@@ -94,8 +96,9 @@ func (fz *fuzzer) listing(uid types.UID) *cruntime.Pod {
 	return p
 }
 
-// apply checks and records what one step published.
-func (fz *fuzzer) apply(rd Ready) {
+// apply checks and records what one step published. observed are the
+// states runtime events had shown for each pod before the step.
+func (fz *fuzzer) apply(rd Ready, observed map[types.UID]map[string]cruntime.State) {
 	t := fz.t
 	for _, req := range rd.Calls {
 		fz.out[req.ID] = req
@@ -109,6 +112,11 @@ func (fz *fuzzer) apply(rd Ready) {
 			continue
 		}
 		diff := Diff(p.uid, fz.told[p.uid], p.pod)
+		if mid := withObserved(fz.told[p.uid], p.pod, observed[p.uid]); mid != nil {
+			// A state runtime events saw between what was told and the
+			// listing comes first.
+			diff = append(Diff(p.uid, fz.told[p.uid], mid), Diff(p.uid, mid, p.pod)...)
+		}
 		var want []string
 		for _, e := range diff {
 			if e.Type != ContainerChanged {
@@ -135,7 +143,13 @@ func (fz *fuzzer) apply(rd Ready) {
 }
 
 func (fz *fuzzer) stepCore(in input) {
-	fz.apply(fz.c.Step(fz.now, in))
+	observed := map[types.UID]map[string]cruntime.State{}
+	for uid, r := range fz.c.records {
+		if len(r.observed) > 0 {
+			observed[uid] = maps.Clone(r.observed)
+		}
+	}
+	fz.apply(fz.c.Step(fz.now, in), observed)
 }
 
 // waiting is what every call out waits on, as the pool would report.

@@ -115,8 +115,40 @@ func (c *core) onHint(in hintIn) {
 	h := pendingHint{first: at, last: at}
 	if in.event {
 		h.latency = at
+		c.observe(in.uid, in.container, in.eventType)
 	}
 	c.addHint(in.uid, h)
+}
+
+// maxObserved bounds the states a pod's record keeps from runtime events.
+const maxObserved = 16
+
+// observe records what a fresh runtime event says a container reached
+// (STARTED: running, STOPPED: exited), for the pod's next outcome: when its
+// listing has moved past that state (a container that started and was
+// killed before the relist that the event triggered could list it), the
+// outcome delivers the state the event saw before the listed one
+// (core_pod.go, withObserved).
+func (c *core) observe(uid types.UID, id string, t cruntime.EventType) {
+	var st cruntime.State
+	switch t {
+	case cruntime.EventStarted:
+		st = cruntime.StateRunning
+	case cruntime.EventStopped:
+		st = cruntime.StateExited
+	default:
+		return
+	}
+	if id == "" {
+		return
+	}
+	r := c.record(uid)
+	if r.observed == nil {
+		r.observed = make(map[string]cruntime.State)
+	}
+	if _, ok := r.observed[id]; ok || len(r.observed) < maxObserved {
+		r.observed[id] = st
+	}
 }
 
 // unchangedBy reports whether a runtime event of type t about container

@@ -177,6 +177,10 @@ func (c *core) apply(uid types.UID, r *record, forRelist bool, reqSeq uint64, st
 		r.current = advance(r.current, status)
 	}
 	events := Diff(uid, r.old, r.current)
+	if mid := withObserved(r.old, r.current, r.observed); mid != nil {
+		events = append(Diff(uid, r.old, mid), Diff(uid, mid, r.current)...)
+	}
+	r.observed = nil
 	pod := r.pod()
 	if len(events) == 0 {
 		if !reinspected {
@@ -266,6 +270,60 @@ func advance(p *cruntime.Pod, status *cruntime.PodStatus) *cruntime.Pod {
 		return p
 	}
 	return out
+}
+
+// withObserved returns the pod's state between old and current that
+// runtime events observed, or nil when they saw nothing between: a
+// container the events saw reach a state later than old's and earlier
+// than current's (it started, then died before a listing showed it
+// running). Only containers current lists count: an event cannot make up
+// a container.
+func withObserved(old, current *cruntime.Pod, observed map[string]cruntime.State) *cruntime.Pod {
+	if len(observed) == 0 || current == nil {
+		return nil
+	}
+	rank := func(s state) int {
+		switch s {
+		case stateUnknown:
+			return 1
+		case stateRunning:
+			return 2
+		case stateExited:
+			return 3
+		}
+		return 0 // non-existent
+	}
+	var mid *cruntime.Pod
+	for _, c := range current.Containers {
+		seen, ok := observed[c.ID]
+		if !ok {
+			continue
+		}
+		was, _, _ := find(old, c.ID)
+		now := stateOf(c.State)
+		at := stateOf(seen)
+		if rank(at) <= rank(was) || rank(at) >= rank(now) {
+			continue
+		}
+		if mid == nil {
+			mid = &cruntime.Pod{UID: current.UID, Name: current.Name, Namespace: current.Namespace}
+			if old != nil {
+				mid.Sandboxes, mid.Containers = slices.Clone(old.Sandboxes), slices.Clone(old.Containers)
+			}
+		}
+		it := *c
+		it.State = seen
+		replaced := false
+		for i, o := range mid.Containers {
+			if o.ID == c.ID {
+				mid.Containers[i], replaced = &it, true
+			}
+		}
+		if !replaced {
+			mid.Containers = append(mid.Containers, &it)
+		}
+	}
+	return mid
 }
 
 // placeholderStatus is the status cached for a pod whose inspection
