@@ -3,6 +3,7 @@ package cri
 import (
 	"errors"
 	"fmt"
+	"google.golang.org/grpc/mem"
 	"hash/maphash"
 	"math/rand/v2"
 	"reflect"
@@ -649,6 +650,12 @@ func FuzzContainerEvent(f *testing.F) {
 		}
 		if !reflect.DeepEqual(got, want) {
 			t.Fatalf("pleg makes\n%+v\nthe event says\n%+v", got, want)
+		}
+		// The event stream reads the same from the wire (eventReply)
+		// as from the decoded message.
+		var lean eventReply
+		if err := decodeEvent(mem.BufferSlice{mem.SliceBuffer(b)}, &lean); err != nil || !reflect.DeepEqual(lean.ev, want) {
+			t.Fatalf("read from the wire: %+v, %v\nthe event says\n%+v", lean.ev, err, want)
 		}
 	})
 }

@@ -599,8 +599,8 @@ func (w *wireItem) readLabel(b []byte) error {
 	return nil
 }
 
-// leanCodec decodes *listReply targets from the wire and hands everything
-// else to the default proto codec.
+// leanCodec decodes *listReply and *eventReply targets from the wire and
+// hands everything else to the default proto codec.
 type leanCodec struct{}
 
 func (leanCodec) Name() string { return "proto" }
@@ -618,6 +618,11 @@ func (leanCodec) Unmarshal(data mem.BufferSlice, v any) error {
 		return nil
 	case *discardReply:
 		*r += discardReply(data.Len())
+		return nil
+	case *eventReply:
+		if err := decodeEvent(data, r); err != nil {
+			return fmt.Errorf("decoding a container event: %w", err)
+		}
 		return nil
 	}
 	return encoding.GetCodecV2("proto").Unmarshal(data, v)
