@@ -486,6 +486,7 @@ func churn(t testing.TB, r *sim.Runtime, p *plegProc, round int) {
 	settle(t, r, p)
 	_, err = r.AddPod(sim.PodSpec{Name: fmt.Sprintf("added-%d", round), Namespace: "agents", Containers: []string{"app", "sidecar"}, Behaviour: sim.Steady})
 	must(t, err)
+	settle(t, r, p)
 }
 
 func must(t testing.TB, err error) {
