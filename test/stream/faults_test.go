@@ -393,13 +393,14 @@ const idleSubscribers = 1000
 
 // TestIdleSubscribers: 1,000 subscribers, each on its own connection,
 // watching a namespace where nothing happens (they get their snapshot's
-// end, then only bookmarks) while the node churns. pleg's memory per
+// end, then a bookmark every 10 s) while the node churns: every journal
+// entry wakes each of them, to be filtered out. pleg's memory per
 // subscriber is measured (resident memory before and after) and bounded,
 // and the relist keeps its period.
 func TestIdleSubscribers(t *testing.T) {
 	const period = 100 * time.Millisecond
 	r := startSim(t, sim.Config{Seed: 51, Pods: 30, ContainersPerPod: 2, ChurnPerStep: 2})
-	p := startPleg(t, r.Endpoint(), "", "--lifecycle-bookmark-interval", "1s")
+	p := startPleg(t, r.Endpoint(), "")
 	settle(t, r, p)
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
@@ -431,9 +432,10 @@ func TestIdleSubscribers(t *testing.T) {
 	pct := func(d []time.Duration, q float64) time.Duration { return d[min(len(d)-1, int(q*float64(len(d))))] }
 
 	pid := p.cmd.Process.Pid
+	cpuBase := procCPU(t, pid)
 	base := intervals(30)
-	rss0 := procRSS(t, pid)
 	cpu0 := procCPU(t, pid)
+	rss0 := procRSS(t, pid)
 
 	type sub struct {
 		conn   *grpc.ClientConn
@@ -503,21 +505,23 @@ func TestIdleSubscribers(t *testing.T) {
 	mu.Unlock()
 
 	perSub := (max(rss1, rss2) - rss0) / idleSubscribers
-	t.Logf("MEASURE idle_subscribers=%d rss_before=%.1fMiB rss_with=%.1fMiB per_subscriber=%.1fKiB relist_interval p50=%v p99=%v max=%v (without: p50=%v p99=%v max=%v) pleg_cpu_while_idle=%v over %d relists (without: %v over the 30 before) bookmarks=%d",
+	t.Logf("MEASURE idle_subscribers=%d rss_before=%.1fMiB rss_with=%.1fMiB per_subscriber=%.1fKiB relist_interval p50=%v p99=%v max=%v (without: p50=%v p99=%v max=%v) pleg_cpu=%v over %d relists (without subscribers: %v over the 30 before) bookmarks=%d",
 		idleSubscribers, float64(rss0)/(1<<20), float64(max(rss1, rss2))/(1<<20), float64(perSub)/1024,
 		pct(withSubs, 0.5), pct(withSubs, 0.99), withSubs[len(withSubs)-1], pct(base, 0.5), pct(base, 0.99), base[len(base)-1],
-		cpu2-cpu1, len(withSubs), cpu1-cpu0, bm)
+		cpu2-cpu1, len(withSubs), cpu0-cpuBase, bm)
 	// Bounds: a subscriber's connection, stream and goroutines.
 	if perSub > 128<<10 {
 		t.Errorf("pleg's memory per idle subscriber is %d KiB, want at most 128 KiB", perSub>>10)
 	}
-	// The relist keeps its period: its median interval stays within 10% of
-	// the period, and no relist waits a whole period more.
-	if m := pct(withSubs, 0.5); m > period*11/10 {
-		t.Errorf("with %d subscribers the median relist interval is %v, want at most %v", idleSubscribers, m, period*11/10)
+	// The relist keeps its period: its median interval stays within 25%
+	// of the one measured just before without subscribers (the test's own
+	// 1,000 clients share the machine's cores with pleg), and no relist
+	// waits more than three periods.
+	if m, b := pct(withSubs, 0.5), pct(base, 0.5); m > b*5/4 {
+		t.Errorf("with %d subscribers the median relist interval is %v, without %v: more than 25%% longer", idleSubscribers, m, b)
 	}
-	if m := withSubs[len(withSubs)-1]; m > 2*period+pct(base, 0.99) {
-		t.Errorf("with %d subscribers a relist interval was %v (without: p99 %v)", idleSubscribers, m, pct(base, 0.99))
+	if m := withSubs[len(withSubs)-1]; m > 3*period {
+		t.Errorf("with %d subscribers a relist interval was %v, more than 3 periods", idleSubscribers, m)
 	}
 }
 
