@@ -41,12 +41,17 @@ func (p *pool) start(req callReq) {
 	p.mu.Lock()
 	p.out[req.ID] = tr
 	p.mu.Unlock()
-	p.m.InspectionsInFlight.Inc()
+	perPod := req.Kind != callList
+	if perPod {
+		p.m.InspectionsInFlight.Inc()
+	}
 	p.wg.Add(1)
 	go func() {
 		defer p.wg.Done()
 		res := p.do(cruntime.WithCallTracer(p.ctx, tr), req)
-		p.m.InspectionsInFlight.Dec()
+		if perPod {
+			p.m.InspectionsInFlight.Dec()
+		}
 		p.mu.Lock()
 		delete(p.out, req.ID)
 		p.mu.Unlock()

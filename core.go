@@ -115,9 +115,10 @@ type record struct {
 	// hint is the pod's pending hint, if any: queued, or waiting for the
 	// call out to return.
 	hint pendingHint
-	// lastPodRelist is when the pod's last single-pod relist started (the
-	// budget's per-pod spacing).
-	lastPodRelist time.Time
+	// idleRelist is when the pod's last single-pod relist found nothing
+	// to inspect (zero: it found something, or there was none): the
+	// budget's per-pod spacing runs from then.
+	idleRelist time.Time
 	// identity: the identities fetched of the pod's containers, by ID (nil
 	// value: asked for, none given); idQueued: waiting for an identity
 	// call.

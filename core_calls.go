@@ -131,6 +131,17 @@ func (c *core) endCall(id callID) *call {
 	return k
 }
 
+// callReturned forgets call id, which returned, and returns it with its
+// pod's record; nil when there is nothing to step: the call is unknown or
+// was abandoned, or its pod is forgotten.
+func (c *core) callReturned(id callID) (*call, *record) {
+	k := c.endCall(id)
+	if k == nil || c.records[k.uid] == nil {
+		return nil, nil
+	}
+	return k, c.records[k.uid]
+}
+
 // startStatus inspects r's current listing: it starts its status call, or,
 // when a delta inspection has nothing to fetch (only items gone since the
 // last status), applies the outcome at once.

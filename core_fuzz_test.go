@@ -20,7 +20,8 @@ import (
 //     active;
 //   - no event twice, none out of thin air: the events delivered for a pod
 //     are exactly the transitions between the listing subscribers were
-//     last told about and the one they lead to (PodSync when none);
+//     last told about and the one they lead to (PodSync when none), that
+//     one being the listing with what fresher statuses showed;
 //
 // and at the end, once the runtime stops changing and answers every call:
 //
@@ -161,7 +162,17 @@ func (fz *fuzzer) returnRandom(how byte) {
 	id := ids[int(fz.byte())%len(ids)]
 	req := fz.out[id]
 	delete(fz.out, id)
+	if how%3 == 1 && req.Kind == callStatus {
+		// The runtime moved on since the listing: the status shows the
+		// items as the runtime lists them now.
+		if p := fz.pods[req.UID]; p != nil {
+			for _, it := range append(slices.Clone(p.Sandboxes), p.Containers...) {
+				fz.moved[it.ID] = it.State
+			}
+		}
+	}
 	in := fz.answer(req, how%7 == 0)
+	clear(fz.moved)
 	if how%11 == 5 {
 		switch in := in.(type) {
 		case listed:

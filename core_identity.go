@@ -93,15 +93,11 @@ var errShortIdentities = errors.New("Identities returned a wrong number of ident
 
 // onIdentities steps the result of an identity call.
 func (c *core) onIdentities(in identitiesFetched) {
-	k := c.endCall(in.call)
+	k, r := c.callReturned(in.call)
 	if k == nil {
 		return
 	}
 	uid := k.uid
-	r := c.records[uid]
-	if r == nil {
-		return
-	}
 	asked := k.items
 	switch {
 	case in.err != nil || len(in.ids) != len(asked):

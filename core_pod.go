@@ -2,6 +2,7 @@ package pleg
 
 import (
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/podlifecycle/pleg/cruntime"
@@ -16,19 +17,16 @@ import (
 
 // onPodListed steps the result of a single-pod relist's list call.
 func (c *core) onPodListed(in podListed) {
-	k := c.endCall(in.call)
+	k, r := c.callReturned(in.call)
 	if k == nil {
 		return
 	}
 	uid := k.uid
-	r := c.records[uid]
 	err := in.err
 	if err == nil {
 		err = checkPod(in.pod)
 	}
 	switch {
-	case r == nil:
-		return
 	case err != nil:
 		c.note(note{kind: notePodRelistFailed, uid: uid, pod: k.pod, err: err})
 		c.inspectOwed(uid, r)
@@ -38,8 +36,10 @@ func (c *core) onPodListed(in podListed) {
 		c.inspectOwed(uid, r)
 	default:
 		r.current, r.currentAt = in.pod, k.started
+		r.idleRelist = time.Time{}
 		switch {
 		case !r.needsInspection():
+			r.idleRelist = c.stepNow
 			c.out.Cache = append(c.out.Cache, cacheOp{kind: cacheObserved, uid: uid, at: k.started})
 			c.note(note{kind: notePodRelistDone, d: c.stepNow.Sub(k.started)})
 			r.hint.clearLatency()
@@ -84,15 +84,11 @@ func (c *core) afterCall(uid types.UID) {
 
 // onStatus steps the result of a status call.
 func (c *core) onStatus(in statusFetched) {
-	k := c.endCall(in.call)
+	k, r := c.callReturned(in.call)
 	if k == nil {
 		return
 	}
 	uid := k.uid
-	r := c.records[uid]
-	if r == nil {
-		return
-	}
 	status, err := c.assemble(k, k.plan, in)
 	switch {
 	case r.current == nil:
@@ -172,13 +168,23 @@ func (c *core) apply(uid types.UID, r *record, forRelist bool, reqSeq uint64, st
 		}
 		return false
 	}
+	reinspected := r.flagged || r.requested != 0
 	r.flagged = false
 	if r.requested == reqSeq {
 		r.requested = 0
 	}
+	if r.current != nil {
+		r.current = advance(r.current, status)
+	}
 	events := Diff(uid, r.old, r.current)
 	pod := r.pod()
 	if len(events) == 0 {
+		if !reinspected {
+			// The status showed the change the listing did undone by
+			// now (advance): nothing to tell.
+			r.old = r.current
+			return true
+		}
 		events = []Event{{PodUID: uid, Type: PodSync}}
 	}
 	r.old = r.current
@@ -209,6 +215,57 @@ func (c *core) apply(uid types.UID, r *record, forRelist bool, reqSeq uint64, st
 		c.note(note{kind: noteHintLatency, d: c.stepNow.Sub(first)})
 	}
 	return true
+}
+
+// advance returns the listing p with each item in the state its fresh
+// status shows, where that state is further along the item's lifecycle
+// (a container: created, running, exited; a sandbox: ready, not ready):
+// the status was fetched after the listing, and the item moved on in
+// between. The kubelet's next relist would see that state; pleg reports
+// it now, so that a container that starts and dies between two listings
+// is not reported only dead. p is returned when nothing moved on (listed
+// pods are never modified).
+func advance(p *cruntime.Pod, status *cruntime.PodStatus) *cruntime.Pod {
+	if status == nil {
+		return p
+	}
+	later := func(listed, seen cruntime.State) bool {
+		rank := map[cruntime.State]int{cruntime.StateCreated: 1, cruntime.StateRunning: 2, cruntime.StateExited: 3}
+		return rank[listed] > 0 && rank[seen] > rank[listed]
+	}
+	var out *cruntime.Pod
+	move := func(items []*cruntime.Container, i int, state cruntime.State, sandbox bool) {
+		if out == nil {
+			cp := *p
+			cp.Sandboxes, cp.Containers = slices.Clone(p.Sandboxes), slices.Clone(p.Containers)
+			out = &cp
+		}
+		it := *items[i]
+		it.State = state
+		if sandbox {
+			out.Sandboxes[i] = &it
+		} else {
+			out.Containers[i] = &it
+		}
+	}
+	for i, c := range p.Containers {
+		for _, st := range status.ContainerStatuses {
+			if st.ID == c.ID && later(c.State, st.State) {
+				move(p.Containers, i, st.State, false)
+			}
+		}
+	}
+	for i, sb := range p.Sandboxes {
+		for _, st := range status.SandboxStatuses {
+			if st.ID == sb.ID && sb.State == cruntime.StateRunning && st.State == cruntime.StateExited {
+				move(p.Sandboxes, i, st.State, true)
+			}
+		}
+	}
+	if out == nil {
+		return p
+	}
+	return out
 }
 
 // placeholderStatus is the status cached for a pod whose inspection

@@ -92,8 +92,9 @@ type Options struct {
 	// and 10.
 	PodRelistRate  float64
 	PodRelistBurst int
-	// PodRelistSpacing is the least time between two single-pod relists of
-	// one pod. Negative: none. Default 100ms.
+	// PodRelistSpacing: after a single-pod relist of a pod that found
+	// nothing, the least time before another. Negative: none. Default
+	// 100ms.
 	PodRelistSpacing time.Duration
 	// EarlyRelistGap: when hints wait for the budget, the next global relist
 	// starts this long after the end of the last instead of a period after

@@ -73,6 +73,9 @@ var update = flag.Bool("update", false, "rewrite the expected output of testdata
 //	cache               output: every cache entry.
 //	get UID             output: Get(UID) for one pod, present or not.
 //	ips UID [ip...]     the IPs the runtime reports for UID from now on.
+//	moves ID=STATE...   the runtime's statuses show these items in these
+//	                    states from now on, whatever their listing says
+//	                    (they moved on between the list and status calls).
 //
 // Step-by-step commands output what the core did: "call N: KIND UID
 // [items]" for each call it made, "cache: ..." for each cache operation,
@@ -103,7 +106,8 @@ type harness struct {
 	ips   map[types.UID][]string
 	exit  map[string]int32 // container ID -> exit code in statuses
 	out   map[callID]callReq
-	hung  map[types.UID]callID // calls the runtime holds
+	hung  map[types.UID]callID      // calls the runtime holds
+	moved map[string]cruntime.State // items whose status shows another state than their listing
 }
 
 type block struct {
@@ -165,7 +169,7 @@ func newHarness(t *testing.T) *harness {
 		budget: hintBudget{queue: 4096}}
 	return &harness{t: t, c: newCore(cfg), cache: podcache.New(), now: time.Unix(1_700_000_000, 0),
 		pods: map[types.UID]*cruntime.Pod{}, ips: map[types.UID][]string{}, exit: map[string]int32{},
-		out: map[callID]callReq{}, hung: map[types.UID]callID{}}
+		out: map[callID]callReq{}, hung: map[types.UID]callID{}, moved: map[string]cruntime.State{}}
 }
 
 func runScript(t *testing.T, file string) {
@@ -282,13 +286,19 @@ func (h *harness) answer(req callReq, fail bool) input {
 	if !req.Delta {
 		sbs, cts = req.Pod.Sandboxes, req.Pod.Containers
 	}
+	state := func(c *cruntime.Container) cruntime.State {
+		if st, ok := h.moved[c.ID]; ok {
+			return st
+		}
+		return c.State
+	}
 	var sbOut []*cruntime.SandboxStatus
 	for _, sb := range sbs {
-		sbOut = append(sbOut, &cruntime.SandboxStatus{ID: sb.ID, State: sb.State, IPs: slices.Clone(h.ips[req.UID])})
+		sbOut = append(sbOut, &cruntime.SandboxStatus{ID: sb.ID, State: state(sb), IPs: slices.Clone(h.ips[req.UID])})
 	}
 	var ctOut []*cruntime.ContainerStatus
 	for _, c := range cts {
-		ctOut = append(ctOut, &cruntime.ContainerStatus{ID: c.ID, Name: c.Name, State: c.State, ExitCode: h.exit[c.ID]})
+		ctOut = append(ctOut, &cruntime.ContainerStatus{ID: c.ID, Name: c.Name, State: state(c), ExitCode: h.exit[c.ID]})
 	}
 	if req.Delta {
 		return statusFetched{call: req.ID, sandboxes: sbOut, containers: ctOut}
@@ -733,6 +743,19 @@ func (h *harness) exec(b block) []string {
 		return out
 	case "ips":
 		h.ips[types.UID(fields[1])] = fields[2:]
+		return nil
+	case "moves":
+		// The runtime's statuses show these items in these states from
+		// now on, whatever their listing says (they moved on since).
+		for _, a := range fields[1:] {
+			id, st, _ := strings.Cut(a, "=")
+			st, code, hasCode := strings.Cut(st, ":")
+			if hasCode {
+				n, _ := strconv.Atoi(code)
+				h.exit[id] = int32(n)
+			}
+			h.moved[id] = parseState(st)
+		}
 		return nil
 	case "cache":
 		var out []string

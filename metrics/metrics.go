@@ -166,7 +166,7 @@ func New(reg prometheus.Registerer) *Metrics {
 		}),
 		InspectionsInFlight: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "pleg_pod_inspections_in_flight",
-			Help: "Pod status fetches now outstanding, including abandoned ones that have not returned yet.",
+			Help: "Runtime calls for one pod now outstanding (status fetches, single-pod list calls, identity calls), including abandoned ones that have not returned yet.",
 		}),
 		SubscriberResyncs: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "pleg_subscriber_resyncs_total",

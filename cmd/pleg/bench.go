@@ -32,6 +32,8 @@ type benchOptions struct {
 	parallel  int
 	seed      uint64
 	cpuProf   string
+	// compareStreaming: --compare-list-streaming
+	compareStreaming bool
 }
 
 func newBenchCmd() *cobra.Command {
@@ -73,7 +75,7 @@ They have no kubelet baseline: the kubelet makes no single-pod relists from
 runtime events.
 
 With --kubelet PATH, every scenario driven by hand also runs with the
-kubelet v1.36.3's own relist: PATH is the kubelet-relist program of the
+kubelet v1.37.2's own relist: PATH is the kubelet-relist program of the
 repository's test/kubelet module (build it with 'test/kubelet/build.sh DIR';
 it runs the kubelet's GenericPLEG over its kuberuntime manager and CRI
 client), against an identical simulated node with the same changes, and
@@ -103,6 +105,7 @@ A full run takes about ninety seconds with --kubelet; --quick about twenty.`,
 	intVar(f, &o.parallel, "max-parallel-inspections", 0, 1, maxParallelInspections, "pleg's inspection bound (0: the library default)",
 		special[int]{0, "the library default"})
 	uint64Var(f, &o.seed, "seed", 1, "seed of the simulated node")
+	f.BoolVar(&o.compareStreaming, "compare-list-streaming", false, "run pleg twice per scenario, listing through the streaming RPCs and with the unary calls, and compare them (CPU, allocations, peak RSS)")
 	f.StringVar(&o.cpuProf, "cpuprofile", "", "write a CPU profile of this process to this file (with --in-process: pleg's generator and the simulated runtime)")
 	return cmd
 }
@@ -142,6 +145,7 @@ func runBench(cmd *cobra.Command, o *benchOptions) error {
 		InProcess:              o.inProcess,
 		Seed:                   o.seed,
 		Progress:               cmd.ErrOrStderr(),
+		CompareListStreaming:   o.compareStreaming,
 	})
 	if err != nil {
 		return fmt.Errorf("bench: %w", err)

@@ -53,7 +53,7 @@ func TestBenchTextInProcess(t *testing.T) {
 			t.Errorf("output lacks %q:\n%s", want, out)
 		}
 	}
-	if strings.Contains(out, "kubelet v1.36.3  ") {
+	if strings.Contains(out, "kubelet v1.37.2  ") {
 		t.Errorf("a kubelet column without --kubelet:\n%s", out)
 	}
 }

@@ -66,6 +66,7 @@ func newDaemon(rf *runtimeFlags, o daemonOptions) (*daemon, error) {
 		cri.WithTimeout(rf.requestTimeout),
 		cri.WithMetrics(d.metrics),
 		cri.WithLogger(d.log.WithName("cri")),
+		cri.WithListStreaming(rf.listStreamingMode()),
 	)
 	if err != nil {
 		return nil, usageErrorf("invalid --container-runtime-endpoint %q: %v", rf.endpoint, endpointReason(err))

@@ -79,6 +79,7 @@ type runtimeFlags struct {
 	podInspectionTimeout time.Duration
 	fullInspection       bool
 	events               string
+	listStreaming        string
 	podRelistRate        float64
 	podRelistBurst       int
 	podRelistSpacing     time.Duration
@@ -112,10 +113,21 @@ func (f *runtimeFlags) addFlags(fs *pflag.FlagSet) {
 	intVar(fs, &f.podRelistBurst, "pod-relist-burst", pleg.DefaultPodRelistBurst, 1, 10000,
 		"single-pod relists hints may make at once")
 	durationVar(fs, &f.podRelistSpacing, "pod-relist-spacing", pleg.DefaultPodRelistSpacing, time.Millisecond, time.Minute,
-		"least time between two single-pod relists of one pod (0: none)", special[time.Duration]{0, "none"})
+		"after a single-pod relist of a pod that found nothing, the least time before another (0: none)", special[time.Duration]{0, "none"})
 	durationVar(fs, &f.earlyRelistGap, "early-relist-gap", pleg.DefaultEarlyRelistGap, time.Millisecond, time.Hour,
 		"when hints wait for the budget, start the next global relist this long after the last one ended instead of a period after (0: never early)",
 		special[time.Duration]{0, "never early"})
+	fs.Var(newEnumValue(&f.listStreaming, "auto", "auto", "on", "off"), "list-streaming",
+		"list through the runtime's streaming list RPCs (KEP-5825), in batches, so no 16 MiB message limit bounds the node: auto (when the runtime has them), on, off")
+}
+
+// listStreamingMode is --list-streaming as the CRI client's option.
+func (f *runtimeFlags) listStreamingMode() cri.ListStreaming {
+	m, err := cri.ParseListStreaming(f.listStreaming)
+	if err != nil { // the flag accepts the three words only
+		return cri.ListStreamingAuto
+	}
+	return m
 }
 
 // validate checks the values pflag cannot; its errors are usage errors.

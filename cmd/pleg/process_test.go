@@ -339,6 +339,7 @@ func TestBadFlags(t *testing.T) {
 		{[]string{"simulate", "--listen", "/tmp/x.sock", "--pods", "1000000000000"}, `pleg: invalid argument "1000000000000" for "--pods" flag: must be from 0 to 100000`},
 		{[]string{"watch", "--output", "yaml"}, `pleg: invalid argument "yaml" for "-o, --output" flag: must be one of text, json`},
 		{[]string{"run", "--events", "maybe"}, `pleg: invalid argument "maybe" for "--events" flag: must be one of auto, on, off`},
+		{[]string{"run", "--list-streaming", "sometimes"}, `pleg: invalid argument "sometimes" for "--list-streaming" flag: must be one of auto, on, off`},
 		{[]string{"watch", "--relist-period", "soon"}, `pleg: invalid argument "soon" for "--relist-period" flag: not a duration (e.g. 500ms, 2m): must be from 10ms to 10m`},
 		{[]string{"watch", "-r", "tcp://127.0.0.1:1234"}, `pleg: invalid --container-runtime-endpoint "tcp://127.0.0.1:1234": unsupported scheme "tcp", only unix sockets are supported; want unix:///absolute/path/to/socket`},
 		{[]string{"run", "--runtime-endpoint", "run/x.sock"}, `pleg: invalid --container-runtime-endpoint "run/x.sock": socket path "run/x.sock" is not absolute; want unix:///absolute/path/to/socket`},

@@ -35,6 +35,7 @@ type simulateOptions struct {
 	hangAfter        time.Duration
 	errorRate        float64
 	events           bool
+	listStreaming    bool
 	eventDropRate    float64
 	eventStorm       int
 	keepEvents       time.Duration
@@ -90,6 +91,7 @@ func (o *simulateOptions) addFlags(f *pflag.FlagSet) {
 	durationVar(f, &o.hangAfter, "hang-after", 0, 0, 24*time.Hour, "apply --hang-pods, --hang-pod-lists and --events-for-hung-pods this long after starting, to the first pods then (0: from the start)")
 	floatVar(f, &o.errorRate, "error-rate", 0, 0, 1, "fraction of calls failing with Unavailable or Internal, in [0,1]")
 	f.BoolVar(&o.events, "events", true, "serve GetContainerEvents (false: Unimplemented)")
+	f.BoolVar(&o.listStreaming, "list-streaming", true, "serve the streaming list RPCs StreamPodSandboxes and StreamContainers, 5,000 items a message as containerd 2.4 (false: Unimplemented, as containerd 2.3 and earlier)")
 	floatVar(f, &o.eventDropRate, "event-drop-rate", 0, 0, 1, "fraction of container events not sent, in [0,1]")
 	intVar(f, &o.eventStorm, "event-storm", 0, 0, 100000, "stream this many container events per second, spread over every pod in turn, the pods unchanged (0: none)")
 	durationVar(f, &o.keepEvents, "keep-events", 0, 0, 24*time.Hour, "keep the events emitted while nobody subscribes for this long and send them to the next subscriber first, as containerd 2.x does for 5m (0: none)")
@@ -137,21 +139,22 @@ func (o *simulateOptions) config() (sim.Config, error) {
 		return sim.Config{}, usageErrorf("--events-for-hung-pods, --event-storm, --keep-events and --replay-events need --events")
 	}
 	return sim.Config{
-		Seed:             o.seed,
-		Pods:             o.pods,
-		ContainersPerPod: o.containersPerPod,
-		ChurnPerStep:     o.churn,
-		Latency:          sim.Latency{Base: o.latency, Jitter: o.latencyJitter, PerItem: o.latencyPerItem},
-		HangPods:         o.hangPods,
-		HangLists:        o.hangPodLists,
-		HungPodEvents:    o.hungPodEvents,
-		ErrorRate:        o.errorRate,
-		DisableEvents:    !o.events,
-		EventDropRate:    o.eventDropRate,
-		EventStorm:       o.eventStorm,
-		KeepEvents:       o.keepEvents,
-		ReplayEvents:     o.replayEvents,
-		ReplayAge:        o.replayEventAge,
+		Seed:                 o.seed,
+		Pods:                 o.pods,
+		ContainersPerPod:     o.containersPerPod,
+		ChurnPerStep:         o.churn,
+		Latency:              sim.Latency{Base: o.latency, Jitter: o.latencyJitter, PerItem: o.latencyPerItem},
+		HangPods:             o.hangPods,
+		HangLists:            o.hangPodLists,
+		HungPodEvents:        o.hungPodEvents,
+		ErrorRate:            o.errorRate,
+		DisableEvents:        !o.events,
+		DisableListStreaming: !o.listStreaming,
+		EventDropRate:        o.eventDropRate,
+		EventStorm:           o.eventStorm,
+		KeepEvents:           o.keepEvents,
+		ReplayEvents:         o.replayEvents,
+		ReplayAge:            o.replayEventAge,
 	}, nil
 }
 

@@ -510,6 +510,20 @@ func mapValue(m protoreflect.Message, path, key string) string {
 	return v.String()
 }
 
+// mapOf returns the map field at path of m (nil when it has no entry).
+func mapOf(m protoreflect.Message, path string) map[string]string {
+	mp := get(m, path).Map()
+	if mp.Len() == 0 {
+		return nil
+	}
+	out := make(map[string]string, mp.Len())
+	mp.Range(func(k protoreflect.MapKey, v protoreflect.Value) bool {
+		out[k.String()] = v.String()
+		return true
+	})
+	return out
+}
+
 // sameString says whether a and b are one string in memory.
 func sameString(a, b string) bool {
 	return len(a) == len(b) && (len(a) == 0 || unsafe.StringData(a) == unsafe.StringData(b))
@@ -529,18 +543,20 @@ func FuzzContainerStatus(f *testing.F) {
 		m := s.ProtoReflect()
 		str := func(path string) string { return get(m, path).String() }
 		want := &cruntime.ContainerStatus{
-			ID:         firstOf(str("id"), id),
-			Name:       firstOf(str("metadata.name"), mapValue(m, "labels", cruntime.LabelContainerName), name),
-			Attempt:    uint32(get(m, "metadata.attempt").Uint()),
-			State:      containerState(runtimeapi.ContainerState(get(m, "state").Enum())),
-			Image:      str("image.image"),
-			ImageRef:   str("image_ref"),
-			CreatedAt:  nsTimeRef(get(m, "created_at").Int()),
-			StartedAt:  nsTimeRef(get(m, "started_at").Int()),
-			FinishedAt: nsTimeRef(get(m, "finished_at").Int()),
-			ExitCode:   int32(get(m, "exit_code").Int()),
-			Reason:     str("reason"),
-			Message:    str("message"),
+			ID:          firstOf(str("id"), id),
+			Name:        firstOf(str("metadata.name"), mapValue(m, "labels", cruntime.LabelContainerName), name),
+			Attempt:     uint32(get(m, "metadata.attempt").Uint()),
+			State:       containerState(runtimeapi.ContainerState(get(m, "state").Enum())),
+			Image:       str("image.image"),
+			ImageRef:    str("image_ref"),
+			CreatedAt:   nsTimeRef(get(m, "created_at").Int()),
+			StartedAt:   nsTimeRef(get(m, "started_at").Int()),
+			FinishedAt:  nsTimeRef(get(m, "finished_at").Int()),
+			ExitCode:    int32(get(m, "exit_code").Int()),
+			Reason:      str("reason"),
+			Message:     str("message"),
+			Labels:      mapOf(m, "labels"),
+			Annotations: mapOf(m, "annotations"),
 		}
 		if !reflect.DeepEqual(got, want) {
 			t.Fatalf("pleg keeps\n%+v\nthe status says\n%+v", got, want)
@@ -582,6 +598,8 @@ func FuzzPodSandboxStatus(f *testing.F) {
 			Attempt:     uint32(get(m, "metadata.attempt").Uint()),
 			IPs:         ips,
 			HostNetwork: runtimeapi.NamespaceMode(mode).String() == "NODE",
+			Labels:      mapOf(m, "labels"),
+			Annotations: mapOf(m, "annotations"),
 		}
 		if !reflect.DeepEqual(got, want) {
 			t.Fatalf("pleg keeps\n%+v\nthe status says\n%+v", got, want)

@@ -6,7 +6,6 @@ import (
 	"slices"
 	"strings"
 
-	"google.golang.org/grpc"
 	"k8s.io/apimachinery/pkg/types"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
@@ -41,15 +40,11 @@ func (c *Client) ListPods(ctx context.Context) ([]*cruntime.Pod, error) {
 // listPods lists with the memo m (held), or without one when m is nil.
 func (c *Client) listPods(ctx context.Context, m *memo) ([]*cruntime.Pod, error) {
 	l := startListing(m)
-	err := c.call(ctx, metrics.OpListPodSandbox, "ListPodSandbox", "", func(ctx context.Context) error {
-		return c.conn.Invoke(ctx, runtimeapi.RuntimeService_ListPodSandbox_FullMethodName,
-			&runtimeapi.ListPodSandboxRequest{}, &l.sandboxes, grpc.ForceCodecV2(leanCodec{}))
-	})
+	// Streamed or unary (liststream.go): the same items into the same
+	// replies.
+	err := c.list(ctx, listSandboxesCall, &l.sandboxes)
 	if err == nil {
-		err = c.call(ctx, metrics.OpListContainers, "ListContainers", "", func(ctx context.Context) error {
-			return c.conn.Invoke(ctx, runtimeapi.RuntimeService_ListContainers_FullMethodName,
-				&runtimeapi.ListContainersRequest{}, &l.containers, grpc.ForceCodecV2(leanCodec{}))
-		})
+		err = c.list(ctx, listContainersCall, &l.containers)
 	}
 	if err != nil {
 		// The items decoded so far stay in the memo until the next

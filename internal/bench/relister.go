@@ -71,6 +71,9 @@ type plegConfig struct {
 	Parallel          int           `json:"maxParallelInspections"`
 	InspectionTimeout time.Duration `json:"podInspectionTimeout"` // negative: disabled
 	RelistThreshold   time.Duration `json:"relistThreshold"`      // positive: watch health
+	// ListStreaming is the CRI client's list streaming mode: auto, on or
+	// off ("": auto).
+	ListStreaming string `json:"listStreaming,omitempty"`
 }
 
 // plegRelister is pleg's generator in this process.
@@ -87,8 +90,14 @@ type plegRelister struct {
 func newPLEGRelister(c plegConfig) (_ *plegRelister, err error) {
 	reg := prometheus.NewRegistry()
 	m := metrics.New(reg)
+	streaming := cri.ListStreamingAuto
+	if c.ListStreaming != "" {
+		if streaming, err = cri.ParseListStreaming(c.ListStreaming); err != nil {
+			return nil, err
+		}
+	}
 	client, err := cri.Dial(c.Endpoint, cri.WithTimeout(c.RequestTimeout), cri.WithMetrics(m),
-		cri.WithLogger(logr.Discard()))
+		cri.WithLogger(logr.Discard()), cri.WithListStreaming(streaming))
 	if err != nil {
 		return nil, err
 	}

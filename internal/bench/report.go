@@ -35,9 +35,13 @@ type ScenarioResult struct {
 	Scenario    Scenario   `json:"scenario"`
 	Description string     `json:"description"`
 	PLEG        *RunResult `json:"pleg,omitempty"`
-	// Kubelet is the kubelet v1.36.3's own relist, measured in the same
+	// Kubelet is the kubelet v1.37.2's own relist, measured in the same
 	// run (Options.Kubelet).
 	Kubelet *RunResult `json:"kubelet,omitempty"`
+	// PLEGUnary is pleg listing with the unary calls, when the run
+	// compares list streaming (Options.CompareListStreaming; PLEG then
+	// streams).
+	PLEGUnary *RunResult `json:"plegUnary,omitempty"`
 	// Live holds the figures of a live scenario (instead of PLEG and
 	// Kubelet).
 	Live    *LiveResult `json:"live,omitempty"`
@@ -270,7 +274,7 @@ func newReport(o Options) *Report {
 	if driven {
 		r.Notes = append(r.Notes,
 			fmt.Sprintf("Relists are driven by hand (Generator.Relist) after %d warm-up relists without latency (more while one still inspects a pod); between two relists exactly N pods change (one container restarted with a new ID, its old attempt removed: 3 events; the kubelet's GetPodStatus then makes 1+C status calls for the pod, pleg's delta inspection fetches the changed items only).", warmupRelists),
-			"pleg: the library (bounded parallel inspection, pod inspection timeout). kubelet: the kubelet v1.36.3's own GenericPLEG.Relist over its kuberuntime manager and CRI client (the kubelet-relist program, --kubelet), same run, identical simulated node, same changes.",
+			"pleg: the library (bounded parallel inspection, pod inspection timeout). kubelet: the kubelet v1.37.2's own GenericPLEG.Relist over its kuberuntime manager and CRI client (the kubelet-relist program, --kubelet), same run, identical simulated node, same changes.",
 			"ratio = pleg / kubelet. Percentiles are nearest-rank over the measured relists.")
 	}
 	if live {
@@ -345,7 +349,7 @@ func writeScenario(w io.Writer, s ScenarioResult) {
 
 	t := &table{}
 	if b != nil {
-		t.add("metric", "pleg", "kubelet v1.36.3", "ratio")
+		t.add("metric", "pleg", "kubelet v1.37.2", "ratio")
 	} else {
 		t.add("metric", "pleg")
 	}
@@ -447,6 +451,9 @@ func writeScenario(w io.Writer, s ScenarioResult) {
 		}
 	}
 	t.write(w, "   ")
+	if u := s.PLEGUnary; u != nil {
+		writeStreamVsUnary(w, p, u)
+	}
 
 	if s.Scenario.Changed > 0 {
 		check := func(r *RunResult) string {
@@ -461,7 +468,7 @@ func writeScenario(w io.Writer, s ScenarioResult) {
 		}
 		fmt.Fprintf(w, "   check: %s\n", c)
 	}
-	for _, r := range []*RunResult{p, b} {
+	for _, r := range []*RunResult{p, b, s.PLEGUnary} {
 		if r != nil && r.RelistErrors > 0 {
 			fmt.Fprintf(w, "   WARNING: %s: %d relists failed to list\n", r.Algorithm, r.RelistErrors)
 		}
@@ -660,4 +667,27 @@ func (t *table) write(w io.Writer, indent string) {
 		}
 		fmt.Fprintln(w, b.String())
 	}
+}
+
+// writeStreamVsUnary writes pleg's figures with streamed lists (s) beside
+// those with unary lists (u), same scenario, same run.
+func writeStreamVsUnary(w io.Writer, s, u *RunResult) {
+	fmt.Fprintf(w, "   pleg's lists streamed (StreamPodSandboxes, StreamContainers) vs unary (ListPodSandbox, ListContainers); measured relists %d and %d:\n", s.Relists, u.Relists)
+	t := &table{}
+	t.add("metric", "streamed", "unary", "ratio")
+	row := func(name string, sv, uv float64, f func(float64) string) {
+		r := "-"
+		if uv > 0 && sv >= 0 {
+			r = fmt.Sprintf("%.2f", sv/uv)
+		}
+		t.add(name, f(sv), f(uv), r)
+	}
+	row("relist p50", s.RelistP50Ms, u.RelistP50Ms, fmtMs)
+	row("  list round trip p50", s.ListP50Ms, u.ListP50Ms, fmtMs)
+	row("CPU / relist", s.CPUPerRelistMs, u.CPUPerRelistMs, fmtMs)
+	row("allocations / relist", s.AllocsPerRelist, u.AllocsPerRelist, fmtCount)
+	row("bytes allocated / relist", s.AllocBytesPerRelist, u.AllocBytesPerRelist, fmtBytes)
+	row("peak RSS (VmHWM)", float64(s.PeakRSSBytes), float64(u.PeakRSSBytes), fmtRSS)
+	row("events / relist", s.EventsPerRelist, u.EventsPerRelist, fmtCount)
+	t.write(w, "   ")
 }

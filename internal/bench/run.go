@@ -24,7 +24,7 @@ type Options struct {
 	// Scenarios to run; Scenarios() when empty.
 	Scenarios []Scenario
 	// Kubelet, when set, is the path of the kubelet-relist program
-	// (test/kubelet/cmd/kubelet-relist: the kubelet v1.36.3's own
+	// (test/kubelet/cmd/kubelet-relist: the kubelet v1.37.2's own
 	// GenericPLEG, runtime manager and CRI client): every scenario driven
 	// by hand then also runs with it, against an identical simulated node,
 	// as the baseline.
@@ -51,6 +51,13 @@ type Options struct {
 	ChildCommand func() (*exec.Cmd, error)
 	// Seed seeds the simulated runtime (0: 1).
 	Seed uint64
+	// CompareListStreaming runs pleg's column twice in every scenario
+	// driven by hand: listing through the streaming RPCs (the pleg column)
+	// and with the unary calls (ScenarioResult.PLEGUnary), each in a
+	// process of its own, against identical simulated nodes. Otherwise
+	// pleg's client is in its default mode (auto: it streams, the
+	// simulator has the RPCs).
+	CompareListStreaming bool
 	// Progress, if not nil, receives one line per run as it starts.
 	Progress io.Writer
 }
@@ -80,6 +87,12 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 			continue
 		}
 		cols := []column{plegColumn(sc, o.MaxParallelInspections)}
+		if o.CompareListStreaming {
+			cols[0].listStreaming = "on"
+			unary := cols[0]
+			unary.listStreaming = "off"
+			cols = append(cols, unary)
+		}
 		if o.Kubelet != "" {
 			cols = append(cols, column{kubelet: true, inspectionTimeout: -1})
 		}
@@ -92,9 +105,12 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 			if err != nil {
 				return nil, fmt.Errorf("scenario %s (%s): %w", sc.Name, col.name(), err)
 			}
-			if col.kubelet {
+			switch {
+			case col.kubelet:
 				res.Kubelet = run
-			} else {
+			case col.listStreaming == "off":
+				res.PLEGUnary = run
+			default:
 				res.PLEG = run
 			}
 		}
@@ -112,6 +128,7 @@ type column struct {
 	kubelet           bool
 	parallel          int           // pleg's MaxParallelInspections as set
 	inspectionTimeout time.Duration // pleg's, as set; negative: none
+	listStreaming     string        // pleg's CRI client's mode ("": auto)
 }
 
 func plegColumn(sc Scenario, parallel int) column {
@@ -126,8 +143,13 @@ func plegColumn(sc Scenario, parallel int) column {
 }
 
 func (c column) name() string {
-	if c.kubelet {
+	switch {
+	case c.kubelet:
 		return "kubelet"
+	case c.listStreaming == "on":
+		return "pleg (streamed lists)"
+	case c.listStreaming == "off":
+		return "pleg (unary lists)"
 	}
 	return "pleg"
 }
@@ -187,6 +209,7 @@ func startRelisterFor(ctx context.Context, o Options, sc Scenario, col column, e
 	cfg := plegConfig{
 		Endpoint: endpoint, RequestTimeout: sc.RequestTimeout, Parallel: col.parallel,
 		InspectionTimeout: col.inspectionTimeout, RelistThreshold: sc.RelistThreshold,
+		ListStreaming: col.listStreaming,
 	}
 	if o.InProcess {
 		return newPLEGRelister(cfg)
