@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/podlifecycle/pleg/cruntime"
+	"github.com/podlifecycle/pleg/journal"
 	"github.com/podlifecycle/pleg/metrics"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"k8s.io/apimachinery/pkg/types"
@@ -366,7 +367,14 @@ func TestIdentitiesOnlyWhileWanted(t *testing.T) {
 		if n := rt.count("Identities"); n != 0 {
 			t.Fatalf("%d identity calls while nobody wants them", n)
 		}
-		g.SetIdentityWanted(true)
+		f, err := journal.NewFilter(journal.FilterSpec{Identity: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		w, err := g.Journal().Watch("", f) // a watcher that asks for identities
+		if err != nil {
+			t.Fatal(err)
+		}
 		synctest.Wait()
 		p, _ := g.Journal().Pod("a")
 		if id := p.Containers[0].Identity; id == nil || id.CgroupPath != "/pods/a/c1" || p.Containers[1].Identity != nil {
@@ -379,7 +387,7 @@ func TestIdentitiesOnlyWhileWanted(t *testing.T) {
 		}
 		drain(ch)
 		rt.setPods(pod("a", "c1=running", "c2=exited", "c3=running"))
-		g.SetIdentityWanted(false)
+		w.Close() // the last such watcher goes
 		time.Sleep(time.Second)
 		synctest.Wait()
 		if n := rt.count("Identities"); n != 1 {

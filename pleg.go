@@ -252,6 +252,7 @@ func New(opts Options) (*Generator, error) {
 	g.deliver = newHub(opts.ChannelCapacity, g.log, g.m)
 	jo := opts.Journal
 	jo.Clock = opts.Clock
+	jo.OnIdentityWanted = g.SetIdentityWanted
 	g.journal = journal.New(jo)
 	g.m.TrackRelistProgress(g.RelistRunningFor)
 	return g, nil
@@ -321,8 +322,9 @@ func (g *Generator) RequestRelist(uid types.UID) bool {
 // SetIdentityWanted says whether some consumer wants containers'
 // identities (init PID, cgroup path): while it does, the generator fetches
 // them once per running container (one verbose status call each) and
-// publishes them in the journal (PodUpdated). The lifecycle API server
-// calls it as watchers that ask for identities come and go.
+// publishes them in the journal (PodUpdated). The journal calls it as its
+// watchers that ask for identities (the lifecycle API's "identity" field)
+// come and go.
 func (g *Generator) SetIdentityWanted(wanted bool) { g.inbox.identityWanted(wanted) }
 
 // RequestReinspect makes the next relist of pod uid inspect it even if

@@ -55,6 +55,11 @@ type Options struct {
 	Clock clock.WithTicker
 	// Epoch names this journal in cursors; random when empty.
 	Epoch string
+	// OnIdentityWanted, when set, is called (without the journal's lock)
+	// when the first watcher that asked for identities opens (true) and
+	// when the last one closes (false): the generator fetches identities
+	// only in between.
+	OnIdentityWanted func(bool)
 }
 
 // Journal is the lifecycle stream of one generator. It is safe for
@@ -78,6 +83,10 @@ type Journal struct {
 	gone    []string              // removed's keys in removal order
 	changed chan struct{}         // closed and replaced on every Append
 	watches map[*Watcher]struct{}
+	// identities counts the open watchers that asked for identities;
+	// onIdentity is told when it leaves or reaches zero.
+	identities int
+	onIdentity func(bool)
 }
 
 // New returns an empty journal.
@@ -104,7 +113,7 @@ func New(o Options) *Journal {
 	}
 	return &Journal{size: o.Size, maxBytes: o.MaxBytes, maxAge: o.MaxAge, bookmark: o.BookmarkInterval, clock: o.Clock, epoch: o.Epoch,
 		ring: make([]*Entry, o.Size), pods: make(map[types.UID]*Pod), removed: make(map[string]*Tombstone),
-		changed: make(chan struct{}), watches: make(map[*Watcher]struct{})}
+		changed: make(chan struct{}), watches: make(map[*Watcher]struct{}), onIdentity: o.OnIdentityWanted}
 }
 
 // Epoch returns the journal's epoch: cursors of another epoch cannot be

@@ -349,3 +349,30 @@ func BenchmarkAppend1000IdleWatchers(b *testing.B) {
 		j.Append(podEntry(p, "ContainerStarted"))
 	}
 }
+
+// IdentityWanted is true exactly while a watcher that asked for
+// identities is open (closing twice counts once).
+func TestIdentityWanted(t *testing.T) {
+	j := New(Options{})
+	plain, _ := NewFilter(FilterSpec{})
+	withID, _ := NewFilter(FilterSpec{Identity: true})
+	a, _ := j.Watch("", plain)
+	if j.IdentityWanted() {
+		t.Fatal("wanted with no identity watcher")
+	}
+	b, _ := j.Watch("", withID)
+	c, _ := j.Watch(fmt.Sprintf("%s-0", j.Epoch()), withID)
+	if !j.IdentityWanted() {
+		t.Fatal("not wanted with two identity watchers")
+	}
+	b.Close()
+	b.Close()
+	if !j.IdentityWanted() {
+		t.Fatal("not wanted with one identity watcher left")
+	}
+	c.Close()
+	if j.IdentityWanted() {
+		t.Fatal("still wanted after every identity watcher closed")
+	}
+	a.Close()
+}

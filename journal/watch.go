@@ -98,7 +98,13 @@ func (j *Journal) Watch(cursor string, f *Filter) (*Watcher, error) {
 		}
 	}
 	j.mu.Lock()
-	defer j.mu.Unlock()
+	first := false
+	defer func() {
+		j.mu.Unlock()
+		if first && j.onIdentity != nil {
+			j.onIdentity(true)
+		}
+	}()
 	switch {
 	case cursor == "":
 		for _, p := range j.pods {
@@ -119,7 +125,20 @@ func (j *Journal) Watch(cursor string, f *Filter) (*Watcher, error) {
 		w.pos = c.Seq
 	}
 	j.watches[w] = struct{}{}
+	if f != nil && f.identity {
+		j.identities++
+		first = j.identities == 1
+	}
 	return w, nil
+}
+
+// IdentityWanted reports whether an open watcher asked for containers'
+// identities (FilterSpec.Identity): while none does, the generator need
+// not fetch them.
+func (j *Journal) IdentityWanted() bool {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return j.identities > 0
 }
 
 // Next returns the next message, waiting for one at most until ctx ends.
@@ -211,11 +230,20 @@ func (w *Watcher) Lag() uint64 {
 
 // Close ends the watcher; Next then returns ErrClosed.
 func (w *Watcher) Close() {
-	w.j.mu.Lock()
-	defer w.j.mu.Unlock()
-	delete(w.j.watches, w)
+	j := w.j
+	j.mu.Lock()
+	last := false
+	if _, open := j.watches[w]; open && w.filter != nil && w.filter.identity {
+		j.identities--
+		last = j.identities == 0
+	}
+	delete(j.watches, w)
 	w.done = true
 	w.snapshot = nil
+	j.mu.Unlock()
+	if last && j.onIdentity != nil {
+		j.onIdentity(false)
+	}
 }
 
 // Watchers returns how many watchers are open, and the largest lag among

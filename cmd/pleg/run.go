@@ -16,6 +16,7 @@ func init() { register(newRunCmd) }
 func newRunCmd() *cobra.Command {
 	rf := &runtimeFlags{}
 	lf := &listenFlags{}
+	cf := &lifecycleFlags{}
 	cmd := &cobra.Command{
 		Use:   "run",
 		Short: "Run the PLEG as a daemon with health, metrics and an HTTP API",
@@ -26,9 +27,18 @@ keeps the pod status cache fresh and serves on --listen-address:
   GET /readyz          the node Ready condition as JSON (200 True, 503 False)
   GET /metrics         Prometheus metrics with the kubelet's names
   GET /api/v1/pods     the pod status cache as JSON
-  GET /api/v1/events   lifecycle events as Server-Sent Events
+  GET /api/v1/events   the lifecycle stream as Server-Sent Events (docs/stream.md)
   GET /api/v1/relists  the recent relists (durations, pods inspected)
   GET /                a live dashboard
+
+and the lifecycle API (gRPC, api/lifecycle/v1/lifecycle.proto; docs/stream.md)
+on --lifecycle-socket (default /run/pleg/pleg.sock, mode 0660): every pod as
+a snapshot, then every event, resumable by cursor from a journal of
+--journal-size events; ListPods, GetPod, GetContainer; gRPC health. The
+socket's mode and group (--lifecycle-socket-mode, --lifecycle-socket-group)
+decide who may connect; every client's UID, GID and PID are logged and can
+be restricted (--lifecycle-allowed-uids, --lifecycle-allowed-gids).
+--lifecycle-tcp-address also serves it on loopback TCP.
 
 --listen-address should stay on loopback (the default): the pod API and the
 dashboard show pod names, IPs and errors without authentication.
@@ -46,18 +56,22 @@ forever; /healthz and /readyz say why meanwhile. With -v=2 every event is
 logged as the kubelet does ("SyncLoop (PLEG): event for pod").
 SIGINT or SIGTERM stops it gracefully with exit code 0.`,
 		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error { return runDaemon(cmd, rf, lf) },
+		RunE: func(cmd *cobra.Command, _ []string) error { return runDaemon(cmd, rf, lf, cf) },
 	}
 	rf.addFlags(cmd.Flags())
 	lf.addFlags(cmd.Flags())
+	cf.addFlags(cmd.Flags())
 	return cmd
 }
 
-func runDaemon(cmd *cobra.Command, rf *runtimeFlags, lf *listenFlags) error {
+func runDaemon(cmd *cobra.Command, rf *runtimeFlags, lf *listenFlags, cf *lifecycleFlags) error {
 	if err := rf.validate(); err != nil {
 		return err
 	}
 	if err := lf.validate(); err != nil {
+		return err
+	}
+	if err := cf.validate(); err != nil {
 		return err
 	}
 	sigCtx, stop := signalContext(cmd)
@@ -66,7 +80,7 @@ func runDaemon(cmd *cobra.Command, rf *runtimeFlags, lf *listenFlags) error {
 	ctx, cancel := context.WithCancel(sigCtx)
 	defer cancel()
 
-	d, err := newDaemon(rf, daemonOptions{withMetrics: true, withReadiness: true, nodeName: lf.nodeName})
+	d, err := newDaemon(rf, daemonOptions{withMetrics: true, withReadiness: true, nodeName: lf.nodeName, journal: cf.journalOptions()})
 	if err != nil {
 		return err
 	}
@@ -83,6 +97,15 @@ func runDaemon(cmd *cobra.Command, rf *runtimeFlags, lf *listenFlags) error {
 			return fmt.Errorf("cannot listen on --metrics-address %s: %w", lf.metricsAddress, err)
 		}
 	}
+	lapi, err := cf.listen(d)
+	if err != nil {
+		ln.Close()
+		if public != nil {
+			public.Close()
+		}
+		_ = d.client.Close()
+		return err
+	}
 	if !loopbackOnly(lf.address) {
 		d.log.Info("WARNING: --listen-address is not loopback: the pod API (/api/v1/) and the dashboard, which show pod names, IPs and errors, are served without authentication; keep it on 127.0.0.1 and use --metrics-address for Prometheus and probes (it answers only loopback Host headers unless --allowed-hosts names others)",
 			"listenAddress", lf.address)
@@ -97,6 +120,9 @@ func runDaemon(cmd *cobra.Command, rf *runtimeFlags, lf *listenFlags) error {
 
 	d.start(ctx)
 	d.spawn(func() { d.logRuntimeVersion(ctx, rf.dialTimeout()) })
+	if lapi != nil {
+		lapi.serve(ctx, d, cancel)
+	}
 
 	if public != nil {
 		d.log.Info("serving /healthz, /readyz and /metrics on http://"+public.Addr().String(), "metricsAddress", lf.metricsAddress)

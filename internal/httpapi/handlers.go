@@ -1,12 +1,9 @@
 package httpapi
 
 import (
-	"bytes"
 	"cmp"
-	"context"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"net/http"
 	"slices"
 	"time"
@@ -216,128 +213,6 @@ func PodsFromCache(entries []podcache.Entry) []Pod {
 	return out
 }
 
-// events streams lifecycle events as Server-Sent Events:
-//
-//	event: resync
-//	data: {"pods":[...]}            (pleg.PodState objects)
-//
-//	event: lifecycle
-//	data: {"time":...,"type":"ContainerStarted",...}   (pleg.Event JSON)
-//
-// The first message is a resync; another resync replaces everything the
-// client knew when it fell too far behind. An idle stream carries a
-// ": heartbeat" comment every heartbeat interval. The stream ends when the
-// client goes away, the generator stops or the server shuts down, and pleg
-// drops it when its connection takes none of the data waiting for it for
-// the stream write timeout, or when more than StreamMaxQueuedBytes wait.
-func (s *Server) events(w http.ResponseWriter, r *http.Request) {
-	select {
-	case s.streamSlots <- struct{}{}:
-		defer func() { <-s.streamSlots }()
-	default:
-		w.Header().Set("Retry-After", "10")
-		http.Error(w, fmt.Sprintf("too many event streams (at most %d at once)", s.cfg.MaxStreams), http.StatusServiceUnavailable)
-		return
-	}
-	rc := http.NewResponseController(w)
-	// The server's write timeout bounds a response; a stream lasts, and its
-	// outbox bounds it instead. (net/http lifts the read deadline itself
-	// once the request is read.)
-	_ = rc.SetWriteDeadline(time.Time{})
-
-	ctx, cancel := context.WithCancel(r.Context())
-	defer cancel()
-	stop := context.AfterFunc(s.streams, cancel)
-	defer stop()
-
-	sub := s.cfg.Generator.Subscribe()
-	defer sub.Close()
-
-	h := w.Header()
-	h.Set("Content-Type", "text/event-stream")
-	h.Set("Cache-Control", "no-cache")
-	h.Set("X-Accel-Buffering", "no")
-	w.WriteHeader(http.StatusOK)
-
-	ob := outbox.New(outbox.Config[[]byte]{
-		MaxBytes:     s.cfg.StreamMaxQueuedBytes,
-		StallTimeout: s.cfg.StreamWriteTimeout,
-		Size:         func(b []byte) int { return len(b) },
-		Send: func(b []byte, progress func()) error {
-			for first := true; first || len(b) > 0; first = false {
-				n := min(len(b), streamChunk)
-				if _, err := w.Write(b[:n]); err != nil {
-					return err
-				}
-				if err := rc.Flush(); err != nil {
-					return err
-				}
-				b = b[n:]
-				progress()
-			}
-			return nil
-		},
-		// A write deadline in the past fails the write in progress and
-		// every later one; the handler's context ends its loop.
-		Abort: func() {
-			cancel()
-			_ = rc.SetWriteDeadline(time.Unix(1, 0))
-		},
-	})
-	s.addOutbox(ob)
-	defer s.removeOutbox(ob)
-	defer ob.Close() // before the handler returns: its sender writes to w
-
-	err := ob.Put(nil) // the headers
-	for err == nil {
-		var msg []byte
-		nctx, ncancel := context.WithTimeout(ctx, s.cfg.Heartbeat)
-		u, nerr := sub.Next(nctx)
-		ncancel()
-		switch {
-		case nerr == nil && u.Resync:
-			pods := u.Pods
-			if pods == nil {
-				pods = []pleg.PodState{}
-			}
-			if msg = encodeSSE("resync", struct {
-				Pods []pleg.PodState `json:"pods"`
-			}{pods}); msg == nil {
-				s.cfg.Logger.Error(nil, "Encoding a resync failed")
-				return
-			}
-		case nerr == nil:
-			if msg = encodeSSE("lifecycle", u.Event); msg == nil {
-				s.cfg.Logger.Error(nil, "Encoding an event failed", "podUID", u.Event.PodUID)
-				return
-			}
-		case errors.Is(nerr, context.DeadlineExceeded) && ctx.Err() == nil:
-			msg = []byte(": heartbeat\n\n")
-		case errors.Is(nerr, pleg.ErrClosed):
-			// The generator stopped: end the stream cleanly, after what
-			// is queued.
-			if err = ob.Drain(); err == nil {
-				err = nerr
-			}
-		default: // client gone, dropped, or shutdown
-			if err = ob.Err(); err == nil {
-				err = nerr
-			}
-		}
-		if msg != nil {
-			err = ob.Put(msg)
-		}
-	}
-	var drop *outbox.DropError
-	if errors.As(err, &drop) {
-		s.metrics.streamDrops.WithLabelValues(string(drop.Reason)).Inc()
-		s.cfg.Logger.Info("Dropped an event stream client", "remote", r.RemoteAddr, "reason", string(drop.Reason),
-			"queuedBytes", drop.Queued, "err", drop.Error())
-	} else if err != nil {
-		s.cfg.Logger.V(2).Info("Event stream client gone", "remote", r.RemoteAddr, "err", err.Error())
-	}
-}
-
 // streamOutbox is the queue of one event stream.
 type streamOutbox = outbox.Outbox[[]byte]
 
@@ -362,23 +237,6 @@ func (s *Server) streamStats() (streams, queued int) {
 		queued += o.Queued()
 	}
 	return len(s.outboxes), queued
-}
-
-// encodeSSE returns one SSE message, nil if v cannot be encoded. JSON has
-// no raw newlines, so the data fits on one line.
-func encodeSSE(event string, v any) []byte {
-	b, err := json.Marshal(v)
-	if err != nil {
-		return nil
-	}
-	var buf bytes.Buffer
-	buf.Grow(len(event) + len(b) + 16)
-	buf.WriteString("event: ")
-	buf.WriteString(event)
-	buf.WriteString("\ndata: ")
-	buf.Write(b)
-	buf.WriteString("\n\n")
-	return buf.Bytes()
 }
 
 func (s *Server) writeJSON(w http.ResponseWriter, code int, v any) {

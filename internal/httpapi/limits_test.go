@@ -144,9 +144,7 @@ func TestConnectionCapRefusesWhenBusy(t *testing.T) {
 	defer cancel()
 	for range 2 { // event streams: in a request for as long as they last
 		_, sse := openStream(t, ctx, "http://"+addr)
-		if m := sse.nextEvent(); m.event != "resync" {
-			t.Fatalf("first message = %+v", m)
-		}
+		sse.snapshot()
 	}
 	c := dial(t, addr)
 	_ = c.SetReadDeadline(time.Now().Add(30 * time.Second))
@@ -333,10 +331,10 @@ func churn(t *testing.T, rt *fakeRuntime) {
 
 // A client that connects to the event stream and never reads, with events
 // flowing and the kernel's buffers left as they are on both sides: pleg
-// drops it within the stream write timeout (or sooner, when its queue's
-// bound is reached), holding a bounded number of bytes for it meanwhile
-// (its queue, and its socket's send queue), counts the drop and logs it
-// once.
+// drops it within the stream write timeout, holding a bounded number of
+// bytes for it meanwhile (its queue, which the reader keeps under the
+// bound by waiting, and its socket's send queue), counts the drop and logs
+// it once.
 func TestEventStreamDropsClientThatNeverReads(t *testing.T) {
 	rt := newFakeRuntime()
 	for i := range 600 {
@@ -355,11 +353,11 @@ func TestEventStreamDropsClientThatNeverReads(t *testing.T) {
 		maxQueued int
 		want      outbox.Reason
 	}{
-		// A short timeout keeps the test short; the default bound is not
-		// reached by the test's events in that time.
+		// A short timeout keeps the test short.
 		{"stalled", 2 * time.Second, DefaultStreamMaxQueuedBytes, outbox.Stalled},
-		// A small bound is reached long before the timeout.
-		{"queue full", time.Hour, 16 << 10, outbox.QueueFull},
+		// A small bound: pleg holds at most it (the journal holds the
+		// rest, the reader waits) until the client is dropped as stalled.
+		{"small queue", 2 * time.Second, 16 << 10, outbox.Stalled},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			var logs capture
@@ -371,17 +369,14 @@ func TestEventStreamDropsClientThatNeverReads(t *testing.T) {
 			if _, err := io.WriteString(c, "GET /api/v1/events HTTP/1.1\r\nHost: localhost\r\n\r\n"); err != nil {
 				t.Fatal(err)
 			}
-			// The most pleg may hold for the stream: the resync being
-			// sent plus the queue's bound (and an event's slack); and the
-			// kernel, the send buffer pleg set (which Linux doubles) plus
-			// a segment's slack.
-			var resync int
-			waitFor(t, "the stream's resync to be queued", func() bool {
+			// The most pleg may hold for the stream: the queue's bound
+			// and a message's slack; and the kernel, the send buffer pleg
+			// set (which Linux doubles) plus a segment's slack.
+			waitFor(t, "the stream's first messages to be queued", func() bool {
 				_, q := s.streamStats()
-				resync = q
 				return q > 0
 			})
-			maxHeld := resync + tc.maxQueued + 4<<10
+			maxHeld := tc.maxQueued + 4<<10
 			maxKernel := 2*sendBuffer + 64<<10
 			var peakHeld, peakKernel int
 			drops := func(r outbox.Reason) int { return gauge(t, s.metrics.streamDrops.WithLabelValues(string(r))) }
@@ -395,7 +390,7 @@ func TestEventStreamDropsClientThatNeverReads(t *testing.T) {
 				return drops(outbox.Stalled)+drops(outbox.QueueFull) > 0
 			})
 			elapsed := time.Since(start)
-			t.Logf("resync %d bytes; dropped after %v; peak queued in pleg %d bytes, in the kernel %d bytes", resync, elapsed, peakHeld, peakKernel)
+			t.Logf("dropped after %v; peak queued in pleg %d bytes, in the kernel %d bytes", elapsed, peakHeld, peakKernel)
 			if drops(tc.want) != 1 {
 				t.Errorf("drops: stalled %d, queue_full %d; want one %s", drops(outbox.Stalled), drops(outbox.QueueFull), tc.want)
 			}
@@ -403,7 +398,7 @@ func TestEventStreamDropsClientThatNeverReads(t *testing.T) {
 				t.Errorf("dropped after %v, more than the stream write timeout (%v) and a second", elapsed, tc.timeout)
 			}
 			if peakHeld > maxHeld {
-				t.Errorf("pleg queued %d bytes for the stream, over the resync and the bound (%d)", peakHeld, maxHeld)
+				t.Errorf("pleg queued %d bytes for the stream, over the bound and a message (%d)", peakHeld, maxHeld)
 			}
 			if peakKernel > maxKernel {
 				t.Errorf("the kernel held %d bytes for the stream, over %d", peakKernel, maxKernel)
@@ -428,9 +423,7 @@ func TestEventStreamOutlivesRequestTimeouts(t *testing.T) {
 	addr := serve(t, s, false)
 	_, sse := openStream(t, context.Background(), "http://"+addr)
 	start := time.Now()
-	if m := sse.nextEvent(); m.event != "resync" {
-		t.Fatalf("first message = %+v", m)
-	}
+	sse.snapshot()
 	// Twenty heartbeats take a second: ten times the request timeouts.
 	for range 20 {
 		if m := sse.next(); !m.comment {

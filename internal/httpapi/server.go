@@ -21,6 +21,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/podlifecycle/pleg"
+	"github.com/podlifecycle/pleg/journal"
 	"github.com/podlifecycle/pleg/podcache"
 )
 
@@ -90,7 +91,7 @@ const (
 // Generator is what the server needs from a *pleg.Generator.
 type Generator interface {
 	Healthy() (bool, error)
-	Subscribe() *pleg.Subscription
+	Journal() *journal.Journal
 	Cache() *podcache.Cache
 	LastRelist() time.Time
 	RelistRunningFor() time.Duration

@@ -78,6 +78,9 @@ func TestDaemonSetOnKubelet(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if err := moveLifecycleSocket(pod, t.TempDir()); err != nil {
+		t.Fatalf("%s: %v", manifestPath, err)
+	}
 	manifest, err := json.MarshalIndent(pod, "", "  ")
 	if err != nil {
 		t.Fatal(err)

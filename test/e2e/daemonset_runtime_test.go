@@ -502,8 +502,9 @@ func movePorts(pod map[string]any, listenPort, metricsPort int) error {
 // deploy/kubernetes/pleg-nonroot-patch.yaml makes of it, with its
 // supplementalGroups set to the socket's group (which the restart step
 // configured), and checks that pleg, running as the image's non-root uid
-// with that group, relists the node's pods. Only its name and ports differ
-// from what the patch makes (two plegs on one host network). The socket's
+// with that group, relists the node's pods. Only its name, ports and
+// lifecycle socket directory differ from what the patch makes (two plegs
+// on one host network). The socket's
 // directory gets the mode of a node's /run/containerd (0711: anyone may
 // pass through it).
 func nonRootOnKubelet(t *testing.T, k *kubelet, pod map[string]any, podName string) {
@@ -531,6 +532,15 @@ func nonRootOnKubelet(t *testing.T, k *kubelet, pod map[string]any, podName stri
 		t.Fatal(err)
 	}
 	if err := movePorts(patched, ports[0], ports[1]); err != nil {
+		t.Fatalf("%s: %v", manifestPath, err)
+	}
+	// A lifecycle socket directory of its own, which the image's user
+	// owns (as on a node where it was made for it).
+	sockDir := t.TempDir()
+	if err := os.Chown(sockDir, int(*np.container.SecurityContext.RunAsUser), int(*np.container.SecurityContext.RunAsGroup)); err != nil {
+		t.Fatal(err)
+	}
+	if err := moveLifecycleSocket(patched, sockDir); err != nil {
 		t.Fatalf("%s: %v", manifestPath, err)
 	}
 	patched["metadata"].(map[string]any)["name"] = podName

@@ -211,6 +211,51 @@ func (ds *daemonSet) staticPod(criSocket string) (map[string]any, error) {
 	return pod, nil
 }
 
+// moveLifecycleSocket gives a pod made from the DaemonSet's template
+// another host directory for its lifecycle socket (--lifecycle-socket):
+// the hostPath of the volume mounted at the socket's directory becomes
+// hostDir, so that the test leaves nothing on the host and two plegs on
+// one host do not share a socket. The container still sees the socket
+// at the manifest's path.
+func moveLifecycleSocket(pod map[string]any, hostDir string) error {
+	cs, err := dig[[]any](pod, "spec", "containers")
+	if err != nil || len(cs) != 1 {
+		return fmt.Errorf("containers %v: %v", cs, err)
+	}
+	c, _ := cs[0].(map[string]any)
+	var sock string
+	args, _ := c["args"].([]any)
+	for _, a := range args {
+		if v, ok := strings.CutPrefix(fmt.Sprint(a), "--lifecycle-socket="); ok {
+			sock = v
+		}
+	}
+	if sock == "" {
+		return fmt.Errorf("no --lifecycle-socket= in %v", args)
+	}
+	var volName string
+	mounts, _ := c["volumeMounts"].([]any)
+	for _, m := range mounts {
+		mm, _ := m.(map[string]any)
+		if mm["mountPath"] == filepath.Dir(sock) {
+			volName, _ = mm["name"].(string)
+		}
+	}
+	vols, _ := dig[[]any](pod, "spec", "volumes")
+	for _, v := range vols {
+		vm, _ := v.(map[string]any)
+		if volName != "" && vm["name"] == volName {
+			hp, err := dig[map[string]any](vm, "hostPath")
+			if err != nil {
+				return fmt.Errorf("volume %s: %w", volName, err)
+			}
+			hp["path"] = hostDir
+			return nil
+		}
+	}
+	return fmt.Errorf("no hostPath volume mounted at %s, the lifecycle socket's directory", filepath.Dir(sock))
+}
+
 // socketVolume finds the volume mounted where the runtime endpoint's
 // socket is (the socket's directory, or the socket itself) and the host
 // path that puts criSocket there.
