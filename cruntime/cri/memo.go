@@ -164,7 +164,7 @@ func itemKey(seed maphash.Seed, b []byte, maps mapFields) uint64 {
 
 // add notes it, just decoded from b, for the next listing.
 func (m *itemMemo) add(h uint64, b []byte, it *listed) {
-	m.items.put(itemSlot{h: h, it: it, size: uint32(len(b)), seen: m.gen})
+	m.items.put(h, itemSlot{it: it, size: uint32(len(b)), seen: m.gen})
 	m.added = append(m.added, it)
 	m.decoded++
 }
