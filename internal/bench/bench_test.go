@@ -392,25 +392,6 @@ func TestRelistCounts(t *testing.T) {
 	}
 }
 
-func TestPercentile(t *testing.T) {
-	var ds []time.Duration
-	for i := 1; i <= 100; i++ {
-		ds = append(ds, time.Duration(101-i)*time.Millisecond)
-	}
-	if p := Percentile(ds, 0.5); p != 50*time.Millisecond {
-		t.Errorf("p50 = %v", p)
-	}
-	if p := Percentile(ds, 0.99); p != 99*time.Millisecond {
-		t.Errorf("p99 = %v", p)
-	}
-	if p := Percentile(ds[:3], 0.99); p != 100*time.Millisecond {
-		t.Errorf("p99 of 3 = %v", p)
-	}
-	if p := Percentile(nil, 0.5); p != 0 {
-		t.Errorf("p50 of none = %v", p)
-	}
-}
-
 func TestFormats(t *testing.T) {
 	for _, c := range []struct{ got, want string }{
 		{fmtMs(0.25), "250µs"}, {fmtMs(3.456), "3.46ms"}, {fmtMs(184.81), "184.8ms"}, {fmtMs(2010), "2.01s"}, {fmtMs(-1), "n/a"},

@@ -17,6 +17,7 @@ import (
 	"github.com/podlifecycle/pleg/cruntime"
 	"github.com/podlifecycle/pleg/cruntime/cri"
 	"github.com/podlifecycle/pleg/cruntime/sim"
+	"github.com/podlifecycle/pleg/internal/stats"
 	"github.com/podlifecycle/pleg/metrics"
 )
 
@@ -405,17 +406,17 @@ func runLive(ctx context.Context, o Options, sc Scenario) (_ *LiveResult, err er
 	res.Relists = len(starts)
 	intervals := liveIntervals(t0, t1, starts)
 	res.Intervals = len(intervals)
-	res.IntervalP50Ms = ms(Percentile(intervals, 0.50))
-	res.IntervalP99Ms = ms(Percentile(intervals, 0.99))
+	res.IntervalP50Ms = ms(stats.Percentile(intervals, 0.50))
+	res.IntervalP99Ms = ms(stats.Percentile(intervals, 0.99))
 	res.IntervalMaxMs = ms(slices.Max(intervals))
 	if len(durs) > 0 {
-		res.RelistP50Ms = ms(Percentile(durs, 0.50))
-		res.RelistP99Ms = ms(Percentile(durs, 0.99))
+		res.RelistP50Ms = ms(stats.Percentile(durs, 0.50))
+		res.RelistP99Ms = ms(stats.Percentile(durs, 0.99))
 		res.RelistMaxMs = ms(slices.Max(durs))
 	}
 	lists := pr.listsIn(t0, t1)
-	res.ListP50Ms = ms(Percentile(lists, 0.50))
-	res.ListP99Ms = ms(Percentile(lists, 0.99))
+	res.ListP50Ms = ms(stats.Percentile(lists, 0.50))
+	res.ListP99Ms = ms(stats.Percentile(lists, 0.99))
 
 	res.EventsEmitted = s1.events.Emitted - s0.events.Emitted
 	res.EventsDropped = s1.events.DroppedFull - s0.events.DroppedFull

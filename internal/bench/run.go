@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math"
 	"os/exec"
 	"slices"
 	"sync"
@@ -17,6 +16,7 @@ import (
 
 	"github.com/podlifecycle/pleg"
 	"github.com/podlifecycle/pleg/cruntime"
+	"github.com/podlifecycle/pleg/internal/stats"
 )
 
 // Options configure a benchmark run.
@@ -392,13 +392,13 @@ func runOne(ctx context.Context, o Options, sc Scenario, col column, relists int
 	for i, d := range durs {
 		res.RelistMs[i] = ms(d)
 	}
-	res.RelistP50Ms = ms(Percentile(durs, 0.50))
-	res.RelistP99Ms = ms(Percentile(durs, 0.99))
+	res.RelistP50Ms = ms(stats.Percentile(durs, 0.50))
+	res.RelistP99Ms = ms(stats.Percentile(durs, 0.99))
 	res.RelistMaxMs = ms(slices.Max(durs))
 	res.ListP50Ms, res.ListP99Ms, res.MaxBeyondListMs = -1, -1, -1
 	if len(lists) > 0 {
-		res.ListP50Ms = ms(Percentile(lists, 0.50))
-		res.ListP99Ms = ms(Percentile(lists, 0.99))
+		res.ListP50Ms = ms(stats.Percentile(lists, 0.50))
+		res.ListP99Ms = ms(stats.Percentile(lists, 0.99))
 		res.MaxBeyondListMs = ms(beyondList)
 	}
 	res.CallsByOp = map[string]float64{}
@@ -514,17 +514,6 @@ func (h *healthWatch) result() *HealthResult {
 		HealthyThroughout: h.unhealthy == 0 && h.stalest <= h.threshold,
 		FirstError:        h.firstErr,
 	}
-}
-
-// Percentile returns the nearest-rank percentile p (0 < p <= 1) of ds.
-func Percentile(ds []time.Duration, p float64) time.Duration {
-	if len(ds) == 0 {
-		return 0
-	}
-	s := slices.Clone(ds)
-	slices.Sort(s)
-	i := int(math.Ceil(p*float64(len(s)))) - 1
-	return s[max(0, min(i, len(s)-1))]
 }
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
