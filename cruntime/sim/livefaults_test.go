@@ -2,6 +2,7 @@ package sim
 
 import (
 	"context"
+	"maps"
 	"slices"
 	"testing"
 	"time"
@@ -298,6 +299,46 @@ func TestEventStorm(t *testing.T) {
 	time.Sleep(4 * stormTick)
 	if m := r.EventStats().Emitted; m != n {
 		t.Errorf("%d events emitted after the storm stopped", m-n)
+	}
+}
+
+// The storm says what it is told to about each running container:
+// STOPPED and STARTED in turn, STARTED only, or STOPPED only.
+func TestStormEvents(t *testing.T) {
+	const (
+		started = runtimeapi.ContainerEventType_CONTAINER_STARTED_EVENT
+		stopped = runtimeapi.ContainerEventType_CONTAINER_STOPPED_EVENT
+	)
+	for _, c := range []struct {
+		kind StormEvents
+		want map[runtimeapi.ContainerEventType]int
+	}{
+		{StormFlap, map[runtimeapi.ContainerEventType]int{stopped: 10, started: 10}},
+		{StormStarted, map[runtimeapi.ContainerEventType]int{started: 20}},
+		{StormStopped, map[runtimeapi.ContainerEventType]int{stopped: 20}},
+	} {
+		r, cl := newSim(t, Config{Seed: 4, Pods: 2, ContainersPerPod: 2, EventBuffer: 10000})
+		s := subscribe(t, r, cl, 1)
+		r.SetStormEvents(c.kind)
+		r.SetEventStorm(2000)
+		evs := recvN(t, s, 20)
+		r.SetEventStorm(0)
+		got := map[runtimeapi.ContainerEventType]int{}
+		ids := map[string]bool{}
+		for _, ev := range evs {
+			got[ev.ContainerEventType]++
+			ids[ev.ContainerId] = true
+		}
+		if !maps.Equal(got, c.want) || len(ids) != 4 {
+			t.Errorf("storm %d: events %v about %d containers, want %v about all 4", c.kind, got, len(ids), c.want)
+		}
+		for _, p := range r.Pods() {
+			for _, ct := range p.Containers {
+				if ct.State != runtimeapi.ContainerState_CONTAINER_RUNNING {
+					t.Errorf("storm %d: container %s is %v: the storm changed the model", c.kind, ct.ID, ct.State)
+				}
+			}
+		}
 	}
 }
 

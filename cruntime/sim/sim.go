@@ -52,6 +52,7 @@ type Runtime struct {
 	hungChanged    chan struct{}         // closed and replaced when hung or hungLists changes
 	emitters       map[string]*generator // EmitEvents, by pod UID
 	storm          *generator            // SetEventStorm (nil: none)
+	stormEvents    StormEvents           // SetStormEvents
 	keepEvents     time.Duration         // SetKeepEvents
 	replayN        int                   // SetReplay
 	replayAge      time.Duration
