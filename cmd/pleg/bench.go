@@ -3,9 +3,8 @@ package main
 import (
 	"context"
 	"fmt"
-	"os"
 	"os/signal"
-	"runtime/pprof"
+	"path/filepath"
 	"strings"
 	"syscall"
 
@@ -14,24 +13,17 @@ import (
 	"github.com/podlifecycle/pleg/internal/bench"
 )
 
-func init() {
-	// `pleg bench` re-executes this binary to serve the simulated runtime,
-	// and to run pleg's generator, in child processes; a child serves and
-	// exits here, before any command runs.
-	bench.MaybeServeChild()
-	register(newBenchCmd)
-}
+func init() { register(newBenchCmd) }
 
 type benchOptions struct {
-	kubelet   string
-	scenario  string
-	relists   int
-	quick     bool
-	output    string
-	inProcess bool
-	parallel  int
-	seed      uint64
-	cpuProf   string
+	kubelet  string
+	scenario string
+	relists  int
+	quick    bool
+	output   string
+	parallel int
+	seed     uint64
+	cpuProf  string
 }
 
 func newBenchCmd() *cobra.Command {
@@ -81,10 +73,9 @@ every figure is printed beside that baseline with the ratio pleg / kubelet,
 and the targets are checked against it.
 
 The simulated runtime and each generator run in processes of their own
-(pleg's: this binary, re-executed), so that the CPU time, allocations and
-peak RSS reported are each generator's own; --in-process serves the
-simulated runtime and pleg's generator from this process instead (the
-simulator's work is then included, and pleg's peak RSS is not measured).
+(this binary, re-executed as 'pleg bench child runtime|pleg'; pleg's with
+the daemon's GC target), so that the CPU time, allocations and peak RSS
+reported are each one's own.
 Relists are driven one after another by hand; between two relists exactly
 the scenario's number of pods change.
 
@@ -92,16 +83,27 @@ A full run takes about ninety seconds with --kubelet; --quick about twenty.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error { return runBench(cmd, o) },
 	}
+	cmd.AddCommand(&cobra.Command{
+		Use:    "child runtime|pleg",
+		Short:  "Serve one child of a bench run on stdin and stdout (pleg bench starts it)",
+		Hidden: true,
+		Args:   cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if args[0] != "runtime" && args[0] != "pleg" {
+				return usageErrorf("pleg bench child %q: want runtime or pleg", args[0])
+			}
+			return bench.ServeChild(args[0], cmd.InOrStdin(), cmd.OutOrStdout())
+		},
+	})
 	f := cmd.Flags()
 	f.StringVar(&o.kubelet, "kubelet", "", "path of the kubelet-relist program (test/kubelet/build.sh builds it): also run every scenario with the kubelet's own relist as the baseline")
 	f.StringVar(&o.scenario, "scenario", "all", "scenarios to run: all, or names separated by commas ("+strings.Join(bench.Names(), ", ")+")")
 	f.IntVar(&o.relists, "relists", 0, "measured relists per run (0: each scenario's default; kubelet runs with a hung pod use at most 5; live scenarios run for a wall time instead)")
 	f.BoolVar(&o.quick, "quick", false, "few relists per run: a smoke test, not a measurement")
 	f.StringVarP(&o.output, "output", "o", "text", "output format: text or json")
-	f.BoolVar(&o.inProcess, "in-process", false, "serve the simulated runtime and run pleg's generator in this process (the simulator's work is then counted in pleg's CPU and allocations; no peak RSS)")
 	f.IntVar(&o.parallel, "max-parallel-inspections", 0, "pleg's inspection bound (0: the library default)")
 	f.Uint64Var(&o.seed, "seed", 1, "seed of the simulated node")
-	f.StringVar(&o.cpuProf, "cpuprofile", "", "write a CPU profile of this process to this file (with --in-process: pleg's generator and the simulated runtime)")
+	f.StringVar(&o.cpuProf, "cpuprofile", "", "write a CPU profile of pleg's generator process, its whole life, to this file (each run writes it anew: the last run's stays)")
 	return cmd
 }
 
@@ -115,9 +117,15 @@ func runBench(cmd *cobra.Command, o *benchOptions) error {
 	if o.parallel < 0 {
 		return usageErrorf("--max-parallel-inspections must not be negative, got %d", o.parallel)
 	}
+
 	scenarios, err := bench.Lookup(o.scenario)
 	if err != nil {
 		return usageError{err}
+	}
+	if o.cpuProf != "" {
+		if o.cpuProf, err = filepath.Abs(o.cpuProf); err != nil {
+			return err
+		}
 	}
 	parent := cmd.Context()
 	if parent == nil {
@@ -126,24 +134,14 @@ func runBench(cmd *cobra.Command, o *benchOptions) error {
 	ctx, stop := signal.NotifyContext(parent, syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 
-	if o.cpuProf != "" {
-		f, err := os.Create(o.cpuProf)
-		if err != nil {
-			return err
-		}
-		defer f.Close()
-		if err := pprof.StartCPUProfile(f); err != nil {
-			return err
-		}
-		defer pprof.StopCPUProfile()
-	}
 	rep, err := bench.Run(ctx, bench.Options{
 		Scenarios:              scenarios,
 		Kubelet:                o.kubelet,
 		Quick:                  o.quick,
 		Relists:                o.relists,
 		MaxParallelInspections: o.parallel,
-		InProcess:              o.inProcess,
+		CPUProfile:             o.cpuProf,
+		GCPercent:              daemonGCPercent,
 		Seed:                   o.seed,
 		Progress:               cmd.ErrOrStderr(),
 	})
