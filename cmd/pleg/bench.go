@@ -24,6 +24,7 @@ type benchOptions struct {
 	parallel int
 	seed     uint64
 	cpuProf  string
+	budget   budgetFlags
 }
 
 func newBenchCmd() *cobra.Command {
@@ -64,6 +65,25 @@ p99 at most the pod inspection timeout + list p99; Healthy() never false.
 They have no kubelet baseline: the kubelet makes no single-pod relists from
 runtime events.
 
+The hint budget's scenarios run a started generator with the runtime's
+events off, the baseline, and on, each against a fresh node (the budget:
+--pod-relist-rate, --pod-relist-burst, --pod-relist-spacing,
+--early-relist-gap, as pleg run's):
+  events-unchanged  200 pods x 5 containers, nothing changing, 1,000 runtime
+                    events per second: STARTED for running containers, then
+                    STOPPED for containers still running; 12s (--quick 4s)
+                    targets: runtime calls and pleg's CPU per second each at
+                    most 10x events off
+  events-churn      200 pods x 5 containers, 50 pods changed every 100ms
+                    (each change streamed as events), 20ms per call, relist
+                    period 100ms; 12s (--quick 4s)
+                    targets: the global relist's span (p50) at most 1.1x,
+                    runtime calls at most 1.5x events off
+  events-isolated   200 pods x 5 containers, 1ms per call, one pod changed
+                    at a time, 500ms after the last change was delivered, 40
+                    times (--quick 8; a fifth with events off)
+                    target: delivery p99 at most 50ms with events on
+
 With --kubelet PATH, every scenario driven by hand also runs with the
 kubelet v1.36.3's own relist: PATH is the kubelet-relist program of the
 repository's test/kubelet module (build it with 'test/kubelet/build.sh DIR';
@@ -79,7 +99,7 @@ reported are each one's own.
 Relists are driven one after another by hand; between two relists exactly
 the scenario's number of pods change.
 
-A full run takes about ninety seconds with --kubelet; --quick about twenty.`,
+A full run takes about four minutes with --kubelet; --quick about a minute.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error { return runBench(cmd, o) },
 	}
@@ -103,6 +123,7 @@ A full run takes about ninety seconds with --kubelet; --quick about twenty.`,
 	f.StringVarP(&o.output, "output", "o", "text", "output format: text or json")
 	f.IntVar(&o.parallel, "max-parallel-inspections", 0, "pleg's inspection bound (0: the library default)")
 	f.Uint64Var(&o.seed, "seed", 1, "seed of the simulated node")
+	o.budget.addFlags(f)
 	f.StringVar(&o.cpuProf, "cpuprofile", "", "write a CPU profile of pleg's generator process, its whole life, to this file (each run writes it anew: the last run's stays)")
 	return cmd
 }
@@ -122,6 +143,11 @@ func runBench(cmd *cobra.Command, o *benchOptions) error {
 	if err != nil {
 		return usageError{err}
 	}
+	if err := o.budget.validate(); err != nil {
+		return err
+	}
+	var budget bench.Budget
+	budget.PodRelistRate, budget.PodRelistBurst, budget.PodRelistSpacing, budget.EarlyRelistGap = o.budget.options()
 	if o.cpuProf != "" {
 		if o.cpuProf, err = filepath.Abs(o.cpuProf); err != nil {
 			return err
@@ -141,6 +167,7 @@ func runBench(cmd *cobra.Command, o *benchOptions) error {
 		Relists:                o.relists,
 		MaxParallelInspections: o.parallel,
 		CPUProfile:             o.cpuProf,
+		Budget:                 budget,
 		GCPercent:              daemonGCPercent,
 		Seed:                   o.seed,
 		Progress:               cmd.ErrOrStderr(),

@@ -71,6 +71,7 @@ func TestBenchFlagErrors(t *testing.T) {
 		{"bench", "--output", "yaml"},
 		{"bench", "--scenario", "nope"},
 		{"bench", "--relists", "-1"},
+		{"bench", "--pod-relist-burst", "0"},
 		{"bench", "child", "kubelet"},
 	} {
 		if code := execute(args); code != 2 {

@@ -62,10 +62,57 @@ type runtimeFlags struct {
 	podInspectionTimeout time.Duration
 	fullInspection       bool
 	events               string
-	podRelistRate        float64
-	podRelistBurst       int
-	podRelistSpacing     time.Duration
-	earlyRelistGap       time.Duration
+	budget               budgetFlags
+}
+
+// budgetFlags are the hint budget's flags (docs/semantics.md, "Hints and
+// their budget"), of `pleg run`, `pleg watch` and `pleg bench`.
+type budgetFlags struct {
+	podRelistRate    float64
+	podRelistBurst   int
+	podRelistSpacing time.Duration
+	earlyRelistGap   time.Duration
+}
+
+func (f *budgetFlags) addFlags(fs *pflag.FlagSet) {
+	fs.Float64Var(&f.podRelistRate, "pod-relist-rate", pleg.DefaultPodRelistRate,
+		"single-pod relists a second that hints (runtime events) may make (0: no limit)")
+	fs.IntVar(&f.podRelistBurst, "pod-relist-burst", pleg.DefaultPodRelistBurst,
+		"single-pod relists hints may make at once")
+	fs.DurationVar(&f.podRelistSpacing, "pod-relist-spacing", pleg.DefaultPodRelistSpacing,
+		"least time between two single-pod relists of one pod (0: none)")
+	fs.DurationVar(&f.earlyRelistGap, "early-relist-gap", pleg.DefaultEarlyRelistGap,
+		"when hints wait for the budget, start the next global relist this long after the last one ended instead of a period after (0: never early)")
+}
+
+func (f *budgetFlags) validate() error {
+	switch {
+	case f.podRelistRate < 0 || f.podRelistRate > 10000 || f.podRelistRate != f.podRelistRate:
+		return usageErrorf("invalid --pod-relist-rate %v: must be from 0 (no limit) to 10000 a second", f.podRelistRate)
+	case f.podRelistBurst < 1 || f.podRelistBurst > 10000:
+		return usageErrorf("invalid --pod-relist-burst %d: must be from 1 to 10000", f.podRelistBurst)
+	case f.podRelistSpacing < 0 || f.podRelistSpacing > time.Minute:
+		return usageErrorf("invalid --pod-relist-spacing %q: must be from 0 to 1m", f.podRelistSpacing)
+	case f.earlyRelistGap < 0 || f.earlyRelistGap > time.Hour:
+		return usageErrorf("invalid --early-relist-gap %q: must be from 0 (never early) to 1h", f.earlyRelistGap)
+	}
+	return nil
+}
+
+// options returns the budget as the library reads it: there 0 is
+// "default", on the command line "none" (negative for the library).
+func (f *budgetFlags) options() (rate float64, burst int, spacing, early time.Duration) {
+	rate, burst, spacing, early = f.podRelistRate, f.podRelistBurst, f.podRelistSpacing, f.earlyRelistGap
+	if rate == 0 {
+		rate = -1
+	}
+	if spacing == 0 {
+		spacing = -1
+	}
+	if early == 0 {
+		early = -1
+	}
+	return rate, burst, spacing, early
 }
 
 func (f *runtimeFlags) addFlags(fs *pflag.FlagSet) {
@@ -88,15 +135,7 @@ func (f *runtimeFlags) addFlags(fs *pflag.FlagSet) {
 		"fetch the status of every sandbox and container of a changed pod, as the kubelet does (default: only those whose listing changed)")
 	fs.Var(newEnumValue(&f.events, "auto", "auto", "on", "off"), "events",
 		"use the runtime's container events to relist changed pods early: auto (when the runtime streams them), on, off")
-	// The hint budget (docs/semantics.md, "Hints and their budget").
-	fs.Float64Var(&f.podRelistRate, "pod-relist-rate", pleg.DefaultPodRelistRate,
-		"single-pod relists a second that hints (runtime events) may make (0: no limit)")
-	fs.IntVar(&f.podRelistBurst, "pod-relist-burst", pleg.DefaultPodRelistBurst,
-		"single-pod relists hints may make at once")
-	fs.DurationVar(&f.podRelistSpacing, "pod-relist-spacing", pleg.DefaultPodRelistSpacing,
-		"least time between two single-pod relists of one pod (0: none)")
-	fs.DurationVar(&f.earlyRelistGap, "early-relist-gap", pleg.DefaultEarlyRelistGap,
-		"when hints wait for the budget, start the next global relist this long after the last one ended instead of a period after (0: never early)")
+	f.budget.addFlags(fs)
 }
 
 // validate checks the values pflag cannot; its errors are usage errors.
@@ -125,17 +164,7 @@ func (f *runtimeFlags) validate() error {
 	if f.maxParallel < 1 {
 		return usageErrorf("invalid --max-parallel-inspections %d: must be at least 1", f.maxParallel)
 	}
-	switch {
-	case f.podRelistRate < 0 || f.podRelistRate > 10000 || f.podRelistRate != f.podRelistRate:
-		return usageErrorf("invalid --pod-relist-rate %v: must be from 0 (no limit) to 10000 a second", f.podRelistRate)
-	case f.podRelistBurst < 1 || f.podRelistBurst > 10000:
-		return usageErrorf("invalid --pod-relist-burst %d: must be from 1 to 10000", f.podRelistBurst)
-	case f.podRelistSpacing < 0 || f.podRelistSpacing > time.Minute:
-		return usageErrorf("invalid --pod-relist-spacing %q: must be from 0 to 1m", f.podRelistSpacing)
-	case f.earlyRelistGap < 0 || f.earlyRelistGap > time.Hour:
-		return usageErrorf("invalid --early-relist-gap %q: must be from 0 (never early) to 1h", f.earlyRelistGap)
-	}
-	return nil
+	return f.budget.validate()
 }
 
 // endpointReason is what is wrong with an endpoint Dial refused, without
@@ -185,19 +214,11 @@ func (f *runtimeFlags) generatorOptions() pleg.Options {
 		PodInspectionTimeout:   f.podInspectionTimeout,
 		FullInspection:         f.fullInspection,
 		Events:                 pleg.EventsMode(f.events),
-		PodRelistRate:          f.podRelistRate,
-		PodRelistBurst:         f.podRelistBurst,
-		PodRelistSpacing:       f.podRelistSpacing,
-		EarlyRelistGap:         f.earlyRelistGap,
 	}
+	o.PodRelistRate, o.PodRelistBurst, o.PodRelistSpacing, o.EarlyRelistGap = f.budget.options()
 	// The library reads 0 as "default"; on the command line it is "none".
-	for _, d := range []*time.Duration{&o.PodInspectionTimeout, &o.PodRelistSpacing, &o.EarlyRelistGap} {
-		if *d == 0 {
-			*d = -1
-		}
-	}
-	if o.PodRelistRate == 0 {
-		o.PodRelistRate = -1
+	if o.PodInspectionTimeout == 0 {
+		o.PodInspectionTimeout = -1
 	}
 	return o
 }

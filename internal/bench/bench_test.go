@@ -351,7 +351,7 @@ func TestChildFailureIsReported(t *testing.T) {
 
 func TestLookup(t *testing.T) {
 	all, err := Lookup("all")
-	if err != nil || len(all) != 7 {
+	if err != nil || len(all) != 10 {
 		t.Fatalf("all: %d, %v", len(all), err)
 	}
 	two, err := Lookup("500x10, 110x5-hung")
@@ -363,7 +363,8 @@ func TestLookup(t *testing.T) {
 	}
 	// The scenarios.
 	want := map[string][4]int{"66x7": {66, 7, 10, 0}, "500x10": {500, 10, 50, 0}, "1000x10-idle": {1000, 10, 0, 0}, "110x5-idle": {110, 5, 0, 0}, "110x5-hung": {110, 5, 0, 1},
-		"hung-pod-events": {110, 5, 0, 1}, "hint-storm": {500, 5, 0, 0}}
+		"hung-pod-events": {110, 5, 0, 1}, "hint-storm": {500, 5, 0, 0},
+		"events-unchanged": {200, 5, 0, 0}, "events-churn": {200, 5, 0, 0}, "events-isolated": {200, 5, 0, 0}}
 	for _, s := range all {
 		w := want[s.Name]
 		if [4]int{s.Pods, s.Containers, s.Changed, s.HungPods} != w {
@@ -612,5 +613,79 @@ func TestEvaluateLive(t *testing.T) {
 	// No relist at all is never met.
 	if ts := evaluateLive(hung, []*LiveResult{{IntervalP99Ms: 10, HealthChecks: 80}}); ts[0].Met || ts[1].Met {
 		t.Errorf("no relist: %+v", ts)
+	}
+}
+
+// The hint budget's scenarios, on a smaller node for a second or so: what
+// their figures must show however busy the machine is.
+func TestHintBudgetScenarios(t *testing.T) {
+	scs, err := Lookup("events-unchanged,events-churn,events-isolated")
+	if err != nil {
+		t.Fatal(err)
+	}
+	for i := range scs {
+		live := *scs[i].Live
+		scs[i].Live = &live
+		scs[i].Pods = 40
+		live.Window = 700 * time.Millisecond
+		live.RelistPeriod = min(live.RelistPeriod, 250*time.Millisecond)
+	}
+	scs[0].Live.EventStorm = 400
+	scs[1].Live.Churn, scs[1].Latency = 5, 2*time.Millisecond
+	scs[2].Live.Changes, scs[2].Live.ChangeGap = 5, 200*time.Millisecond
+	budget := Budget{PodRelistRate: 4, PodRelistBurst: 2, PodRelistSpacing: 100 * time.Millisecond, EarlyRelistGap: 250 * time.Millisecond}
+	rep, err := Run(context.Background(), Options{Scenarios: scs, Budget: budget})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, res := range rep.Scenarios {
+		if len(res.Live) != len(res.Scenario.Live.Runs) || len(res.Targets) == 0 {
+			t.Fatalf("%s: %d runs, %d targets", res.Scenario.Name, len(res.Live), len(res.Targets))
+		}
+		for _, r := range res.Live {
+			t.Logf("%s %s: %.0f calls/s %v, CPU %.2fms/s, ListPod %d, skipped %v, deferred %v, early %v, delivered %d, delivery p99 %.1fms",
+				res.Scenario.Name, r.Run, r.RuntimeCallsPerSecond, r.RuntimeCalls, r.CPUPerSecondMs, r.PodLists, r.Skipped, r.Deferred, r.EarlyRelists, r.EventsDelivered, r.LatencyP99Ms)
+			if r.Relists == 0 || r.RelistErrors != 0 || r.EverUnhealthy || r.CPUPerSecondMs <= 0 || r.RuntimeCallsPerSecond <= 0 {
+				t.Errorf("%s %s: %d relists (%d failed), unhealthy %v, CPU %v ms/s, %v calls/s", res.Scenario.Name, r.Run,
+					r.Relists, r.RelistErrors, r.EverUnhealthy, r.CPUPerSecondMs, r.RuntimeCallsPerSecond)
+			}
+			if r.Events != (r.EventsReceived > 0) || r.Events != r.StreamConnected {
+				t.Errorf("%s %s: events %v, %d received, stream connected %v", res.Scenario.Name, r.Run, r.Events, r.EventsReceived, r.StreamConnected)
+			}
+			// Hints make single-pod relists within the budget: the rate over
+			// the window, and the burst.
+			if limit := int64(budget.PodRelistRate*r.WindowMs/1000) + int64(budget.PodRelistBurst) + 1; r.PodLists > limit {
+				t.Errorf("%s %s: %d single-pod relists in %.0fms, over the budget's %d", res.Scenario.Name, r.Run, r.PodLists, r.WindowMs, limit)
+			}
+		}
+	}
+	off, started, stopped := rep.Scenarios[0].Live[0], rep.Scenarios[0].Live[1], rep.Scenarios[0].Live[2]
+	// Events that name the state the records show cost nothing; events
+	// that do not are relisted within the budget, the rest deferred.
+	if off.PodLists != 0 || started.PodLists != 0 || started.Skipped["unchanged"] == 0 {
+		t.Errorf("STARTED storm: %d single-pod relists (%d events off), skipped %v", started.PodLists, off.PodLists, started.Skipped)
+	}
+	if stopped.PodLists == 0 || stopped.Deferred["budget"] == 0 {
+		t.Errorf("STOPPED storm: %d single-pod relists, deferred %v", stopped.PodLists, stopped.Deferred)
+	}
+	churnOff, churnOn := rep.Scenarios[1].Live[0], rep.Scenarios[1].Live[1]
+	if churnOff.ChurnedPods == 0 || churnOn.ChurnedPods == 0 || churnOff.EventsDelivered == 0 || churnOn.EventsDelivered == 0 {
+		t.Errorf("churn: pods changed %d / %d, events delivered %d / %d", churnOff.ChurnedPods, churnOn.ChurnedPods, churnOff.EventsDelivered, churnOn.EventsDelivered)
+	}
+	isoOff, isoOn := rep.Scenarios[2].Live[0], rep.Scenarios[2].Live[1]
+	// A change alone is delivered by its event, not by the next relist.
+	if isoOn.Changes != 5 || isoOff.Changes != 3 || isoOn.LatencyP99Ms >= isoOff.LatencyP50Ms {
+		t.Errorf("isolated changes: events on %d, p99 %.1fms; off %d, p50 %.1fms", isoOn.Changes, isoOn.LatencyP99Ms, isoOff.Changes, isoOff.LatencyP50Ms)
+	}
+	var text bytes.Buffer
+	if err := rep.WriteText(&text); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"events off      on: STARTED  ratio", "runtime calls / second (received)", "pleg CPU / second",
+		"pod relist requests deferred: budget", "  delivery p99", "target: runtime calls per second at most 10x events off (on: STOPPED): on ",
+		"target: an isolated change delivered with events on: p99 at most 50ms: p99 "} {
+		if !strings.Contains(text.String(), want) {
+			t.Errorf("text report lacks %q:\n%s", want, text.String())
+		}
 	}
 }

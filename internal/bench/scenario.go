@@ -21,7 +21,7 @@
 //
 // The simulated runtime and each generator run in processes of their own
 // (`pleg bench child runtime|pleg`, see ServeChild; the kubelet's is its
-// own program), driven over one line protocol (proto.go), so the CPU time,
+// own program), driven over one line protocol (internal/lineproto), so the CPU time,
 // allocations and peak RSS reported are each one's own.
 package bench
 
@@ -264,6 +264,46 @@ func Scenarios() []Scenario {
 				Window: 12 * time.Second, Quick: 4 * time.Second,
 				RelistPeriod: 100 * time.Millisecond,
 				EventStorm:   3000,
+			},
+		},
+		// The hint budget's goals (issue 18), events on against off.
+		{
+			// Runtime events that change nothing: STARTED for running
+			// containers (events that name the state the records show are
+			// skipped), and STOPPED for containers still running (no rule
+			// can skip them: each is a single-pod relist, within the
+			// budget).
+			Name: "events-unchanged", Pods: 200, Containers: 5,
+			RequestTimeout: 10 * time.Second, RelistThreshold: 10 * time.Second,
+			Live: &LiveSpec{
+				Window: 12 * time.Second, Quick: 4 * time.Second,
+				RelistPeriod: time.Second,
+				EventStorm:   1000,
+				Runs: []LiveRun{{Name: "events off"}, {Name: "on: STARTED", Events: true, Storm: "started"},
+					{Name: "on: STOPPED", Events: true, Storm: "stopped"}},
+			},
+		},
+		{
+			// Churn with every change also streamed as events: the hints
+			// race the global relist for the same pods.
+			Name: "events-churn", Pods: 200, Containers: 5, Latency: 20 * time.Millisecond,
+			RequestTimeout: 10 * time.Second, RelistThreshold: 10 * time.Second,
+			Live: &LiveSpec{
+				Window: 12 * time.Second, Quick: 4 * time.Second,
+				RelistPeriod: 100 * time.Millisecond,
+				Churn:        50, ChurnEvery: 100 * time.Millisecond,
+				Runs: []LiveRun{{Name: "events off"}, {Name: "events on", Events: true}},
+			},
+		},
+		{
+			// One pod changes at a time: the budget must not delay a
+			// change that comes alone.
+			Name: "events-isolated", Pods: 200, Containers: 5, Latency: time.Millisecond,
+			RequestTimeout: 10 * time.Second, RelistThreshold: 10 * time.Second,
+			Live: &LiveSpec{
+				RelistPeriod: time.Second,
+				Changes:      40, QuickChanges: 8, ChangeGap: 500 * time.Millisecond,
+				Runs: []LiveRun{{Name: "events off"}, {Name: "events on", Events: true}},
 			},
 		},
 	}
