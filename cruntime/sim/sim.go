@@ -325,21 +325,6 @@ func (r *Runtime) countPodCall(uid, method string) {
 	r.callsMu.Unlock()
 }
 
-// goOwned runs f on a goroutine the runtime owns (Stop waits for it),
-// unless the runtime is stopped.
-func (r *Runtime) goOwned(f func()) {
-	r.smu.Lock()
-	defer r.smu.Unlock()
-	if r.stopped {
-		return
-	}
-	r.wg.Add(1)
-	go func() {
-		defer r.wg.Done()
-		f()
-	}()
-}
-
 // Serving.
 
 // ErrStopped is returned when serving a runtime that was stopped.
