@@ -8,13 +8,14 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"reflect"
 	"regexp"
-	"sort"
+	"slices"
 	"strings"
 	"sync"
 	"syscall"
@@ -213,15 +214,6 @@ func serveSim(t *testing.T, cfg sim.Config) *sim.Runtime {
 	return r
 }
 
-func keysOf(m map[string]json.RawMessage) []string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	return keys
-}
-
 // jsonEvent is one line of `pleg watch --output json`.
 type jsonEvent struct {
 	keys          []string
@@ -245,7 +237,7 @@ func parseJSONEvent(t *testing.T, line string) jsonEvent {
 	if err := json.Unmarshal([]byte(line), &e); err != nil {
 		t.Fatal(err)
 	}
-	e.keys = keysOf(raw)
+	e.keys = slices.Sorted(maps.Keys(raw))
 	if _, err := time.Parse(time.RFC3339Nano, e.Time); err != nil {
 		t.Errorf("time %q: %v", e.Time, err)
 	}

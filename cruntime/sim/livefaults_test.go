@@ -91,10 +91,10 @@ func TestHungLists(t *testing.T) {
 			t.Errorf("%s returned after %v", name, d)
 		}
 	}
-	if got, want := r.PodCalls(hung.UID), map[string]int64{"ListPodSandbox": 2, "ListContainers": 3}; !mapsEqual(got, want) {
+	if got, want := r.PodCalls(hung.UID), map[string]int64{"ListPodSandbox": 2, "ListContainers": 3}; !maps.Equal(got, want) {
 		t.Errorf("PodCalls(hung) = %v, want %v", got, want)
 	}
-	if got, want := r.PodCalls(fine.UID), map[string]int64{"ListPodSandbox": 1, "ListContainers": 1, "ContainerStatus": 1}; !mapsEqual(got, want) {
+	if got, want := r.PodCalls(fine.UID), map[string]int64{"ListPodSandbox": 1, "ListContainers": 1, "ContainerStatus": 1}; !maps.Equal(got, want) {
 		t.Errorf("PodCalls(fine) = %v, want %v", got, want)
 	}
 
@@ -433,16 +433,4 @@ func TestReplay(t *testing.T) {
 	if ev := recvN(t, s, 1)[0]; ev.CreatedAt != epoch.UnixNano() {
 		t.Errorf("replayed after SetReplay(0): %v", ev)
 	}
-}
-
-func mapsEqual(a, b map[string]int64) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for k, v := range a {
-		if b[k] != v {
-			return false
-		}
-	}
-	return true
 }

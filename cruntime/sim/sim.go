@@ -4,11 +4,12 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"maps"
 	"math/rand/v2"
 	"net"
 	"os"
 	"path/filepath"
-	"sort"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -237,7 +238,7 @@ func (r *Runtime) setHungLocked(set map[string]bool, uid string, hung bool) {
 func (r *Runtime) Hung() []string {
 	r.kmu.Lock()
 	defer r.kmu.Unlock()
-	return sortedKeys(r.hung)
+	return slices.Sorted(maps.Keys(r.hung))
 }
 
 // HungLists returns the UIDs of the pods whose filtered list calls hang,
@@ -245,16 +246,7 @@ func (r *Runtime) Hung() []string {
 func (r *Runtime) HungLists() []string {
 	r.kmu.Lock()
 	defer r.kmu.Unlock()
-	return sortedKeys(r.hungLists)
-}
-
-func sortedKeys(m map[string]bool) []string {
-	out := make([]string, 0, len(m))
-	for k := range m {
-		out = append(out, k)
-	}
-	sort.Strings(out)
-	return out
+	return slices.Sorted(maps.Keys(r.hungLists))
 }
 
 // SetRuntimeReady sets the RuntimeReady condition that Status reports; when

@@ -6,11 +6,12 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"reflect"
-	"sort"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -218,16 +219,16 @@ func TestPods(t *testing.T) {
 	for _, p := range raw.Pods {
 		var uid string
 		_ = json.Unmarshal(p["podUID"], &uid)
-		if keys := sortedKeys(p); !reflect.DeepEqual(keys, wantKeys[uid]) {
+		if keys := slices.Sorted(maps.Keys(p)); !reflect.DeepEqual(keys, wantKeys[uid]) {
 			t.Errorf("pod %s keys = %v, want %v", uid, keys, wantKeys[uid])
 		}
 	}
 	var ctr []map[string]json.RawMessage
 	_ = json.Unmarshal(raw.Pods[1]["containers"], &ctr)
-	if keys, want := sortedKeys(ctr[0]), []string{"attempt", "exitCode", "finishedAt", "id", "image", "name", "reason", "startedAt", "state"}; !reflect.DeepEqual(keys, want) {
+	if keys, want := slices.Sorted(maps.Keys(ctr[0])), []string{"attempt", "exitCode", "finishedAt", "id", "image", "name", "reason", "startedAt", "state"}; !reflect.DeepEqual(keys, want) {
 		t.Errorf("exited container keys = %v, want %v", keys, want)
 	}
-	if keys, want := sortedKeys(ctr[1]), []string{"attempt", "id", "image", "name", "startedAt", "state"}; !reflect.DeepEqual(keys, want) {
+	if keys, want := slices.Sorted(maps.Keys(ctr[1])), []string{"attempt", "id", "image", "name", "startedAt", "state"}; !reflect.DeepEqual(keys, want) {
 		t.Errorf("running container keys = %v, want %v", keys, want)
 	}
 }
@@ -241,15 +242,6 @@ func TestPodsEmpty(t *testing.T) {
 	if strings.TrimSpace(body) != "{\n  \"pods\": []\n}" {
 		t.Errorf("body = %q, want an empty pods list and no timestamp", body)
 	}
-}
-
-func sortedKeys[V any](m map[string]V) []string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	return keys
 }
 
 func TestMetrics(t *testing.T) {
@@ -400,7 +392,7 @@ func TestEventsStream(t *testing.T) {
 	if err := json.Unmarshal([]byte(m.data), &keys); err != nil {
 		t.Fatal(err)
 	}
-	if got, want := sortedKeys(keys), []string{"containerID", "containerName", "exitCode", "podName", "podNamespace", "podUID", "time", "type"}; !reflect.DeepEqual(got, want) {
+	if got, want := slices.Sorted(maps.Keys(keys)), []string{"containerID", "containerName", "exitCode", "podName", "podNamespace", "podUID", "time", "type"}; !reflect.DeepEqual(got, want) {
 		t.Errorf("event keys = %v, want %v", got, want)
 	}
 	var e pleg.Event

@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"maps"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -763,7 +764,7 @@ func compareMetricFamilies(t testing.TB, kube, mine map[string]*dto.MetricFamily
 		kubeOps = labelValues(mf, "operation_type")
 	}
 	var compared []string
-	for _, n := range sortedKeys(names) {
+	for _, n := range slices.Sorted(maps.Keys(names)) {
 		k, m := kube[n], mine[n]
 		switch {
 		case k == nil:
@@ -790,7 +791,7 @@ func compareMetricFamilies(t testing.TB, kube, mine map[string]*dto.MetricFamily
 		}
 		for v := range labelValues(m, "operation_type") {
 			if !kubeOps[v] && v != "get_container_events" {
-				t.Errorf("%s: pleg reports operation_type=%q, which the kubelet (calling %v) does not", n, v, sortedKeys(kubeOps))
+				t.Errorf("%s: pleg reports operation_type=%q, which the kubelet (calling %v) does not", n, v, slices.Sorted(maps.Keys(kubeOps)))
 			}
 		}
 	}
@@ -808,7 +809,7 @@ func labelNames(mf *dto.MetricFamily) []string {
 			set[l.GetName()] = true
 		}
 	}
-	return sortedKeys(set)
+	return slices.Sorted(maps.Keys(set))
 }
 
 // labelValues returns the values label takes in a family.
