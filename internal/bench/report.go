@@ -329,26 +329,19 @@ func writeScenario(w io.Writer, s ScenarioResult) {
 	}
 
 	f := newFigures(heads, ratios)
-	get := func(g func(*RunResult) float64) []float64 {
-		var out []float64
-		for _, r := range runs {
-			out = append(out, g(r))
-		}
-		return out
-	}
-	any := func(vals []float64) bool { return slices.ContainsFunc(vals, func(v float64) bool { return v > 0 }) }
+	get := func(g func(*RunResult) float64) []float64 { return each(runs, g) }
 	f.row("relist p50", fmtMs, true, get(func(r *RunResult) float64 { return r.RelistP50Ms }))
 	f.row("relist p99", fmtMs, true, get(func(r *RunResult) float64 { return r.RelistP99Ms }))
 	f.row("  list round trip p50", fmtMs, true, get(func(r *RunResult) float64 { return r.ListP50Ms }))
 	f.row("runtime calls / relist", fmtCount, true, get(func(r *RunResult) float64 { return r.CallsPerRelist }))
 	for _, op := range []string{"list_podsandbox", "list_containers", "podsandbox_status", "container_status"} {
-		if v := get(func(r *RunResult) float64 { return r.CallsByOp[op] }); any(v) {
+		if v := get(func(r *RunResult) float64 { return r.CallsByOp[op] }); anyPositive(v) {
 			f.row("  "+op, fmtCount, true, v)
 		}
 	}
 	f.row("pods inspected / relist", fmtCount, true, get(func(r *RunResult) float64 { return r.PodsInspectedPerRelist }))
 	f.row("events / relist", fmtCount, true, get(func(r *RunResult) float64 { return r.EventsPerRelist }))
-	if v := get(func(r *RunResult) float64 { return r.DiscardedEvents }); any(v) {
+	if v := get(func(r *RunResult) float64 { return r.DiscardedEvents }); anyPositive(v) {
 		f.row("events discarded (channel full)", fmtCount, false, v)
 	}
 	f.row("CPU / relist", fmtMs, true, get(func(r *RunResult) float64 { return r.CPUPerRelistMs }))
@@ -373,7 +366,7 @@ func writeScenario(w io.Writer, s ScenarioResult) {
 	if p.SimCPUPerRelistMs >= 0 {
 		f.row("(simulator CPU / relist)", fmtMs, false, get(func(r *RunResult) float64 { return r.SimCPUPerRelistMs }))
 	}
-	if v := get(func(r *RunResult) float64 { return r.InspectionTimeouts }); any(v) {
+	if v := get(func(r *RunResult) float64 { return r.InspectionTimeouts }); anyPositive(v) {
 		f.row("pod inspection timeouts", fmtCount, false, v)
 	}
 	if p.Health != nil {
@@ -447,13 +440,7 @@ func writeLive(w io.Writer, s ScenarioResult) {
 		}
 	}
 	f := newFigures(heads, ratios)
-	get := func(g func(*LiveResult) float64) []float64 {
-		var out []float64
-		for _, r := range runs {
-			out = append(out, g(r))
-		}
-		return out
-	}
+	get := func(g func(*LiveResult) float64) []float64 { return each(runs, g) }
 	texts := func(g func(*LiveResult) string) []string {
 		var out []string
 		for i, r := range runs {
@@ -464,7 +451,6 @@ func writeLive(w io.Writer, s ScenarioResult) {
 		}
 		return out
 	}
-	any := func(vals []float64) bool { return slices.ContainsFunc(vals, func(v float64) bool { return v > 0 }) }
 	f.text("global relists in the window", texts(func(r *LiveResult) string { return fmt.Sprintf("%d (%d failed)", r.Relists, r.RelistErrors) })...)
 	f.row("relist interval p50 (start to start)", fmtMs, true, get(func(r *LiveResult) float64 { return r.IntervalP50Ms }))
 	f.row("relist interval p99", fmtMs, true, get(func(r *LiveResult) float64 { return r.IntervalP99Ms }))
@@ -483,19 +469,19 @@ func writeLive(w io.Writer, s ScenarioResult) {
 	f.text("runtime events emitted / received", texts(func(r *LiveResult) string {
 		return fmtCount(float64(r.EventsEmitted)) + " / " + fmtCount(float64(r.EventsReceived))
 	})...)
-	if v := get(func(r *LiveResult) float64 { return float64(r.EventsDropped) }); any(v) {
+	if v := get(func(r *LiveResult) float64 { return float64(r.EventsDropped) }); anyPositive(v) {
 		f.row("  dropped by the runtime (stream behind)", fmtCount, false, v)
 	}
-	if v := get(func(r *LiveResult) float64 { return float64(r.EventsDelivered) }); any(v) {
+	if v := get(func(r *LiveResult) float64 { return float64(r.EventsDelivered) }); anyPositive(v) {
 		f.row("pleg events delivered", fmtCount, true, v)
 	}
 	f.row("runtime calls / second (received)", fmtCount, true, get(func(r *LiveResult) float64 { return r.RuntimeCallsPerSecond }))
 	for _, m := range []string{"ListPodSandbox", "ListContainers", "PodSandboxStatus", "ContainerStatus"} {
-		if v := get(func(r *LiveResult) float64 { return float64(r.RuntimeCalls[m]) / (r.WindowMs / 1000) }); any(v) {
+		if v := get(func(r *LiveResult) float64 { return float64(r.RuntimeCalls[m]) / (r.WindowMs / 1000) }); anyPositive(v) {
 			f.row("  "+m, fmtCount, true, v)
 		}
 	}
-	if v := get(func(r *LiveResult) float64 { return r.CPUPerSecondMs }); any(v) {
+	if v := get(func(r *LiveResult) float64 { return r.CPUPerSecondMs }); anyPositive(v) {
 		f.row("pleg CPU / second", fmtMs, true, v)
 		f.row("(simulator CPU / second)", fmtMs, true, get(func(r *LiveResult) float64 { return r.RuntimeCPUPerSecondMs }))
 	}
@@ -518,14 +504,14 @@ func writeLive(w io.Writer, s ScenarioResult) {
 			f.row(what.name+reason, fmtCount, true, get(func(r *LiveResult) float64 { return what.m(r)[reason] }))
 		}
 	}
-	if v := get(func(r *LiveResult) float64 { return r.EarlyRelists }); any(v) {
+	if v := get(func(r *LiveResult) float64 { return r.EarlyRelists }); anyPositive(v) {
 		f.row("early global relists", fmtCount, true, v)
 	}
-	if v := get(func(r *LiveResult) float64 { return r.QueueDropped }); any(v) {
+	if v := get(func(r *LiveResult) float64 { return r.QueueDropped }); anyPositive(v) {
 		f.row("pod relist requests dropped (queue full)", fmtCount, true, v)
 	}
 	f.row("pod inspection timeouts", fmtCount, true, get(func(r *LiveResult) float64 { return r.InspectionTimeouts }))
-	if v := get(func(r *LiveResult) float64 { return float64(r.ChurnedPods) }); any(v) {
+	if v := get(func(r *LiveResult) float64 { return float64(r.ChurnedPods) }); anyPositive(v) {
 		f.row("pods changed by the churn", fmtCount, true, v)
 	}
 	if r0.Changes > 0 {
@@ -545,6 +531,18 @@ func writeLive(w io.Writer, s ScenarioResult) {
 	}
 	writeTargets(w, s.Targets)
 }
+
+// each returns a figure of every run.
+func each[R any](runs []R, figure func(R) float64) []float64 {
+	out := make([]float64, 0, len(runs))
+	for _, r := range runs {
+		out = append(out, figure(r))
+	}
+	return out
+}
+
+// anyPositive reports whether some figure is positive.
+func anyPositive(vals []float64) bool { return slices.ContainsFunc(vals, func(v float64) bool { return v > 0 }) }
 
 // figures lays out the figures of several runs side by side: a column per
 // run, and after run i, when ratios has i, a column with the ratio of the
