@@ -542,7 +542,9 @@ func each[R any](runs []R, figure func(R) float64) []float64 {
 }
 
 // anyPositive reports whether some figure is positive.
-func anyPositive(vals []float64) bool { return slices.ContainsFunc(vals, func(v float64) bool { return v > 0 }) }
+func anyPositive(vals []float64) bool {
+	return slices.ContainsFunc(vals, func(v float64) bool { return v > 0 })
+}
 
 // figures lays out the figures of several runs side by side: a column per
 // run, and after run i, when ratios has i, a column with the ratio of the
