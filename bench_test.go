@@ -170,3 +170,7 @@ func BenchmarkRelistChanged1000x10(b *testing.B) {
 		})
 	}
 }
+
+func (r *benchRuntime) Identities(context.Context, *cruntime.Pod, []*cruntime.Container) ([]*cruntime.Identity, error) {
+	return nil, cruntime.ErrIdentityUnsupported
+}

@@ -41,12 +41,17 @@ func (p *pool) start(req callReq) {
 	p.mu.Lock()
 	p.out[req.ID] = tr
 	p.mu.Unlock()
-	p.m.InspectionsInFlight.Inc()
+	perPod := req.Kind != callList
+	if perPod {
+		p.m.InspectionsInFlight.Inc()
+	}
 	p.wg.Add(1)
 	go func() {
 		defer p.wg.Done()
 		res := p.do(cruntime.WithCallTracer(p.ctx, tr), req)
-		p.m.InspectionsInFlight.Dec()
+		if perPod {
+			p.m.InspectionsInFlight.Dec()
+		}
 		p.mu.Lock()
 		delete(p.out, req.ID)
 		p.mu.Unlock()
@@ -66,6 +71,9 @@ func (p *pool) do(ctx context.Context, req callReq) input {
 	case callListPod:
 		pod, err := p.rt.ListPod(ctx, req.UID)
 		return podListed{call: req.ID, pod: pod, err: err}
+	case callIdentity:
+		ids, err := p.rt.Identities(ctx, req.Pod, req.Containers)
+		return identitiesFetched{call: req.ID, ids: ids, err: err}
 	}
 	if !req.Delta {
 		status, err := cruntime.FetchPodStatus(ctx, p.rt, req.Pod)

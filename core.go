@@ -4,6 +4,7 @@ import (
 	"time"
 
 	"github.com/podlifecycle/pleg/cruntime"
+	"github.com/podlifecycle/pleg/journal"
 	"k8s.io/apimachinery/pkg/types"
 )
 
@@ -23,7 +24,7 @@ import (
 // The files core_*.go hold its rules by concern: core_relist.go the global
 // relist, core_pod.go one pod's inspection and its outcome,
 // core_calls.go the calls out and their timeouts, core_hints.go hints, their
-// coverage and their budget.
+// coverage and their budget, core_identity.go containers' identities.
 type core struct {
 	cfg coreConfig
 
@@ -49,6 +50,15 @@ type core struct {
 	// listing again (cruntime.Runtime's contract: an unchanged listing may
 	// be returned as the same slice of the same pods).
 	lastListing []*cruntime.Pod
+
+	// reachable: whether the last listing succeeded (0: none yet, 1:
+	// yes, -1: no).
+	reachable int8
+
+	// identityWanted: some watcher wants containers' identities; idTodo:
+	// the pods waiting for an identity call.
+	identityWanted bool
+	idTodo         []types.UID
 
 	hints   hintQueue
 	reqSeq  uint64 // numbers RequestReinspect requests
@@ -105,9 +115,18 @@ type record struct {
 	// hint is the pod's pending hint, if any: queued, or waiting for the
 	// call out to return.
 	hint pendingHint
-	// lastPodRelist is when the pod's last single-pod relist started (the
-	// budget's per-pod spacing).
-	lastPodRelist time.Time
+	// idleRelist is when the pod's last single-pod relist found nothing
+	// to inspect (zero: it found something, or there was none): the
+	// budget's per-pod spacing runs from then.
+	idleRelist time.Time
+	// identity: the identities fetched of the pod's containers, by ID (nil
+	// value: asked for, none given); idQueued: waiting for an identity
+	// call.
+	identity map[string]*cruntime.Identity
+	idQueued bool
+	// observed: the states fresh runtime events said containers reached,
+	// until the pod's next outcome (core_hints.go, observe).
+	observed map[string]cruntime.State
 }
 
 // pod returns the most recent listing of the record.
@@ -128,7 +147,7 @@ func (r *record) needsInspection() bool {
 // idle reports whether the record holds nothing worth keeping.
 func (r *record) idle() bool {
 	return r.old == nil && r.current == nil && r.call == nil && !r.hint.pending() &&
-		!r.flagged && r.requested == 0 && !r.owed
+		!r.flagged && r.requested == 0 && !r.owed && !r.idQueued
 }
 
 func newCore(cfg coreConfig) *core {
@@ -204,13 +223,25 @@ type hintIn struct {
 // reinspectIn: RequestReinspect(uid).
 type reinspectIn struct{ uid types.UID }
 
-func (tick) isInput()          {}
-func (relistNow) isInput()     {}
-func (listed) isInput()        {}
-func (podListed) isInput()     {}
-func (statusFetched) isInput() {}
-func (hintIn) isInput()        {}
-func (reinspectIn) isInput()   {}
+// identityIn: whether some watcher wants containers' identities now.
+type identityIn struct{ wanted bool }
+
+// identitiesFetched: an identity call returned.
+type identitiesFetched struct {
+	call callID
+	ids  []*cruntime.Identity
+	err  error
+}
+
+func (tick) isInput()              {}
+func (relistNow) isInput()         {}
+func (listed) isInput()            {}
+func (podListed) isInput()         {}
+func (statusFetched) isInput()     {}
+func (hintIn) isInput()            {}
+func (reinspectIn) isInput()       {}
+func (identityIn) isInput()        {}
+func (identitiesFetched) isInput() {}
 
 // Ready is what a Step asks the loop to carry out, in this order: start the
 // calls, apply the cache operations in order, publish the events in order,
@@ -226,6 +257,10 @@ type Ready struct {
 	Relist        *RelistStat
 	// Healthy is the new health timestamp, when a listing succeeded.
 	Healthy time.Time
+	// Runtime is the runtime's new reachability, when it changed: a
+	// listing succeeded after none or after a failure, or failed after a
+	// success.
+	Runtime *journal.RuntimeStatus
 	// Abandoned is how many abandoned calls are out after the step.
 	Abandoned int
 }
@@ -253,6 +288,10 @@ func (c *core) Step(now time.Time, in input) Ready {
 		c.onHint(in)
 	case reinspectIn:
 		c.onReinspect(in)
+	case identityIn:
+		c.onIdentityWanted(in.wanted)
+	case identitiesFetched:
+		c.onIdentities(in)
 	}
 	c.dispatch()
 	c.out.Abandoned = c.abandoned

@@ -21,9 +21,10 @@ import (
 type callKind uint8
 
 const (
-	callList    callKind = iota // ListPods: a global relist's listing
-	callListPod                 // ListPod: a single-pod relist's listing
-	callStatus                  // the status of one listed pod
+	callList     callKind = iota // ListPods: a global relist's listing
+	callListPod                  // ListPod: a single-pod relist's listing
+	callStatus                   // the status of one listed pod
+	callIdentity                 // the identities of some of a pod's containers
 )
 
 // call is one runtime call out.
@@ -37,6 +38,8 @@ type call struct {
 	pod *cruntime.Pod
 	// plan: a delta inspection's plan (nil: fetch every item).
 	plan *delta
+	// items: an identity call's containers.
+	items []*cruntime.Container
 	// started is when it was asked for; deadline when its pod stops
 	// waiting for it (zero: no bound but the runtime request timeout).
 	started, deadline time.Time
@@ -60,7 +63,8 @@ type callReq struct {
 	UID  types.UID
 	Pod  *cruntime.Pod
 	// Sandboxes and Containers are the items whose status to fetch, for a
-	// delta inspection (Delta true); otherwise every item of Pod.
+	// delta inspection (Delta true; otherwise every item of Pod), and the
+	// containers whose identity to fetch.
 	Delta      bool
 	Sandboxes  []*cruntime.Container
 	Containers []*cruntime.Container
@@ -91,6 +95,9 @@ func (c *core) startCall(k *call) {
 	if k.plan != nil {
 		req.Delta, req.Sandboxes, req.Containers = true, k.plan.fetchSbs, k.plan.fetchCts
 	}
+	if k.kind == callIdentity {
+		req.Containers = k.items
+	}
 	c.out.Calls = append(c.out.Calls, req)
 }
 
@@ -111,8 +118,10 @@ func (c *core) endCall(id callID) *call {
 	}
 	if k.abandoned {
 		c.abandoned--
-		c.note(note{kind: noteAbandonedReturned, uid: k.uid, pod: k.pod, d: c.stepNow.Sub(k.started)})
-		c.addHint(k.uid, pendingHint{first: c.stepNow, last: c.stepNow})
+		if k.kind != callIdentity {
+			c.note(note{kind: noteAbandonedReturned, uid: k.uid, pod: k.pod, d: c.stepNow.Sub(k.started)})
+			c.addHint(k.uid, pendingHint{first: c.stepNow, last: c.stepNow})
+		}
 		return nil
 	}
 	c.active--
@@ -120,6 +129,17 @@ func (c *core) endCall(id callID) *call {
 		c.relist.out--
 	}
 	return k
+}
+
+// callReturned forgets call id, which returned, and returns it with its
+// pod's record; nil when there is nothing to step: the call is unknown or
+// was abandoned, or its pod is forgotten.
+func (c *core) callReturned(id callID) (*call, *record) {
+	k := c.endCall(id)
+	if k == nil || c.records[k.uid] == nil {
+		return nil, nil
+	}
+	return k, c.records[k.uid]
 }
 
 // startStatus inspects r's current listing: it starts its status call, or,
@@ -170,6 +190,11 @@ func (c *core) expire(waiting map[callID]trackedCall) {
 		r := c.records[k.uid]
 		err := &InspectionTimeoutError{Pod: podRef(k.pod), UID: k.uid, Operation: w.op, ID: w.id,
 			Waited: k.deadline.Sub(k.started)}
+		if k.kind == callIdentity {
+			c.note(note{kind: noteIdentityFailed, uid: k.uid, pod: k.pod, err: err})
+			c.learn(r, k.items, nil)
+			continue
+		}
 		c.note(note{kind: noteTimeout, uid: k.uid, pod: k.pod, err: err, op: w.op, single: !k.forRelist})
 		r.hint.again = false // the call's return relists the pod
 		switch {
@@ -209,6 +234,7 @@ func (c *core) dispatch() {
 	}
 	c.maybeEndRelist()
 	c.dispatchHints()
+	c.dispatchIdentities()
 }
 
 func sortCalls(ks []*call) {

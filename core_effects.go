@@ -30,14 +30,22 @@ type cacheOp struct {
 }
 
 // publication is one pod's outcome to deliver: its events (in order), the
-// listing they lead to (nil: the pod is gone) and its fresh status. relist
-// says whether a global relist found it (otherwise a hint did).
+// listing they lead to (nil: the pod is gone; last is the one before) and
+// its fresh status. relist says whether a global relist found it
+// (otherwise a hint did).
 type publication struct {
 	uid    types.UID
 	pod    *cruntime.Pod
+	last   *cruntime.Pod
 	status *cruntime.PodStatus
 	events []Event
 	relist bool
+	// identities are the pod's containers' identities known (not to be
+	// modified: the core replaces the map when it learns more).
+	identities map[string]*cruntime.Identity
+	// update: only identities changed (events is PodUpdated alone): for
+	// the journal, not for the kubelet-compatible channel.
+	update bool
 }
 
 type noteKind uint8
@@ -57,6 +65,7 @@ const (
 	noteHintDropped                       // uid: the queue was full
 	noteHintDeferred                      // uid, reason: a hint waits for the budget
 	noteHintLatency                       // d: from a runtime event to its delivered event
+	noteIdentityFailed                    // uid, pod, err: an identity call failed
 )
 
 // Reasons of noteHintSkipped and noteHintDeferred, the label values of

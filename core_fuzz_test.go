@@ -2,6 +2,7 @@ package pleg
 
 import (
 	"fmt"
+	"maps"
 	"slices"
 	"testing"
 	"time"
@@ -20,7 +21,9 @@ import (
 //     active;
 //   - no event twice, none out of thin air: the events delivered for a pod
 //     are exactly the transitions between the listing subscribers were
-//     last told about and the one they lead to (PodSync when none);
+//     last told about and the one they lead to (PodSync when none), that
+//     one being the listing with what fresher statuses showed, through
+//     what runtime events saw in between;
 //
 // and at the end, once the runtime stops changing and answers every call:
 //
@@ -93,14 +96,27 @@ func (fz *fuzzer) listing(uid types.UID) *cruntime.Pod {
 	return p
 }
 
-// apply checks and records what one step published.
-func (fz *fuzzer) apply(rd Ready) {
+// apply checks and records what one step published. observed are the
+// states runtime events had shown for each pod before the step.
+func (fz *fuzzer) apply(rd Ready, observed map[types.UID]map[string]cruntime.State) {
 	t := fz.t
 	for _, req := range rd.Calls {
 		fz.out[req.ID] = req
 	}
 	for _, p := range rd.Publish {
+		if p.update {
+			// Identities learnt: the pod's listing is what was told.
+			if changed(fz.told[p.uid], p.pod) || len(p.events) != 1 || p.events[0].Type != "PodUpdated" {
+				t.Fatalf("pod %s: an identity update %v for %s, told %s", p.uid, p.events, dump(p.pod), dump(fz.told[p.uid]))
+			}
+			continue
+		}
 		diff := Diff(p.uid, fz.told[p.uid], p.pod)
+		if mid := withObserved(fz.told[p.uid], p.pod, observed[p.uid]); mid != nil {
+			// A state runtime events saw between what was told and the
+			// listing comes first.
+			diff = append(Diff(p.uid, fz.told[p.uid], mid), Diff(p.uid, mid, p.pod)...)
+		}
 		var want []string
 		for _, e := range diff {
 			if e.Type != ContainerChanged {
@@ -127,7 +143,13 @@ func (fz *fuzzer) apply(rd Ready) {
 }
 
 func (fz *fuzzer) stepCore(in input) {
-	fz.apply(fz.c.Step(fz.now, in))
+	observed := map[types.UID]map[string]cruntime.State{}
+	for uid, r := range fz.c.records {
+		if len(r.observed) > 0 {
+			observed[uid] = maps.Clone(r.observed)
+		}
+	}
+	fz.apply(fz.c.Step(fz.now, in), observed)
 }
 
 // waiting is what every call out waits on, as the pool would report.
@@ -154,7 +176,17 @@ func (fz *fuzzer) returnRandom(how byte) {
 	id := ids[int(fz.byte())%len(ids)]
 	req := fz.out[id]
 	delete(fz.out, id)
+	if how%3 == 1 && req.Kind == callStatus {
+		// The runtime moved on since the listing: the status shows the
+		// items as the runtime lists them now.
+		if p := fz.pods[req.UID]; p != nil {
+			for _, it := range append(slices.Clone(p.Sandboxes), p.Containers...) {
+				fz.moved[it.ID] = it.State
+			}
+		}
+	}
 	in := fz.answer(req, how%7 == 0)
+	clear(fz.moved)
 	if how%11 == 5 {
 		switch in := in.(type) {
 		case listed:
@@ -203,7 +235,11 @@ func (fz *fuzzer) step() {
 		}
 		fz.stepCore(in)
 	case 6:
-		fz.stepCore(reinspectIn{uid: uid})
+		if op&0x80 != 0 {
+			fz.stepCore(identityIn{wanted: op&0x40 != 0})
+		} else {
+			fz.stepCore(reinspectIn{uid: uid})
+		}
 	case 7:
 		fz.stepCore(relistNow{})
 	}

@@ -22,8 +22,10 @@ import (
 //     that comes while the pod's call is out relists it when the call
 //     returns;
 //   - single-pod relists draw on a token bucket (budget.rate a second, up
-//     to budget.burst at once), and one pod is relisted on its own at most
-//     once per budget.spacing;
+//     to budget.burst at once), and a pod whose single-pod relist found
+//     nothing is not relisted on its own again for budget.spacing (a pod
+//     whose relist found a change is, at once: a container's start is two
+//     events, CREATED then STARTED, tens of milliseconds apart);
 //   - hints that wait for the budget bring the next global relist forward
 //     to budget.early after the end of the last: one listing covers them
 //     all (on containerd a filtered list call costs the runtime about what
@@ -113,8 +115,40 @@ func (c *core) onHint(in hintIn) {
 	h := pendingHint{first: at, last: at}
 	if in.event {
 		h.latency = at
+		c.observe(in.uid, in.container, in.eventType)
 	}
 	c.addHint(in.uid, h)
+}
+
+// maxObserved bounds the states a pod's record keeps from runtime events.
+const maxObserved = 16
+
+// observe records what a fresh runtime event says a container reached
+// (STARTED: running, STOPPED: exited), for the pod's next outcome: when its
+// listing has moved past that state (a container that started and was
+// killed before the relist that the event triggered could list it), the
+// outcome delivers the state the event saw before the listed one
+// (core_pod.go, withObserved).
+func (c *core) observe(uid types.UID, id string, t cruntime.EventType) {
+	var st cruntime.State
+	switch t {
+	case cruntime.EventStarted:
+		st = cruntime.StateRunning
+	case cruntime.EventStopped:
+		st = cruntime.StateExited
+	default:
+		return
+	}
+	if id == "" {
+		return
+	}
+	r := c.record(uid)
+	if r.observed == nil {
+		r.observed = make(map[string]cruntime.State)
+	}
+	if _, ok := r.observed[id]; ok || len(r.observed) < maxObserved {
+		r.observed[id] = st
+	}
 }
 
 // unchangedBy reports whether a runtime event of type t about container
@@ -173,11 +207,11 @@ func (c *core) queueHint(uid types.UID, r *record) {
 	}
 }
 
-// spaced reports whether r's pod was relisted on its own too recently to
-// be relisted again now.
+// spaced reports whether r's pod was relisted on its own, for nothing,
+// too recently to be relisted again now.
 func (c *core) spaced(r *record) bool {
 	s := c.cfg.budget.spacing
-	return s > 0 && !r.lastPodRelist.IsZero() && c.stepNow.Before(r.lastPodRelist.Add(s))
+	return s > 0 && !r.idleRelist.IsZero() && c.stepNow.Before(r.idleRelist.Add(s))
 }
 
 // refill adds the tokens earned since the last refill.
@@ -233,7 +267,6 @@ func (c *core) dispatchHints() {
 		}
 		q.order = append(q.order[:i], q.order[i+1:]...)
 		r.hint.queued = false
-		r.lastPodRelist = c.stepNow
 		c.startCall(&call{kind: callListPod, uid: uid, pod: r.pod(), podRelist: c.stepNow, reqSeq: r.requested})
 	}
 	if len(q.order) == 0 {
@@ -281,7 +314,7 @@ func (c *core) hintWake() time.Time {
 		if !c.spaced(r) {
 			return w // one is ready but for the budget (or a slot)
 		}
-		if t := r.lastPodRelist.Add(c.cfg.budget.spacing); spaced.IsZero() || t.Before(spaced) {
+		if t := r.idleRelist.Add(c.cfg.budget.spacing); spaced.IsZero() || t.Before(spaced) {
 			spaced = t
 		}
 	}

@@ -2,6 +2,7 @@ package pleg
 
 import (
 	"fmt"
+	"slices"
 	"time"
 
 	"github.com/podlifecycle/pleg/cruntime"
@@ -16,19 +17,16 @@ import (
 
 // onPodListed steps the result of a single-pod relist's list call.
 func (c *core) onPodListed(in podListed) {
-	k := c.endCall(in.call)
+	k, r := c.callReturned(in.call)
 	if k == nil {
 		return
 	}
 	uid := k.uid
-	r := c.records[uid]
 	err := in.err
 	if err == nil {
 		err = checkPod(in.pod)
 	}
 	switch {
-	case r == nil:
-		return
 	case err != nil:
 		c.note(note{kind: notePodRelistFailed, uid: uid, pod: k.pod, err: err})
 		c.inspectOwed(uid, r)
@@ -38,8 +36,10 @@ func (c *core) onPodListed(in podListed) {
 		c.inspectOwed(uid, r)
 	default:
 		r.current, r.currentAt = in.pod, k.started
+		r.idleRelist = time.Time{}
 		switch {
 		case !r.needsInspection():
+			r.idleRelist = c.stepNow
 			c.out.Cache = append(c.out.Cache, cacheOp{kind: cacheObserved, uid: uid, at: k.started})
 			c.note(note{kind: notePodRelistDone, d: c.stepNow.Sub(k.started)})
 			r.hint.clearLatency()
@@ -84,15 +84,11 @@ func (c *core) afterCall(uid types.UID) {
 
 // onStatus steps the result of a status call.
 func (c *core) onStatus(in statusFetched) {
-	k := c.endCall(in.call)
+	k, r := c.callReturned(in.call)
 	if k == nil {
 		return
 	}
 	uid := k.uid
-	r := c.records[uid]
-	if r == nil {
-		return
-	}
 	status, err := c.assemble(k, k.plan, in)
 	switch {
 	case r.current == nil:
@@ -172,13 +168,27 @@ func (c *core) apply(uid types.UID, r *record, forRelist bool, reqSeq uint64, st
 		}
 		return false
 	}
+	reinspected := r.flagged || r.requested != 0
 	r.flagged = false
 	if r.requested == reqSeq {
 		r.requested = 0
 	}
+	if r.current != nil {
+		r.current = advance(r.current, status)
+	}
 	events := Diff(uid, r.old, r.current)
+	if mid := withObserved(r.old, r.current, r.observed); mid != nil {
+		events = append(Diff(uid, r.old, mid), Diff(uid, mid, r.current)...)
+	}
+	r.observed = nil
 	pod := r.pod()
 	if len(events) == 0 {
+		if !reinspected {
+			// The status showed the change the listing did undone by
+			// now (advance): nothing to tell.
+			r.old = r.current
+			return true
+		}
 		events = []Event{{PodUID: uid, Type: PodSync}}
 	}
 	r.old = r.current
@@ -199,7 +209,9 @@ func (c *core) apply(uid types.UID, r *record, forRelist bool, reqSeq uint64, st
 		}
 		out = append(out, e)
 	}
-	c.out.Publish = append(c.out.Publish, publication{uid: uid, pod: r.current, status: status, events: out, relist: forRelist})
+	c.out.Publish = append(c.out.Publish, publication{uid: uid, pod: r.current, last: pod, status: status, events: out,
+		relist: forRelist, identities: r.identity})
+	c.wantIdentities(uid, r)
 	if forRelist {
 		c.relist.stat.Events += len(out)
 	}
@@ -207,6 +219,111 @@ func (c *core) apply(uid types.UID, r *record, forRelist bool, reqSeq uint64, st
 		c.note(note{kind: noteHintLatency, d: c.stepNow.Sub(first)})
 	}
 	return true
+}
+
+// advance returns the listing p with each item in the state its fresh
+// status shows, where that state is further along the item's lifecycle
+// (a container: created, running, exited; a sandbox: ready, not ready):
+// the status was fetched after the listing, and the item moved on in
+// between. The kubelet's next relist would see that state; pleg reports
+// it now, so that a container that starts and dies between two listings
+// is not reported only dead. p is returned when nothing moved on (listed
+// pods are never modified).
+func advance(p *cruntime.Pod, status *cruntime.PodStatus) *cruntime.Pod {
+	if status == nil {
+		return p
+	}
+	later := func(listed, seen cruntime.State) bool {
+		rank := map[cruntime.State]int{cruntime.StateCreated: 1, cruntime.StateRunning: 2, cruntime.StateExited: 3}
+		return rank[listed] > 0 && rank[seen] > rank[listed]
+	}
+	var out *cruntime.Pod
+	move := func(items []*cruntime.Container, i int, state cruntime.State, sandbox bool) {
+		if out == nil {
+			cp := *p
+			cp.Sandboxes, cp.Containers = slices.Clone(p.Sandboxes), slices.Clone(p.Containers)
+			out = &cp
+		}
+		it := *items[i]
+		it.State = state
+		if sandbox {
+			out.Sandboxes[i] = &it
+		} else {
+			out.Containers[i] = &it
+		}
+	}
+	for i, c := range p.Containers {
+		for _, st := range status.ContainerStatuses {
+			if st.ID == c.ID && later(c.State, st.State) {
+				move(p.Containers, i, st.State, false)
+			}
+		}
+	}
+	for i, sb := range p.Sandboxes {
+		for _, st := range status.SandboxStatuses {
+			if st.ID == sb.ID && sb.State == cruntime.StateRunning && st.State == cruntime.StateExited {
+				move(p.Sandboxes, i, st.State, true)
+			}
+		}
+	}
+	if out == nil {
+		return p
+	}
+	return out
+}
+
+// withObserved returns the pod's state between old and current that
+// runtime events observed, or nil when they saw nothing between: a
+// container the events saw reach a state later than old's and earlier
+// than current's (it started, then died before a listing showed it
+// running). Only containers current lists count: an event cannot make up
+// a container.
+func withObserved(old, current *cruntime.Pod, observed map[string]cruntime.State) *cruntime.Pod {
+	if len(observed) == 0 || current == nil {
+		return nil
+	}
+	rank := func(s state) int {
+		switch s {
+		case stateUnknown:
+			return 1
+		case stateRunning:
+			return 2
+		case stateExited:
+			return 3
+		}
+		return 0 // non-existent
+	}
+	var mid *cruntime.Pod
+	for _, c := range current.Containers {
+		seen, ok := observed[c.ID]
+		if !ok {
+			continue
+		}
+		was, _, _ := find(old, c.ID)
+		now := stateOf(c.State)
+		at := stateOf(seen)
+		if rank(at) <= rank(was) || rank(at) >= rank(now) {
+			continue
+		}
+		if mid == nil {
+			mid = &cruntime.Pod{UID: current.UID, Name: current.Name, Namespace: current.Namespace}
+			if old != nil {
+				mid.Sandboxes, mid.Containers = slices.Clone(old.Sandboxes), slices.Clone(old.Containers)
+			}
+		}
+		it := *c
+		it.State = seen
+		replaced := false
+		for i, o := range mid.Containers {
+			if o.ID == c.ID {
+				mid.Containers[i], replaced = &it, true
+			}
+		}
+		if !replaced {
+			mid.Containers = append(mid.Containers, &it)
+		}
+	}
+	return mid
 }
 
 // placeholderStatus is the status cached for a pod whose inspection

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/podlifecycle/pleg/cruntime"
+	"github.com/podlifecycle/pleg/journal"
 	"k8s.io/apimachinery/pkg/types"
 )
 
@@ -77,8 +78,16 @@ func (c *core) onListed(in listed) {
 	if err != nil {
 		c.relist.stat.Err, c.relist.stat.err = err.Error(), err
 		c.note(note{kind: noteListFailed, err: err})
+		if c.reachable >= 0 {
+			c.reachable = -1
+			c.out.Runtime = &journal.RuntimeStatus{State: journal.RuntimeUnreachable, Message: err.Error()}
+		}
 		c.endRelist()
 		return
+	}
+	if c.reachable <= 0 {
+		c.reachable = 1
+		c.out.Runtime = &journal.RuntimeStatus{State: journal.RuntimeReachable}
 	}
 	start := c.relist.start
 	c.gen++

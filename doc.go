@@ -14,11 +14,13 @@
 //     and reinspected later, so it cannot stall the relist and turn the
 //     node NotReady; it is named in the logs and counted in
 //     pleg_pod_inspection_timeouts_total;
-//   - subscriptions (Subscribe) never lose an event silently: a subscriber
-//     that falls behind gets a resync with the state of every pod;
-//   - the runtime's container event stream, when it has one, triggers
-//     single-pod relists within milliseconds, while the periodic relist
-//     stays the source of truth.
+//   - hints from the runtime's event stream trigger single-pod relists within
+//     milliseconds, within a budget (Options.PodRelistRate and friends) and
+//     never making a global relist wait, while the periodic relist stays
+//     the source of truth;
+//   - every change goes to a journal (Journal) that any number of watchers
+//     read at their own pace and resume by cursor, never losing an event
+//     silently; Subscribe reads it too.
 //
 // # Usage
 //
@@ -45,7 +47,7 @@
 //     drops events when full (counted in kubelet_pleg_discard_events).
 //     Prefer Subscribe, which never drops silently.
 //   - Call Next on every subscription until it returns an error, or Close
-//     it; an idle subscription costs at most Options.SubscriberBuffer events.
+//     it; an idle subscription costs its position in the journal.
 //   - Check Healthy (or a Readiness built on it) periodically.
 //   - Give it a clock.WithTicker in tests (k8s.io/utils/clock/testing) to
 //     drive every timing rule without sleeping.
@@ -58,14 +60,21 @@
 //
 // # Layout
 //
-// The kubelet's rules are one pure state machine (core.go): listings,
-// inspection outcomes and times go in; the pods to inspect, cache writes
-// and events come out. The relist loop is its thin shell: relist.go (the
-// global relist), podrelist.go (single-pod relists), inspect.go (bounded
-// status fetches), stream.go (the runtime event stream as hints),
-// deliver.go (the Watch channel and subscriptions). The diff of two
-// listings is the pure function Diff. The runtime interface and its types
-// are in package cruntime, the CRI client in cruntime/cri, a simulated CRI
-// runtime in cruntime/sim, the pod status cache in podcache and the
-// Prometheus collectors in metrics.
+// Every per-pod rule lives in one deterministic state machine, the core
+// (core.go; core_relist.go the global relist, core_pod.go one pod's
+// inspection and outcome, core_calls.go calls out and their timeouts,
+// core_hints.go hints and their budget, core_identity.go containers'
+// identities): inputs (a listing, a status, a hint, a request, time) go in,
+// effects (calls to make, cache operations, events, notes) come out. It reads
+// no clock and does no I/O; testdata/core/*.txt are scripts that drive it.
+// One goroutine, the loop (loop.go), owns it: it feeds it the clock, the
+// results of the calls a pool makes (calls.go) and what other goroutines
+// put in the inbox (inbox.go: the event stream of stream.go, RequestRelist,
+// RequestReinspect), and carries out the effects: the pod status cache
+// (package podcache), the journal (package journal), the kubelet-compatible
+// channel (deliver.go), metrics and logs (report.go). The diff of two
+// listings is the pure function Diff. The runtime interface and its
+// contract are in package cruntime, the CRI client in cruntime/cri, a
+// simulated CRI runtime in cruntime/sim, the Prometheus collectors in
+// metrics.
 package pleg

@@ -237,3 +237,18 @@ var (
 	errStatus = errors.New("status failed")
 	errList   = errors.New("list failed")
 )
+
+// Identities gives every running container a PID made of its position and
+// a cgroup path of its ID, counting one "Identities" call.
+func (f *fakeRuntime) Identities(_ context.Context, pod *cruntime.Pod, cts []*cruntime.Container) ([]*cruntime.Identity, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.calls["Identities"]++
+	out := make([]*cruntime.Identity, len(cts))
+	for i, c := range cts {
+		if c.State == cruntime.StateRunning {
+			out[i] = &cruntime.Identity{PID: int64(1000 + f.calls["Identities"]*10 + i), CgroupPath: "/pods/" + string(pod.UID) + "/" + c.ID}
+		}
+	}
+	return out, nil
+}

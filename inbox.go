@@ -16,6 +16,7 @@ type inbox struct {
 	limit     int
 	hints     []hintIn
 	reinspect map[types.UID]struct{}
+	identity  *bool         // the last identity wish, if any since the last take
 	wake      chan struct{} // capacity 1: "there is something to take"
 }
 
@@ -43,6 +44,13 @@ func (b *inbox) reinspectPod(uid types.UID) {
 	b.signal()
 }
 
+func (b *inbox) identityWanted(wanted bool) {
+	b.mu.Lock()
+	b.identity = &wanted
+	b.mu.Unlock()
+	b.signal()
+}
+
 func (b *inbox) signal() {
 	select {
 	case b.wake <- struct{}{}:
@@ -55,6 +63,10 @@ func (b *inbox) signal() {
 func (b *inbox) take(into []input) []input {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	if b.identity != nil {
+		into = append(into, identityIn{wanted: *b.identity})
+		b.identity = nil
+	}
 	for uid := range b.reinspect {
 		into = append(into, reinspectIn{uid: uid})
 	}

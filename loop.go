@@ -3,6 +3,8 @@ package pleg
 import (
 	"context"
 	"time"
+
+	"github.com/podlifecycle/pleg/journal"
 )
 
 // The loop is the one goroutine that owns the core: it feeds it time, the
@@ -73,7 +75,13 @@ func (g *Generator) step(in input) {
 		}
 	}
 	for _, p := range rd.Publish {
-		g.deliver.publish(p.uid, p.pod, p.events)
+		g.journal.Append(journalEntry(p, now))
+		if !p.update {
+			g.deliver.publish(p.events)
+		}
+	}
+	if r := rd.Runtime; r != nil {
+		g.journal.Append(journal.Entry{Kind: journal.KindRuntime, Time: now, Runtime: r})
 	}
 	for _, n := range rd.Notes {
 		g.report(n)

@@ -10,6 +10,7 @@ import (
 	"time"
 
 	"github.com/podlifecycle/pleg/cruntime"
+	"github.com/podlifecycle/pleg/journal"
 	"github.com/podlifecycle/pleg/metrics"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"k8s.io/apimachinery/pkg/types"
@@ -350,4 +351,52 @@ func (r *shortRuntime) ItemStatuses(ctx context.Context, p *cruntime.Pod, sbs, c
 		c = c[1:]
 	}
 	return s, c, err
+}
+
+// Containers' identities are fetched only while wanted, once per running
+// container, and reach the journal (not the kubelet-compatible channel).
+func TestIdentitiesOnlyWhileWanted(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		rt := newFakeRuntime()
+		rt.setPods(pod("a", "c1=running", "c2=exited"))
+		g := newLoopGenerator(t, rt, nil)
+		ch := g.Watch()
+		g.Start()
+		time.Sleep(3 * time.Second)
+		synctest.Wait()
+		if n := rt.count("Identities"); n != 0 {
+			t.Fatalf("%d identity calls while nobody wants them", n)
+		}
+		f, err := journal.NewFilter(journal.FilterSpec{Identity: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		w, err := g.Journal().Watch("", f) // a watcher that asks for identities
+		if err != nil {
+			t.Fatal(err)
+		}
+		synctest.Wait()
+		p, _ := g.Journal().Pod("a")
+		if id := p.Containers[0].Identity; id == nil || id.CgroupPath != "/pods/a/c1" || p.Containers[1].Identity != nil {
+			t.Fatalf("identities %+v %+v", p.Containers[0].Identity, p.Containers[1].Identity)
+		}
+		time.Sleep(3 * time.Second)
+		synctest.Wait()
+		if n := rt.count("Identities"); n != 1 {
+			t.Fatalf("%d identity calls, want 1 (once per container)", n)
+		}
+		drain(ch)
+		rt.setPods(pod("a", "c1=running", "c2=exited", "c3=running"))
+		w.Close() // the last such watcher goes
+		time.Sleep(time.Second)
+		synctest.Wait()
+		if n := rt.count("Identities"); n != 1 {
+			t.Fatalf("an identity call after nobody wants them (%d)", n)
+		}
+		for _, e := range drain(ch) {
+			if e.Type == "PodUpdated" {
+				t.Fatal("an identity update on the kubelet-compatible channel")
+			}
+		}
+	})
 }

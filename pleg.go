@@ -10,6 +10,7 @@ import (
 
 	"github.com/go-logr/logr"
 	"github.com/podlifecycle/pleg/cruntime"
+	"github.com/podlifecycle/pleg/journal"
 	"github.com/podlifecycle/pleg/metrics"
 	"github.com/podlifecycle/pleg/podcache"
 	"k8s.io/apimachinery/pkg/types"
@@ -23,7 +24,6 @@ const (
 	DefaultChannelCapacity        = 1000
 	DefaultMaxParallelInspections = 16
 	DefaultPodInspectionTimeout   = 10 * time.Second
-	DefaultSubscriberBuffer       = 10000
 	DefaultPodRelistQueue         = 4096
 	// The hint budget (docs/semantics.md, "Hints and their budget"),
 	// chosen from measurements on containerd (docs/performance.md).
@@ -38,7 +38,7 @@ const (
 const (
 	MinRelistPeriod           = 10 * time.Millisecond
 	MaxMaxParallelInspections = 1024
-	MaxQueue                  = 1 << 20 // ChannelCapacity, SubscriberBuffer, PodRelistQueue
+	MaxQueue                  = 1 << 20 // ChannelCapacity, PodRelistQueue, Journal.Size
 )
 
 // Options configure a Generator. Only Runtime is required.
@@ -81,9 +81,9 @@ type Options struct {
 	// are fetched and the others' last statuses reused (docs/semantics.md,
 	// "Delta inspection").
 	FullInspection bool
-	// SubscriberBuffer is how many undelivered events one subscription
-	// holds before it is resynced. Default 10000.
-	SubscriberBuffer int
+	// Journal configures the lifecycle stream's journal (retention by
+	// count, bytes and age; bookmarks). Its Clock is Options.Clock.
+	Journal journal.Options
 	// PodRelistQueue bounds the pods waiting for a single-pod relist.
 	// Default 4096.
 	PodRelistQueue int
@@ -92,8 +92,9 @@ type Options struct {
 	// and 10.
 	PodRelistRate  float64
 	PodRelistBurst int
-	// PodRelistSpacing is the least time between two single-pod relists of
-	// one pod. Negative: none. Default 100ms.
+	// PodRelistSpacing: after a single-pod relist of a pod that found
+	// nothing, the least time before another. Negative: none. Default
+	// 100ms.
 	PodRelistSpacing time.Duration
 	// EarlyRelistGap: when hints wait for the budget, the next global relist
 	// starts this long after the end of the last instead of a period after
@@ -137,7 +138,6 @@ func (o *Options) setDefaults() {
 	def(&o.EarlyRelistGap, DefaultEarlyRelistGap)
 	defInt(&o.ChannelCapacity, DefaultChannelCapacity)
 	defInt(&o.MaxParallelInspections, DefaultMaxParallelInspections)
-	defInt(&o.SubscriberBuffer, DefaultSubscriberBuffer)
 	defInt(&o.PodRelistQueue, DefaultPodRelistQueue)
 	defInt(&o.PodRelistBurst, DefaultPodRelistBurst)
 	if o.PodRelistRate == 0 {
@@ -163,8 +163,10 @@ func (o *Options) validate() error {
 		return fmt.Errorf("pleg: ChannelCapacity %d is outside 0..%d", o.ChannelCapacity, MaxQueue)
 	case o.MaxParallelInspections < 0 || o.MaxParallelInspections > MaxMaxParallelInspections:
 		return fmt.Errorf("pleg: MaxParallelInspections %d is outside 1..%d", o.MaxParallelInspections, MaxMaxParallelInspections)
-	case o.SubscriberBuffer < 0 || o.SubscriberBuffer > MaxQueue || o.PodRelistQueue < 0 || o.PodRelistQueue > MaxQueue:
-		return fmt.Errorf("pleg: SubscriberBuffer (%d) and PodRelistQueue (%d) must be within 1..%d", o.SubscriberBuffer, o.PodRelistQueue, MaxQueue)
+	case o.PodRelistQueue < 0 || o.PodRelistQueue > MaxQueue:
+		return fmt.Errorf("pleg: PodRelistQueue %d is outside 1..%d", o.PodRelistQueue, MaxQueue)
+	case o.Journal.Size < 0 || o.Journal.Size > MaxQueue || o.Journal.MaxBytes < 0 || o.Journal.MaxAge < 0 || o.Journal.BookmarkInterval < 0:
+		return fmt.Errorf("pleg: Journal options %+v out of range (Size at most %d, none negative)", o.Journal, MaxQueue)
 	case o.PodRelistBurst < 0 || o.PodRelistBurst > MaxQueue:
 		return fmt.Errorf("pleg: PodRelistBurst %d is outside 1..%d", o.PodRelistBurst, MaxQueue)
 	case o.PodRelistRate > 1e6 || o.PodRelistRate != o.PodRelistRate:
@@ -214,6 +216,7 @@ type Generator struct {
 	abandoned          atomic.Int64 // abandoned calls out
 	stats              statsRing
 	deliver            *hub
+	journal            *journal.Journal
 	stream             eventStream
 
 	inbox *inbox
@@ -246,7 +249,11 @@ func New(opts Options) (*Generator, error) {
 	g.pool = newPool(ctx, opts.Runtime, &g.wg, g.m)
 	g.logs = newLogLimiter(g.log, g.m)
 	g.stream.status = EventStreamStatus{Mode: opts.Events, State: StreamOff}
-	g.deliver = newHub(opts.ChannelCapacity, opts.SubscriberBuffer, g.log, g.m)
+	g.deliver = newHub(opts.ChannelCapacity, g.log, g.m)
+	jo := opts.Journal
+	jo.Clock = opts.Clock
+	jo.OnIdentityWanted = g.SetIdentityWanted
+	g.journal = journal.New(jo)
 	g.m.TrackRelistProgress(g.RelistRunningFor)
 	return g, nil
 }
@@ -295,11 +302,9 @@ func (g *Generator) Stop() {
 // channel exists from the first call on; events before it are not queued.
 func (g *Generator) Watch() <-chan *Event { return g.deliver.watch() }
 
-// Subscribe returns a subscription that receives every event, in order per
-// pod. Its first update is a resync with the state of every pod; a
-// subscription that falls more than Options.SubscriberBuffer events behind
-// gets a resync instead of the events it missed. Close it when done.
-func (g *Generator) Subscribe() *Subscription { return g.deliver.subscribe() }
+// Journal returns the lifecycle stream's journal: every pod change and
+// runtime status change, for watchers that resume by cursor.
+func (g *Generator) Journal() *journal.Journal { return g.journal }
 
 // RequestRelist asks for a relist of one pod (for example because
 // something suggests it changed). It is a hint: it is served within the
@@ -313,6 +318,14 @@ func (g *Generator) RequestRelist(uid types.UID) bool {
 	}
 	return ok
 }
+
+// SetIdentityWanted says whether some consumer wants containers'
+// identities (init PID, cgroup path): while it does, the generator fetches
+// them once per running container (one verbose status call each) and
+// publishes them in the journal (PodUpdated). The journal calls it as its
+// watchers that ask for identities (the lifecycle API's "identity" field)
+// come and go.
+func (g *Generator) SetIdentityWanted(wanted bool) { g.inbox.identityWanted(wanted) }
 
 // RequestReinspect makes the next relist of pod uid inspect it even if
 // nothing changed in its listing, emitting PodSync if no other event

@@ -202,7 +202,7 @@ func TestSubscriptionGetsEverything(t *testing.T) {
 func TestSubscriptionResync(t *testing.T) {
 	rt := newFakeRuntime()
 	m := metrics.New(nil)
-	g, clk := newTestGenerator(t, rt, func(o *Options) { o.SubscriberBuffer = 3; o.Metrics = m })
+	g, clk := newTestGenerator(t, rt, func(o *Options) { o.Journal.Size = 3; o.Metrics = m })
 	sub := g.Subscribe()
 	defer sub.Close()
 	ctx := context.Background()

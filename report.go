@@ -65,6 +65,11 @@ func (g *Generator) report(n note) {
 		g.m.PodRelistDeferred.WithLabelValues(n.reason).Inc()
 	case noteHintLatency:
 		g.m.EventDeliveryLatency.Observe(n.d.Seconds())
+	case noteIdentityFailed:
+		g.m.IdentityFailures.Inc()
+		if g.logs.allow(logIdentity, n.uid) {
+			g.log.Error(n.err, "Fetching containers' identities failed; they stay unknown", "pod", podRef(n.pod), "podUID", n.uid)
+		}
 	}
 }
 
@@ -72,6 +77,7 @@ func (g *Generator) report(n note) {
 const (
 	logTimeout   = "pod inspection timeouts"
 	logPodRelist = "single-pod relist failures"
+	logIdentity  = "identity fetch failures"
 )
 
 // logLimiter bounds repeated per-pod error lines: in each window, the

@@ -66,12 +66,16 @@ var update = flag.Bool("update", false, "rewrite the expected output of testdata
 //	auto                global relists start on their own once due (as in a
 //	                    started generator); before, only relist and
 //	                    start-relist start them.
+//	identity on|off     whether a watcher wants containers' identities.
 //	budget rate=R burst=B spacing=DUR early=DUR queue=N slots=N
 //	                    the hint budget and the call slots (defaults: none).
 //	calls               output: the calls out.
 //	cache               output: every cache entry.
 //	get UID             output: Get(UID) for one pod, present or not.
 //	ips UID [ip...]     the IPs the runtime reports for UID from now on.
+//	moves ID=STATE...   the runtime's statuses show these items in these
+//	                    states from now on, whatever their listing says
+//	                    (they moved on between the list and status calls).
 //
 // Step-by-step commands output what the core did: "call N: KIND UID
 // [items]" for each call it made, "cache: ..." for each cache operation,
@@ -102,7 +106,8 @@ type harness struct {
 	ips   map[types.UID][]string
 	exit  map[string]int32 // container ID -> exit code in statuses
 	out   map[callID]callReq
-	hung  map[types.UID]callID // calls the runtime holds
+	hung  map[types.UID]callID      // calls the runtime holds
+	moved map[string]cruntime.State // items whose status shows another state than their listing
 }
 
 type block struct {
@@ -164,7 +169,7 @@ func newHarness(t *testing.T) *harness {
 		budget: hintBudget{queue: 4096}}
 	return &harness{t: t, c: newCore(cfg), cache: podcache.New(), now: time.Unix(1_700_000_000, 0),
 		pods: map[types.UID]*cruntime.Pod{}, ips: map[types.UID][]string{}, exit: map[string]int32{},
-		out: map[callID]callReq{}, hung: map[types.UID]callID{}}
+		out: map[callID]callReq{}, hung: map[types.UID]callID{}, moved: map[string]cruntime.State{}}
 }
 
 func runScript(t *testing.T, file string) {
@@ -264,6 +269,15 @@ func (h *harness) answer(req callReq, fail bool) input {
 			return podListed{call: req.ID, err: errList}
 		}
 		return podListed{call: req.ID, pod: h.pods[req.UID]}
+	case callIdentity:
+		if fail {
+			return identitiesFetched{call: req.ID, err: errStatus}
+		}
+		ids := make([]*cruntime.Identity, len(req.Containers))
+		for i, c := range req.Containers {
+			ids[i] = &cruntime.Identity{PID: int64(100 + i), CgroupPath: "/pods/" + c.ID}
+		}
+		return identitiesFetched{call: req.ID, ids: ids}
 	}
 	if fail {
 		return statusFetched{call: req.ID, err: errStatus}
@@ -272,13 +286,19 @@ func (h *harness) answer(req callReq, fail bool) input {
 	if !req.Delta {
 		sbs, cts = req.Pod.Sandboxes, req.Pod.Containers
 	}
+	state := func(c *cruntime.Container) cruntime.State {
+		if st, ok := h.moved[c.ID]; ok {
+			return st
+		}
+		return c.State
+	}
 	var sbOut []*cruntime.SandboxStatus
 	for _, sb := range sbs {
-		sbOut = append(sbOut, &cruntime.SandboxStatus{ID: sb.ID, State: sb.State, IPs: slices.Clone(h.ips[req.UID])})
+		sbOut = append(sbOut, &cruntime.SandboxStatus{ID: sb.ID, State: state(sb), IPs: slices.Clone(h.ips[req.UID])})
 	}
 	var ctOut []*cruntime.ContainerStatus
 	for _, c := range cts {
-		ctOut = append(ctOut, &cruntime.ContainerStatus{ID: c.ID, Name: c.Name, State: c.State, ExitCode: h.exit[c.ID]})
+		ctOut = append(ctOut, &cruntime.ContainerStatus{ID: c.ID, Name: c.Name, State: state(c), ExitCode: h.exit[c.ID]})
 	}
 	if req.Delta {
 		return statusFetched{call: req.ID, sandboxes: sbOut, containers: ctOut}
@@ -389,6 +409,8 @@ func noteLine(n note) string {
 		return "drop " + string(n.uid)
 	case noteHintDeferred:
 		return "defer " + string(n.uid) + ": " + n.reason
+	case noteIdentityFailed:
+		return "identity failed: " + string(n.uid)
 	}
 	return ""
 }
@@ -399,6 +421,12 @@ func callLine(req callReq) string {
 		return fmt.Sprintf("call %d: list", req.ID)
 	case callListPod:
 		return fmt.Sprintf("call %d: list-pod %s", req.ID, req.UID)
+	case callIdentity:
+		var ids []string
+		for _, c := range req.Containers {
+			ids = append(ids, c.ID)
+		}
+		return fmt.Sprintf("call %d: identity %s (%s)", req.ID, req.UID, strings.Join(ids, " "))
 	}
 	line := fmt.Sprintf("call %d: status %s", req.ID, req.UID)
 	if req.Delta {
@@ -671,6 +699,8 @@ func (h *harness) exec(b block) []string {
 	case "auto":
 		h.c.cfg.manual = false
 		return nil
+	case "identity":
+		return render(h.step(identityIn{wanted: fields[1] == "on"}))
 	case "budget":
 		bu := &h.c.cfg.budget
 		for k, v := range args {
@@ -713,6 +743,19 @@ func (h *harness) exec(b block) []string {
 		return out
 	case "ips":
 		h.ips[types.UID(fields[1])] = fields[2:]
+		return nil
+	case "moves":
+		// The runtime's statuses show these items in these states from
+		// now on, whatever their listing says (they moved on since).
+		for _, a := range fields[1:] {
+			id, st, _ := strings.Cut(a, "=")
+			st, code, hasCode := strings.Cut(st, ":")
+			if hasCode {
+				n, _ := strconv.Atoi(code)
+				h.exit[id] = int32(n)
+			}
+			h.moved[id] = parseState(st)
+		}
 		return nil
 	case "cache":
 		var out []string

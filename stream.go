@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/podlifecycle/pleg/cruntime"
+	"github.com/podlifecycle/pleg/journal"
 )
 
 // EventsMode says whether the generator uses the runtime's container event
@@ -124,6 +125,7 @@ func (g *Generator) watchEvents(ctx context.Context, src cruntime.EventSource) {
 				s.State, s.Connects, s.ConnectedAt, s.LastError = StreamConnected, s.Connects+1, connectedAt, ""
 			})
 			g.log.V(2).Info("Connected to the runtime's container event stream")
+			g.journal.Append(journal.Entry{Kind: journal.KindRuntime, Runtime: &journal.RuntimeStatus{State: journal.RuntimeEventStreamConnected}})
 		}, func(e cruntime.Event) {
 			events++
 			g.onRuntimeEvent(e)
@@ -131,6 +133,13 @@ func (g *Generator) watchEvents(ctx context.Context, src cruntime.EventSource) {
 		g.m.EventStreamUp.Set(0)
 		if ctx.Err() != nil {
 			return
+		}
+		if !connectedAt.IsZero() {
+			msg := "event stream ended"
+			if err != nil {
+				msg = err.Error()
+			}
+			g.journal.Append(journal.Entry{Kind: journal.KindRuntime, Runtime: &journal.RuntimeStatus{State: journal.RuntimeEventStreamLost, Message: msg}})
 		}
 		if events > 0 || (!connectedAt.IsZero() && g.clock.Since(start) >= streamClosesAtOnce) {
 			hasStream = true

@@ -79,6 +79,9 @@ type SandboxStatus struct {
 	IPs       []string // primary first
 	// HostNetwork is true when the sandbox shares the node's network namespace.
 	HostNetwork bool
+	// Labels and Annotations are the sandbox's (the pod's, as the
+	// kubelet set them).
+	Labels, Annotations map[string]string
 }
 
 // ContainerStatus is the full status of one container.
@@ -95,6 +98,8 @@ type ContainerStatus struct {
 	ExitCode   int32
 	Reason     string
 	Message    string
+	// Labels and Annotations are the container's.
+	Labels, Annotations map[string]string
 }
 
 // PodStatus is the full status of a pod: every sandbox and container of it
@@ -141,7 +146,28 @@ type Runtime interface {
 	// inspection) only for those whose listing changed since their last
 	// status.
 	ItemStatuses(ctx context.Context, pod *Pod, sandboxes, containers []*Container) ([]*SandboxStatus, []*ContainerStatus, error)
+	// Identities fetches what ties each of containers, listed containers
+	// of pod, to the kernel: its init PID and cgroup path (CRI: a verbose
+	// ContainerStatus). Results are in the order of the arguments; nil for
+	// a container the runtime no longer knows or has no process for. A
+	// runtime that cannot tell returns ErrIdentityUnsupported. The
+	// generator asks only while a watcher wants identities, once per
+	// running container.
+	Identities(ctx context.Context, pod *Pod, containers []*Container) ([]*Identity, error)
 }
+
+// Identity ties a container to what the kernel sees.
+type Identity struct {
+	// PID is the container's init process in the node's PID namespace.
+	PID int64
+	// CgroupPath is the container's cgroup as the runtime's OCI spec
+	// gives it (linux.cgroupsPath).
+	CgroupPath string
+}
+
+// ErrIdentityUnsupported says that a runtime cannot tell containers'
+// identities.
+var ErrIdentityUnsupported = errors.New("runtime does not report container identities")
 
 // ErrMalformed is wrapped by the errors about runtime answers that break
 // the Runtime contract (a nil where a value is promised, a wrong number of

@@ -78,6 +78,7 @@ type Metrics struct {
 	PodRelistFailures     prometheus.Counter
 	EarlyRelists          prometheus.Counter
 	LogLinesSuppressed    *prometheus.CounterVec
+	IdentityFailures      prometheus.Counter
 	EventStreamUp         prometheus.Gauge
 	StatusItems           *prometheus.CounterVec
 
@@ -165,7 +166,7 @@ func New(reg prometheus.Registerer) *Metrics {
 		}),
 		InspectionsInFlight: prometheus.NewGauge(prometheus.GaugeOpts{
 			Name: "pleg_pod_inspections_in_flight",
-			Help: "Pod status fetches now outstanding, including abandoned ones that have not returned yet.",
+			Help: "Runtime calls for one pod now outstanding (status fetches, single-pod list calls, identity calls), including abandoned ones that have not returned yet.",
 		}),
 		SubscriberResyncs: prometheus.NewCounter(prometheus.CounterOpts{
 			Name: "pleg_subscriber_resyncs_total",
@@ -204,6 +205,10 @@ func New(reg prometheus.Registerer) *Metrics {
 			Name: "pleg_early_relists_total",
 			Help: "Global relists started before their period because hints waited for the single-pod relist budget.",
 		}),
+		IdentityFailures: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "pleg_identity_failures_total",
+			Help: "Calls for containers' identities (init PID, cgroup path; asked while a watcher wants them) that failed or timed out; those containers' identities stay unknown.",
+		}),
 		LogLinesSuppressed: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "pleg_log_lines_suppressed_total",
 			Help: "Repeated per-pod error lines not logged (a summary line is logged once a minute), by kind.",
@@ -241,7 +246,7 @@ func (m *Metrics) collectors() []prometheus.Collector {
 		m.RelistInProgress, m.InspectionTimeouts, m.InspectionFailures, m.InspectionsInFlight,
 		m.SubscriberResyncs, m.EventsDelivered, m.EventDeliveryLatency, m.RuntimeEvents,
 		m.PodRelistQueueDropped, m.PodRelistSkipped, m.PodRelistDeferred, m.PodRelistFailures,
-		m.EarlyRelists, m.LogLinesSuppressed, m.EventStreamUp, m.StatusItems,
+		m.EarlyRelists, m.LogLinesSuppressed, m.IdentityFailures, m.EventStreamUp, m.StatusItems,
 	}
 }
 

@@ -25,6 +25,8 @@ type benchOptions struct {
 	seed     uint64
 	cpuProf  string
 	budget   budgetFlags
+	// compareStreaming: --compare-list-streaming
+	compareStreaming bool
 }
 
 func newBenchCmd() *cobra.Command {
@@ -85,12 +87,17 @@ events off, the baseline, and on, each against a fresh node (the budget:
                     target: delivery p99 at most 50ms with events on
 
 With --kubelet PATH, every scenario driven by hand also runs with the
-kubelet v1.36.3's own relist: PATH is the kubelet-relist program of the
+kubelet v1.37.2's own relist: PATH is the kubelet-relist program of the
 repository's test/kubelet module (build it with 'test/kubelet/build.sh DIR';
 it runs the kubelet's GenericPLEG over its kuberuntime manager and CRI
 client), against an identical simulated node with the same changes, and
 every figure is printed beside that baseline with the ratio pleg / kubelet,
 and the targets are checked against it.
+
+With --compare-list-streaming, pleg runs twice in every scenario driven by
+hand, listing through the streaming RPCs (StreamPodSandboxes,
+StreamContainers) and through the unary calls, against identical simulated
+nodes, and the report puts the two side by side with their ratio.
 
 The simulated runtime and each generator run in processes of their own
 (this binary, re-executed as 'pleg bench child runtime|pleg'; pleg's with
@@ -118,12 +125,15 @@ A full run takes about four minutes with --kubelet; --quick about a minute.`,
 	f := cmd.Flags()
 	f.StringVar(&o.kubelet, "kubelet", "", "path of the kubelet-relist program (test/kubelet/build.sh builds it): also run every scenario with the kubelet's own relist as the baseline")
 	f.StringVar(&o.scenario, "scenario", "all", "scenarios to run: all, or names separated by commas ("+strings.Join(bench.Names(), ", ")+")")
-	f.IntVar(&o.relists, "relists", 0, "measured relists per run (0: each scenario's default; kubelet runs with a hung pod use at most 5; live scenarios run for a wall time instead)")
+	intVar(f, &o.relists, "relists", 0, 1, 100000, "measured relists per run (0: each scenario's default; kubelet runs with a hung pod use at most 5; live scenarios run for a wall time instead)",
+		special[int]{0, "each scenario's default"})
 	f.BoolVar(&o.quick, "quick", false, "few relists per run: a smoke test, not a measurement")
 	f.StringVarP(&o.output, "output", "o", "text", "output format: text or json")
-	f.IntVar(&o.parallel, "max-parallel-inspections", 0, "pleg's inspection bound (0: the library default)")
-	f.Uint64Var(&o.seed, "seed", 1, "seed of the simulated node")
+	intVar(f, &o.parallel, "max-parallel-inspections", 0, 1, maxParallelInspections, "pleg's inspection bound (0: the library default)",
+		special[int]{0, "the library default"})
+	uint64Var(f, &o.seed, "seed", 1, "seed of the simulated node")
 	o.budget.addFlags(f)
+	f.BoolVar(&o.compareStreaming, "compare-list-streaming", false, "run pleg twice per scenario driven by hand, listing through the streaming RPCs and with the unary calls, and compare them (CPU, allocations, peak RSS, the list RPCs the runtime served)")
 	f.StringVar(&o.cpuProf, "cpuprofile", "", "write a CPU profile of pleg's generator process, its whole life, to this file (each run writes it anew: the last run's stays)")
 	return cmd
 }
@@ -132,19 +142,9 @@ func runBench(cmd *cobra.Command, o *benchOptions) error {
 	if o.output != "text" && o.output != "json" {
 		return usageErrorf("--output %q: want text or json", o.output)
 	}
-	if o.relists < 0 {
-		return usageErrorf("--relists must not be negative, got %d", o.relists)
-	}
-	if o.parallel < 0 {
-		return usageErrorf("--max-parallel-inspections must not be negative, got %d", o.parallel)
-	}
-
 	scenarios, err := bench.Lookup(o.scenario)
 	if err != nil {
 		return usageError{err}
-	}
-	if err := o.budget.validate(); err != nil {
-		return err
 	}
 	var budget bench.Budget
 	budget.PodRelistRate, budget.PodRelistBurst, budget.PodRelistSpacing, budget.EarlyRelistGap = o.budget.options()
@@ -171,6 +171,7 @@ func runBench(cmd *cobra.Command, o *benchOptions) error {
 		GCPercent:              daemonGCPercent,
 		Seed:                   o.seed,
 		Progress:               cmd.ErrOrStderr(),
+		CompareListStreaming:   o.compareStreaming,
 	})
 	if err != nil {
 		return fmt.Errorf("bench: %w", err)

@@ -58,7 +58,7 @@ func TestBenchText(t *testing.T) {
 			t.Errorf("output lacks %q:\n%s", want, out)
 		}
 	}
-	if strings.Contains(out, "kubelet v1.36.3  ") {
+	if strings.Contains(out, "kubelet v1.37.2  ") {
 		t.Errorf("a kubelet column without --kubelet:\n%s", out)
 	}
 	if fi, err := os.Stat(prof); err != nil || fi.Size() == 0 {

@@ -74,7 +74,7 @@ configuration.`,
 	f.StringVar(&o.url, "url", defaultDaemonURL("/readyz"),
 		"the daemon's /readyz (or /healthz) URL; a URL without a path gets /readyz")
 	f.BoolVar(&o.runtime, "runtime", false, "check the container runtime at --container-runtime-endpoint instead of the daemon")
-	f.DurationVar(&o.timeout, "timeout", 10*time.Second, "give up after this long (unknown for the daemon, a problem for the runtime)")
+	durationVar(f, &o.timeout, "timeout", 10*time.Second, minClientTimeout, time.Hour, "give up after this long (unknown for the daemon, a problem for the runtime)")
 	rf.addFlags(f)
 	// Only the endpoint matters, and only with --runtime.
 	for _, name := range []string{"runtime-request-timeout", "relist-period", "relist-threshold",
@@ -85,9 +85,6 @@ configuration.`,
 }
 
 func runCheck(cmd *cobra.Command, rf *runtimeFlags, o *checkOptions) error {
-	if o.timeout <= 0 {
-		return usageErrorf("invalid --timeout %q: must be greater than zero", o.timeout)
-	}
 	ctx, stop := signalContext(cmd)
 	defer stop()
 	ctx, cancel := context.WithTimeout(ctx, o.timeout)

@@ -17,6 +17,7 @@ import (
 
 	"github.com/podlifecycle/pleg"
 	"github.com/podlifecycle/pleg/cruntime/cri"
+	"github.com/podlifecycle/pleg/journal"
 	"github.com/podlifecycle/pleg/metrics"
 )
 
@@ -43,6 +44,8 @@ type daemonOptions struct {
 	withReadiness bool
 	// nodeName sets the kubelet_node_name{node} info gauge.
 	nodeName string
+	// journal configures the generator's journal (zero: defaults).
+	journal journal.Options
 }
 
 // newDaemon builds everything; it does no I/O (the CRI connection is made
@@ -66,6 +69,7 @@ func newDaemon(rf *runtimeFlags, o daemonOptions) (*daemon, error) {
 		cri.WithTimeout(rf.requestTimeout),
 		cri.WithMetrics(d.metrics),
 		cri.WithLogger(d.log.WithName("cri")),
+		cri.WithListStreaming(rf.listStreamingMode()),
 	)
 	if err != nil {
 		return nil, usageErrorf("invalid --container-runtime-endpoint %q: %v", rf.endpoint, endpointReason(err))
@@ -75,6 +79,7 @@ func newDaemon(rf *runtimeFlags, o daemonOptions) (*daemon, error) {
 	opts.Runtime = client
 	opts.Logger = d.log
 	opts.Metrics = d.metrics
+	opts.Journal = o.journal
 	d.gen, err = pleg.New(opts)
 	if err != nil {
 		_ = client.Close()

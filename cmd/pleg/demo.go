@@ -88,14 +88,12 @@ Scenarios (--scenario):
 	}
 	cmd.Flags().Var(newEnumValue(&scenario, "busy", scenarioNames()...), "scenario",
 		"the simulated node: "+strings.Join(scenarioNames(), ", "))
-	cmd.Flags().DurationVar(&duration, "duration", 0, "stop after this long (0: run until interrupted)")
+	durationVar(cmd.Flags(), &duration, "duration", 0, 100*time.Millisecond, 24*time.Hour, "stop after this long (0: run until interrupted)",
+		special[time.Duration]{0, "until interrupted"})
 	return cmd
 }
 
 func runDemo(cmd *cobra.Command, rf *runtimeFlags, lf *listenFlags, scenario string, duration time.Duration) error {
-	if duration < 0 {
-		return usageErrorf("invalid --duration %q: must not be negative", duration)
-	}
 	var sc demoScenario
 	for _, s := range demoScenarios() {
 		if s.name == scenario {
@@ -152,7 +150,7 @@ func runDemo(cmd *cobra.Command, rf *runtimeFlags, lf *listenFlags, scenario str
 		_ = d.client.Close()
 		return fmt.Errorf("cannot listen on --listen-address %s: %w", lf.address, err)
 	}
-	srv := httpapi.New(httpapi.Config{Generator: d.gen, Readiness: d.ready, Gatherer: d.reg, Logger: d.log.WithName("http")})
+	srv := httpapi.New(lf.serverConfig(d))
 	srv.Handle("/", dashboard.Handler())
 
 	view := &demoView{scenario: sc, endpoint: node.Endpoint(), url: "http://" + ln.Addr().String(),

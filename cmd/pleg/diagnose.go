@@ -68,11 +68,12 @@ included), 2 for bad flags.`,
 	}
 	f.Lookup("max-parallel-inspections").Usage = "how many pods are probed at once"
 	f.Lookup("runtime-request-timeout").Usage = "the kubelet's --runtime-request-timeout: what each hanging call costs its relist"
-	f.DurationVar(&o.probeTimeout, "probe-timeout", diagnose.DefaultProbeTimeout,
+	durationVar(f, &o.probeTimeout, "probe-timeout", diagnose.DefaultProbeTimeout, 10*time.Millisecond, time.Hour,
 		"a call that does not answer within this is reported as hanging")
 	f.BoolVar(&o.probeShims, "probe-shims", false,
 		"also ask every sandbox for its verbose status, which on containerd reaches the pod's shim, to find stuck shims (not a call the kubelet makes; made anyway when a list call hangs)")
-	f.IntVar(&o.pods, "pods", 10, "text output: how many pods that answered to list, the most expensive first (pods that fail or hang are always listed; -1: all)")
+	intVar(f, &o.pods, "pods", 10, 1, 100000, "text output: how many pods that answered to list, the most expensive first (pods that fail or hang are always listed; -1: all)",
+		special[int]{-1, "all"})
 	of.addFlags(f)
 	return cmd
 }
@@ -80,12 +81,6 @@ included), 2 for bad flags.`,
 func runDiagnose(cmd *cobra.Command, rf *runtimeFlags, of *outputFlag, o *diagnoseOptions) error {
 	if err := rf.validate(); err != nil {
 		return err
-	}
-	if o.probeTimeout <= 0 {
-		return usageErrorf("invalid --probe-timeout %q: must be greater than zero", o.probeTimeout)
-	}
-	if o.pods == 0 || o.pods < -1 {
-		return usageErrorf("invalid --pods %d: must be -1 (all) or at least 1", o.pods)
 	}
 	ctx, stop := signalContext(cmd)
 	defer stop()

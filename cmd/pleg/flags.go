@@ -13,10 +13,27 @@ import (
 
 	"github.com/podlifecycle/pleg"
 	"github.com/podlifecycle/pleg/cruntime/cri"
+	"github.com/podlifecycle/pleg/internal/httpapi"
 )
 
-// Flag defaults.
+// Flag defaults and bounds.
 const (
+	// minRelistPeriod keeps relists from running back to back (the
+	// kubelet relists every second; benchmarks and tests go down to 20ms).
+	minRelistPeriod = 10 * time.Millisecond
+	// maxParallelInspections bounds --max-parallel-inspections: each
+	// inspection makes up to 4 status calls at once, so 256 is up to 1,024
+	// calls in flight, more than any runtime serves usefully (the kubelet
+	// makes one at a time).
+	maxParallelInspections = 256
+	// maxConnections bounds --max-connections: each connection costs about
+	// 30 KiB of pleg's memory and up to 64 KiB of kernel buffers (10,000:
+	// about 1 GiB at worst, far beyond the DaemonSet's limit of 128 MiB).
+	maxConnections = 10000
+	// minClientTimeout bounds the --timeout of the commands that ask the
+	// daemon: below it, a healthy daemon on a busy node cannot answer.
+	minClientTimeout = 100 * time.Millisecond
+
 	defaultRuntimeEndpoint = "unix:///run/containerd/containerd.sock"
 	defaultRequestTimeout  = 2 * time.Minute
 	// defaultListenAddress is loopback only. Port 10265 is not taken by any
@@ -62,11 +79,13 @@ type runtimeFlags struct {
 	podInspectionTimeout time.Duration
 	fullInspection       bool
 	events               string
+	listStreaming        string
 	budget               budgetFlags
 }
 
 // budgetFlags are the hint budget's flags (docs/semantics.md, "Hints and
-// their budget"), of `pleg run`, `pleg watch` and `pleg bench`.
+// their budget"), of `pleg run`, `pleg watch` and `pleg bench`. Their
+// ranges are checked as they are parsed.
 type budgetFlags struct {
 	podRelistRate    float64
 	podRelistBurst   int
@@ -75,28 +94,15 @@ type budgetFlags struct {
 }
 
 func (f *budgetFlags) addFlags(fs *pflag.FlagSet) {
-	fs.Float64Var(&f.podRelistRate, "pod-relist-rate", pleg.DefaultPodRelistRate,
+	floatVar(fs, &f.podRelistRate, "pod-relist-rate", pleg.DefaultPodRelistRate, 0, 10000,
 		"single-pod relists a second that hints (runtime events) may make (0: no limit)")
-	fs.IntVar(&f.podRelistBurst, "pod-relist-burst", pleg.DefaultPodRelistBurst,
+	intVar(fs, &f.podRelistBurst, "pod-relist-burst", pleg.DefaultPodRelistBurst, 1, 10000,
 		"single-pod relists hints may make at once")
-	fs.DurationVar(&f.podRelistSpacing, "pod-relist-spacing", pleg.DefaultPodRelistSpacing,
-		"least time between two single-pod relists of one pod (0: none)")
-	fs.DurationVar(&f.earlyRelistGap, "early-relist-gap", pleg.DefaultEarlyRelistGap,
-		"when hints wait for the budget, start the next global relist this long after the last one ended instead of a period after (0: never early)")
-}
-
-func (f *budgetFlags) validate() error {
-	switch {
-	case f.podRelistRate < 0 || f.podRelistRate > 10000 || f.podRelistRate != f.podRelistRate:
-		return usageErrorf("invalid --pod-relist-rate %v: must be from 0 (no limit) to 10000 a second", f.podRelistRate)
-	case f.podRelistBurst < 1 || f.podRelistBurst > 10000:
-		return usageErrorf("invalid --pod-relist-burst %d: must be from 1 to 10000", f.podRelistBurst)
-	case f.podRelistSpacing < 0 || f.podRelistSpacing > time.Minute:
-		return usageErrorf("invalid --pod-relist-spacing %q: must be from 0 to 1m", f.podRelistSpacing)
-	case f.earlyRelistGap < 0 || f.earlyRelistGap > time.Hour:
-		return usageErrorf("invalid --early-relist-gap %q: must be from 0 (never early) to 1h", f.earlyRelistGap)
-	}
-	return nil
+	durationVar(fs, &f.podRelistSpacing, "pod-relist-spacing", pleg.DefaultPodRelistSpacing, time.Millisecond, time.Minute,
+		"after a single-pod relist of a pod that found nothing, the least time before another (0: none)", special[time.Duration]{0, "none"})
+	durationVar(fs, &f.earlyRelistGap, "early-relist-gap", pleg.DefaultEarlyRelistGap, time.Millisecond, time.Hour,
+		"when hints wait for the budget, start the next global relist this long after the last one ended instead of a period after (0: never early)",
+		special[time.Duration]{0, "never early"})
 }
 
 // options returns the budget as the library reads it: there 0 is
@@ -121,21 +127,33 @@ func (f *runtimeFlags) addFlags(fs *pflag.FlagSet) {
 	// crictl's names for the same flag.
 	fs.StringVarP(&f.endpoint, "runtime-endpoint", "r", defaultRuntimeEndpoint,
 		"alias of --container-runtime-endpoint (crictl's name)")
-	fs.DurationVar(&f.requestTimeout, "runtime-request-timeout", defaultRequestTimeout,
+	durationVar(fs, &f.requestTimeout, "runtime-request-timeout", defaultRequestTimeout, 100*time.Millisecond, time.Hour,
 		"timeout of each unary CRI call")
-	fs.DurationVar(&f.relistPeriod, "relist-period", pleg.DefaultRelistPeriod,
+	durationVar(fs, &f.relistPeriod, "relist-period", pleg.DefaultRelistPeriod, minRelistPeriod, 10*time.Minute,
 		"period between the end of a relist and the start of the next")
-	fs.DurationVar(&f.relistThreshold, "relist-threshold", pleg.DefaultRelistThreshold,
-		"PLEG is unhealthy when no relist has succeeded for longer than this")
-	fs.IntVar(&f.maxParallel, "max-parallel-inspections", pleg.DefaultMaxParallelInspections,
+	durationVar(fs, &f.relistThreshold, "relist-threshold", pleg.DefaultRelistThreshold, time.Second, time.Hour,
+		"PLEG is unhealthy when no relist has succeeded for longer than this (at least twice --relist-period)")
+	intVar(fs, &f.maxParallel, "max-parallel-inspections", pleg.DefaultMaxParallelInspections, 1, maxParallelInspections,
 		"how many changed pods a relist inspects at once (1: one after another, as the kubelet does)")
-	fs.DurationVar(&f.podInspectionTimeout, "pod-inspection-timeout", pleg.DefaultPodInspectionTimeout,
-		"how long a relist waits for one pod's status before retrying it on a later relist (0: no limit, as the kubelet)")
+	durationVar(fs, &f.podInspectionTimeout, "pod-inspection-timeout", pleg.DefaultPodInspectionTimeout, 10*time.Millisecond, time.Hour,
+		"how long a relist waits for one pod's status before retrying it on a later relist (0: no limit, as the kubelet)",
+		special[time.Duration]{0, "no limit"})
 	fs.BoolVar(&f.fullInspection, "full-inspection", false,
 		"fetch the status of every sandbox and container of a changed pod, as the kubelet does (default: only those whose listing changed)")
 	fs.Var(newEnumValue(&f.events, "auto", "auto", "on", "off"), "events",
 		"use the runtime's container events to relist changed pods early: auto (when the runtime streams them), on, off")
 	f.budget.addFlags(fs)
+	fs.Var(newEnumValue(&f.listStreaming, "auto", "auto", "on", "off"), "list-streaming",
+		"list through the runtime's streaming list RPCs (KEP-5825), in batches, so no 16 MiB message limit bounds the node: auto (when the runtime has them), on, off")
+}
+
+// listStreamingMode is --list-streaming as the CRI client's option.
+func (f *runtimeFlags) listStreamingMode() cri.ListStreaming {
+	m, err := cri.ParseListStreaming(f.listStreaming)
+	if err != nil { // the flag accepts the three words only
+		return cri.ListStreamingAuto
+	}
+	return m
 }
 
 // validate checks the values pflag cannot; its errors are usage errors.
@@ -146,25 +164,14 @@ func (f *runtimeFlags) validate() error {
 		return usageErrorf("invalid --container-runtime-endpoint %q: %v", f.endpoint, endpointReason(err))
 	}
 	_ = c.Close()
-	for _, d := range []struct {
-		name string
-		v    time.Duration
-	}{
-		{"runtime-request-timeout", f.requestTimeout},
-		{"relist-period", f.relistPeriod},
-		{"relist-threshold", f.relistThreshold},
-	} {
-		if d.v <= 0 {
-			return usageErrorf("invalid --%s %q: must be greater than zero", d.name, d.v)
-		}
+	// The ranges of each flag are checked as it is parsed; what is left is
+	// how flags fit together.
+	if f.relistThreshold < 2*f.relistPeriod {
+		// Relists start a period plus a relist's duration apart.
+		return usageErrorf("invalid --relist-threshold %q: must be at least twice --relist-period (%v), or a healthy node's relists report PLEG unhealthy",
+			f.relistThreshold, f.relistPeriod)
 	}
-	if f.podInspectionTimeout < 0 {
-		return usageErrorf("invalid --pod-inspection-timeout %q: must not be negative (0 disables it)", f.podInspectionTimeout)
-	}
-	if f.maxParallel < 1 {
-		return usageErrorf("invalid --max-parallel-inspections %d: must be at least 1", f.maxParallel)
-	}
-	return f.budget.validate()
+	return nil
 }
 
 // endpointReason is what is wrong with an endpoint Dial refused, without
@@ -234,6 +241,8 @@ type listenFlags struct {
 	address        string
 	metricsAddress string
 	nodeName       string
+	maxConnections int
+	allowedHosts   []string
 }
 
 func (f *listenFlags) addFlags(fs *pflag.FlagSet) {
@@ -243,6 +252,10 @@ func (f *listenFlags) addFlags(fs *pflag.FlagSet) {
 		"host:port to serve only /healthz, /readyz and /metrics on, e.g. 0.0.0.0:10266 for Prometheus and the kubelet's probes (empty: none)")
 	fs.StringVar(&f.nodeName, "node-name", "",
 		"node name for the kubelet_node_name metric (default: the hostname, lower-cased)")
+	intVar(fs, &f.maxConnections, "max-connections", httpapi.DefaultMaxConnections, 8, maxConnections,
+		"connections each listener serves at once; past it the idle one that waited longest is closed, and new ones are refused while every one is in a request")
+	fs.StringSliceVar(&f.allowedHosts, "allowed-hosts", nil,
+		"Host headers --listen-address answers besides loopback addresses and localhost (any port), comma-separated: host names or IPs without a port, or * for any; others get 421 (a defence against DNS rebinding)")
 }
 
 func (f *listenFlags) validate() error {
@@ -254,6 +267,11 @@ func (f *listenFlags) validate() error {
 			return err
 		}
 	}
+	for _, h := range f.allowedHosts {
+		if err := httpapi.ValidateAllowedHost(h); err != nil {
+			return usageErrorf("invalid --allowed-hosts: %v", err)
+		}
+	}
 	if f.nodeName == "" {
 		h, err := os.Hostname()
 		if err != nil {
@@ -262,6 +280,21 @@ func (f *listenFlags) validate() error {
 		f.nodeName = strings.ToLower(strings.TrimSpace(h))
 	}
 	return nil
+}
+
+// serverConfig is the HTTP server's configuration for the daemon d.
+func (f *listenFlags) serverConfig(d *daemon) httpapi.Config {
+	c := httpapi.Config{
+		Generator:      d.gen,
+		Readiness:      d.ready,
+		Logger:         d.log.WithName("http"),
+		MaxConnections: f.maxConnections,
+		AllowedHosts:   f.allowedHosts,
+	}
+	if d.reg != nil { // a nil *Registry would be a non-nil interface
+		c.Gatherer, c.Registerer = d.reg, d.reg
+	}
+	return c
 }
 
 // outputFlag is the --output flag of commands that print.

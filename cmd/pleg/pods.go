@@ -55,15 +55,12 @@ STATE Unknown, and its error goes to stderr.
 		"the daemon's /api/v1/pods URL; a URL without a path gets /api/v1/pods")
 	f.BoolVar(&o.noTrunc, "no-trunc", false, "show whole IDs")
 	f.BoolVarP(&o.quiet, "quiet", "q", false, "print the pod sandbox IDs only, whole")
-	f.DurationVar(&o.timeout, "timeout", 10*time.Second, "give up after this long")
+	durationVar(f, &o.timeout, "timeout", 10*time.Second, minClientTimeout, time.Hour, "give up after this long")
 	of.addFlags(f)
 	return cmd
 }
 
 func runPods(cmd *cobra.Command, o *podsOptions, of *outputFlag) error {
-	if o.timeout <= 0 {
-		return usageErrorf("invalid --timeout %q: must be greater than zero", o.timeout)
-	}
 	u, err := checkURL(o.url, "/api/v1/pods")
 	if err != nil {
 		return err

@@ -22,6 +22,9 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/protobuf/encoding/protojson"
+
+	lifecyclev1 "github.com/podlifecycle/pleg/api/lifecycle/v1"
 	"github.com/podlifecycle/pleg/cruntime/sim"
 	"github.com/podlifecycle/pleg/internal/httpapi"
 )
@@ -71,6 +74,11 @@ type proc struct {
 
 func startPleg(t *testing.T, args ...string) *proc {
 	t.Helper()
+	// pleg run serves the lifecycle API on /run/pleg/pleg.sock by default:
+	// tests use a socket of their own.
+	if len(args) > 0 && args[0] == "run" && !slices.ContainsFunc(args, func(a string) bool { return strings.HasPrefix(a, "--lifecycle-socket") }) {
+		args = append(args, "--lifecycle-socket="+filepath.Join(t.TempDir(), "pleg.sock"))
+	}
 	cmd := exec.Command(plegBinary, args...)
 	stdout, err := cmd.StdoutPipe()
 	if err != nil {
@@ -317,20 +325,34 @@ func TestBadFlags(t *testing.T) {
 		args []string
 		want string
 	}{
-		{[]string{"watch", "--relist-period=-1s"}, `pleg: invalid --relist-period "-1s": must be greater than zero`},
-		{[]string{"run", "--relist-threshold=0s"}, `pleg: invalid --relist-threshold "0s": must be greater than zero`},
-		{[]string{"watch", "--runtime-request-timeout=-5s"}, `pleg: invalid --runtime-request-timeout "-5s": must be greater than zero`},
-		{[]string{"watch", "--pod-inspection-timeout=-1s"}, `pleg: invalid --pod-inspection-timeout "-1s": must not be negative (0 disables it)`},
-		{[]string{"watch", "--max-parallel-inspections=0"}, `pleg: invalid --max-parallel-inspections 0: must be at least 1`},
+		{[]string{"watch", "--relist-period=-1s"}, `pleg: invalid argument "-1s" for "--relist-period" flag: must be from 10ms to 10m`},
+		{[]string{"watch", "--relist-period=1ns"}, `pleg: invalid argument "1ns" for "--relist-period" flag: must be from 10ms to 10m`},
+		{[]string{"run", "--relist-threshold=0s"}, `pleg: invalid argument "0s" for "--relist-threshold" flag: must be from 1s to 1h`},
+		{[]string{"run", "--relist-period=1m", "--relist-threshold=90s"}, `pleg: invalid --relist-threshold "1m30s": must be at least twice --relist-period (1m0s), or a healthy node's relists report PLEG unhealthy`},
+		{[]string{"watch", "--runtime-request-timeout=-5s"}, `pleg: invalid argument "-5s" for "--runtime-request-timeout" flag: must be from 100ms to 1h`},
+		{[]string{"watch", "--pod-inspection-timeout=-1s"}, `pleg: invalid argument "-1s" for "--pod-inspection-timeout" flag: must be 0 (no limit) or from 10ms to 1h`},
+		{[]string{"watch", "--max-parallel-inspections=0"}, `pleg: invalid argument "0" for "--max-parallel-inspections" flag: must be from 1 to 256`},
+		{[]string{"run", "--max-parallel-inspections=1099511627776"}, `pleg: invalid argument "1099511627776" for "--max-parallel-inspections" flag: must be from 1 to 256`},
+		{[]string{"run", "--max-connections=0"}, `pleg: invalid argument "0" for "--max-connections" flag: must be from 8 to 10000`},
+		{[]string{"run", "--allowed-hosts=node-a,evil.example:80"}, `pleg: invalid --allowed-hosts: "evil.example:80" has a port: give the host alone (any port is accepted)`},
+		{[]string{"run", "-v=-1"}, `pleg: invalid argument "-1" for "-v, --v" flag: must be from 0 to 10`},
+		{[]string{"simulate", "--listen", "/tmp/x.sock", "--pods", "1000000000000"}, `pleg: invalid argument "1000000000000" for "--pods" flag: must be from 0 to 100000`},
 		{[]string{"watch", "--output", "yaml"}, `pleg: invalid argument "yaml" for "-o, --output" flag: must be one of text, json`},
 		{[]string{"run", "--events", "maybe"}, `pleg: invalid argument "maybe" for "--events" flag: must be one of auto, on, off`},
-		{[]string{"watch", "--relist-period", "soon"}, `pleg: invalid argument "soon" for "--relist-period" flag: time: invalid duration "soon"`},
+		{[]string{"run", "--list-streaming", "sometimes"}, `pleg: invalid argument "sometimes" for "--list-streaming" flag: must be one of auto, on, off`},
+		{[]string{"watch", "--relist-period", "soon"}, `pleg: invalid argument "soon" for "--relist-period" flag: not a duration (e.g. 500ms, 2m): must be from 10ms to 10m`},
 		{[]string{"watch", "-r", "tcp://127.0.0.1:1234"}, `pleg: invalid --container-runtime-endpoint "tcp://127.0.0.1:1234": unsupported scheme "tcp", only unix sockets are supported; want unix:///absolute/path/to/socket`},
 		{[]string{"run", "--runtime-endpoint", "run/x.sock"}, `pleg: invalid --container-runtime-endpoint "run/x.sock": socket path "run/x.sock" is not absolute; want unix:///absolute/path/to/socket`},
 		{[]string{"run", "--listen-address", "10265"}, `pleg: invalid --listen-address "10265": address 10265: missing port in address`},
 		{[]string{"run", "--listen-address", "127.0.0.1:http"}, `pleg: invalid --listen-address "127.0.0.1:http": port must be a number from 0 to 65535`},
 		{[]string{"run", "--metrics-address", "0.0.0.0"}, `pleg: invalid --metrics-address "0.0.0.0": address 0.0.0.0: missing port in address`},
 		{[]string{"watch", "extra"}, `pleg: unknown command "extra" for "pleg watch"`},
+		{[]string{"run", "--lifecycle-tcp-address", "0.0.0.0:10267"}, `pleg: invalid --lifecycle-tcp-address "0.0.0.0:10267": must be on loopback (127.0.0.1, ::1 or localhost): TCP has no access control`},
+		{[]string{"run", "--lifecycle-tcp-address", "127.0.0.1:0", "--lifecycle-allowed-uids", "0"}, `pleg: --lifecycle-tcp-address cannot be combined with --lifecycle-allowed-uids/gids: TCP peers carry no credentials to check`},
+		{[]string{"run", "--lifecycle-socket-mode", "0999"}, `pleg: invalid --lifecycle-socket-mode "0999": want octal permissions such as 0660`},
+		{[]string{"run", "--lifecycle-socket-group", "no-such-group-here"}, `pleg: invalid --lifecycle-socket-group "no-such-group-here": group: unknown group no-such-group-here`},
+		{[]string{"run", "--journal-size", "0"}, `pleg: invalid argument "0" for "--journal-size" flag: must be from 1 to 1048576`},
+		{[]string{"run", "--lifecycle-stall-timeout", "10ms"}, `pleg: invalid argument "10ms" for "--lifecycle-stall-timeout" flag: must be from 1s to 1h`},
 	}
 	for _, tc := range tests {
 		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {
@@ -436,10 +458,10 @@ func TestRun(t *testing.T) {
 		t.Errorf("/api/v1/pods = %+v", pods)
 	}
 
-	// The event stream: a resync, then the exit of the server container.
-	// The resync holds the pod once a relist that listed it has ended
-	// without a failure (the cache above is set before the pod's events
-	// are delivered).
+	// The event stream: the snapshot (the pod, once a relist that listed
+	// it has ended without a failure: the cache above is set before the
+	// pod's events are delivered), its end, then the exit of the server
+	// container.
 	poll(t, patience, "a relist of the pod to end", func() bool {
 		_, body := httpGet(t, base+"/api/v1/relists")
 		var relists struct {
@@ -481,16 +503,23 @@ func TestRun(t *testing.T) {
 		}
 	}
 	ev, data := readMessage()
-	if ev != "resync" || !strings.Contains(data, `"podUID":"`+pod.UID+`"`) {
-		t.Fatalf("first message = %s %s, want a resync with the pod", ev, data)
+	if ev != "snapshot" || !strings.Contains(data, `"uid":"`+pod.UID+`"`) {
+		t.Fatalf("first message = %s %s, want the pod's snapshot", ev, data)
+	}
+	if ev, data = readMessage(); ev != "snapshot-end" {
+		t.Fatalf("second message = %s %s, want snapshot-end", ev, data)
 	}
 	if err := r.ExitContainer(server.ID, 3); err != nil {
 		t.Fatal(err)
 	}
-	ev, data = readMessage()
-	var e jsonEvent
-	_ = json.Unmarshal([]byte(data), &e)
-	if ev != "lifecycle" || e.Type != "ContainerDied" || e.ContainerID != server.ID || e.ExitCode == nil || *e.ExitCode != 3 {
+	for ev, data = readMessage(); ev != "event"; ev, data = readMessage() {
+	}
+	var msg lifecyclev1.WatchResponse
+	if err := protojson.Unmarshal([]byte(data), &msg); err != nil {
+		t.Fatal(err)
+	}
+	if trs := msg.GetEvent().GetTransitions(); len(trs) != 1 || trs[0].GetType() != lifecyclev1.EventType_CONTAINER_DIED ||
+		trs[0].GetContainerId() != server.ID || trs[0].GetExitCode() != 3 {
 		t.Errorf("message = %s %s, want ContainerDied of the server with exit code 3", ev, data)
 	}
 	// Logged before the event is delivered, but read from stderr by

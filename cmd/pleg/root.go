@@ -37,6 +37,8 @@ the kubelet's exact semantics.`,
 		}
 	})
 	if f := root.PersistentFlags().Lookup("v"); f != nil {
+		// Kubernetes' components log at levels 0 to 10.
+		f.Value = &levelFlag{Value: f.Value, max: 10}
 		f.Shorthand = "v"
 		f.Usage = "log verbosity (kubelet levels: 2 state changes, 4 per-event detail, 5/6 per relist)"
 	}

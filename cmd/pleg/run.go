@@ -18,6 +18,7 @@ func init() { register(newRunCmd) }
 func newRunCmd() *cobra.Command {
 	rf := &runtimeFlags{}
 	lf := &listenFlags{}
+	cf := &lifecycleFlags{}
 	cmd := &cobra.Command{
 		Use:   "run",
 		Short: "Run the PLEG as a daemon with health, metrics and an HTTP API",
@@ -28,24 +29,40 @@ keeps the pod status cache fresh and serves on --listen-address:
   GET /readyz          the node Ready condition as JSON (200 True, 503 False)
   GET /metrics         Prometheus metrics with the kubelet's names
   GET /api/v1/pods     the pod status cache as JSON
-  GET /api/v1/events   lifecycle events as Server-Sent Events
+  GET /api/v1/events   the lifecycle stream as Server-Sent Events (docs/stream.md)
   GET /api/v1/relists  the recent relists (durations, pods inspected)
   GET /                a live dashboard
+
+and the lifecycle API (gRPC, api/lifecycle/v1/lifecycle.proto; docs/stream.md)
+on --lifecycle-socket (default /run/pleg/pleg.sock, mode 0660): every pod as
+a snapshot, then every event, resumable by cursor from a journal of
+--journal-size events; ListPods, GetPod, GetContainer; gRPC health. The
+socket's mode and group (--lifecycle-socket-mode, --lifecycle-socket-group)
+decide who may connect; every client's UID, GID and PID are logged and can
+be restricted (--lifecycle-allowed-uids, --lifecycle-allowed-gids).
+--lifecycle-tcp-address also serves it on loopback TCP.
 
 --listen-address should stay on loopback (the default): the pod API and the
 dashboard show pod names, IPs and errors without authentication.
 --metrics-address serves only /healthz, /readyz and /metrics, for
 Prometheus and the kubelet's probes on the node's address.
 
+--listen-address answers only requests whose Host is a loopback address or
+localhost (or one of --allowed-hosts), so that a web page cannot read it
+through DNS rebinding. Each listener serves at most --max-connections
+connections, and drops an event stream whose client has taken nothing for
+10s or has more than 256 KiB waiting.
+
 A runtime that is down at start or restarts later is retried on every relist
 forever; /healthz and /readyz say why meanwhile. With -v=2 every event is
 logged as the kubelet does ("SyncLoop (PLEG): event for pod").
 SIGINT or SIGTERM stops it gracefully with exit code 0.`,
 		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error { return runDaemon(cmd, rf, lf) },
+		RunE: func(cmd *cobra.Command, _ []string) error { return runDaemon(cmd, rf, lf, cf) },
 	}
 	rf.addFlags(cmd.Flags())
 	lf.addFlags(cmd.Flags())
+	cf.addFlags(cmd.Flags())
 	return cmd
 }
 
@@ -65,11 +82,14 @@ func setDaemonGC() {
 	}
 }
 
-func runDaemon(cmd *cobra.Command, rf *runtimeFlags, lf *listenFlags) error {
+func runDaemon(cmd *cobra.Command, rf *runtimeFlags, lf *listenFlags, cf *lifecycleFlags) error {
 	if err := rf.validate(); err != nil {
 		return err
 	}
 	if err := lf.validate(); err != nil {
+		return err
+	}
+	if err := cf.validate(); err != nil {
 		return err
 	}
 	setDaemonGC()
@@ -79,7 +99,7 @@ func runDaemon(cmd *cobra.Command, rf *runtimeFlags, lf *listenFlags) error {
 	ctx, cancel := context.WithCancel(sigCtx)
 	defer cancel()
 
-	d, err := newDaemon(rf, daemonOptions{withMetrics: true, withReadiness: true, nodeName: lf.nodeName})
+	d, err := newDaemon(rf, daemonOptions{withMetrics: true, withReadiness: true, nodeName: lf.nodeName, journal: cf.journalOptions()})
 	if err != nil {
 		return err
 	}
@@ -96,16 +116,20 @@ func runDaemon(cmd *cobra.Command, rf *runtimeFlags, lf *listenFlags) error {
 			return fmt.Errorf("cannot listen on --metrics-address %s: %w", lf.metricsAddress, err)
 		}
 	}
+	lapi, err := cf.listen(d)
+	if err != nil {
+		ln.Close()
+		if public != nil {
+			public.Close()
+		}
+		_ = d.client.Close()
+		return err
+	}
 	if !loopbackOnly(lf.address) {
-		d.log.Info("WARNING: --listen-address is not loopback: the pod API (/api/v1/) and the dashboard, which show pod names, IPs and errors, are served without authentication; keep it on 127.0.0.1 and use --metrics-address for Prometheus and probes",
+		d.log.Info("WARNING: --listen-address is not loopback: the pod API (/api/v1/) and the dashboard, which show pod names, IPs and errors, are served without authentication; keep it on 127.0.0.1 and use --metrics-address for Prometheus and probes (it answers only loopback Host headers unless --allowed-hosts names others)",
 			"listenAddress", lf.address)
 	}
-	srv := httpapi.New(httpapi.Config{
-		Generator: d.gen,
-		Readiness: d.ready,
-		Gatherer:  d.reg,
-		Logger:    d.log.WithName("http"),
-	})
+	srv := httpapi.New(lf.serverConfig(d))
 	srv.Handle("/", dashboard.Handler())
 	// The one startup line; tests and scripts read the URL from it (the
 	// port is only known here when --listen-address has port 0).
@@ -115,6 +139,9 @@ func runDaemon(cmd *cobra.Command, rf *runtimeFlags, lf *listenFlags) error {
 
 	d.start(ctx)
 	d.spawn(func() { d.logRuntimeVersion(ctx, rf.dialTimeout()) })
+	if lapi != nil {
+		lapi.serve(ctx, d, cancel)
+	}
 
 	if public != nil {
 		d.log.Info("serving /healthz, /readyz and /metrics on http://"+public.Addr().String(), "metricsAddress", lf.metricsAddress)

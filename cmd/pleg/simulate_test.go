@@ -27,7 +27,7 @@ func simulateConfig(t *testing.T, args ...string) (sim.Config, error) {
 	fs := pflag.NewFlagSet("simulate", pflag.ContinueOnError)
 	o.addFlags(fs)
 	if err := fs.Parse(args); err != nil {
-		t.Fatalf("parsing %v: %v", args, err)
+		return sim.Config{}, usageError{err} // as the root command's flag error function makes it
 	}
 	return o.config()
 }

@@ -8,10 +8,15 @@ import (
 	"fmt"
 	"io"
 	"strconv"
+	"time"
 
 	"github.com/spf13/cobra"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/klog/v2"
 
 	"github.com/podlifecycle/pleg"
+	"github.com/podlifecycle/pleg/api/lifecycle/client"
+	lifecyclev1 "github.com/podlifecycle/pleg/api/lifecycle/v1"
 	"github.com/podlifecycle/pleg/internal/textfmt"
 )
 
@@ -20,6 +25,7 @@ func init() { register(newWatchCmd) }
 func newWatchCmd() *cobra.Command {
 	rf := &runtimeFlags{}
 	of := &outputFlag{}
+	var daemon string
 	cmd := &cobra.Command{
 		Use:   "watch",
 		Short: "Print pod lifecycle events as the runtime's pods change",
@@ -34,12 +40,24 @@ an empty view up to the runtime's current state, then each change.
 
 Logs go to stderr. The runtime must be reachable at start (exit code 1 if
 not); after that, an unreachable runtime is retried on every relist.
-SIGINT or SIGTERM stops it with exit code 0.`,
+SIGINT or SIGTERM stops it with exit code 0.
+
+With --daemon, watch makes no runtime call: it prints the events of a
+running pleg run from its lifecycle API (a unix socket path such as
+/run/pleg/pleg.sock, or a loopback host:port), reconnecting and resuming by
+cursor when the connection drops; the runtime flags are then not used.`,
 		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error { return runWatch(cmd, rf, of) },
+		RunE: func(cmd *cobra.Command, _ []string) error {
+			if daemon != "" {
+				return runWatchDaemon(cmd, daemon, of)
+			}
+			return runWatch(cmd, rf, of)
+		},
 	}
 	rf.addFlags(cmd.Flags())
 	of.addFlags(cmd.Flags())
+	cmd.Flags().StringVar(&daemon, "daemon", "",
+		"print the events of a running pleg run from its lifecycle API (e.g. /run/pleg/pleg.sock) instead of relisting the runtime")
 	return cmd
 }
 
@@ -105,6 +123,86 @@ func runWatch(cmd *cobra.Command, rf *runtimeFlags, of *outputFlag) error {
 			return fmt.Errorf("writing events: %w", err)
 		}
 	}
+}
+
+// runWatchDaemon prints the events of a daemon's lifecycle stream.
+func runWatchDaemon(cmd *cobra.Command, address string, of *outputFlag) error {
+	ctx, stop := signalContext(cmd)
+	defer stop()
+	log := klog.Background()
+	c, err := client.New(client.Options{Address: address, Logger: log.WithName("lifecycle")})
+	if err != nil {
+		return usageErrorf("invalid --daemon %q: %v", address, err)
+	}
+	defer c.Close()
+	out := bufio.NewWriter(cmd.OutOrStdout())
+	print := textEventPrinter
+	if of.format == "json" {
+		print = jsonEventPrinter
+	}
+	var werr error
+	first := true
+	err = c.Run(ctx, client.HandlerFuncs{
+		Resync: func(pods []*lifecyclev1.Pod, _ client.Position) {
+			// Not an event: stdout carries events only.
+			if first {
+				log.V(1).Info("Watching pleg's lifecycle stream", "address", address, "pods", len(pods))
+			} else {
+				log.Info("pleg asked for a resync (it restarted, or the watch fell behind its journal); events of the gap are not printed", "pods", len(pods))
+			}
+			first = false
+		},
+		Event: func(ev *lifecyclev1.PodEvent, at client.Position) {
+			for _, e := range plegEvents(ev, at.Time) {
+				if werr == nil {
+					werr = print(out, e)
+				}
+			}
+			if werr == nil {
+				werr = out.Flush()
+			}
+			if werr != nil {
+				stop()
+			}
+		},
+		RuntimeStatus: func(st *lifecyclev1.RuntimeStatus, _ client.Position) {
+			log.Info("The container runtime's status changed", "state", st.GetState().String(), "message", st.GetMessage())
+		},
+	})
+	if werr != nil {
+		return fmt.Errorf("writing events: %w", werr)
+	}
+	return err
+}
+
+// plegEvents are the kubelet-style events of a stream's pod event: one a
+// transition (PodUpdated, which fills in optional fields, is none).
+func plegEvents(ev *lifecyclev1.PodEvent, at time.Time) []pleg.Event {
+	var out []pleg.Event
+	for _, t := range ev.GetTransitions() {
+		var typ pleg.EventType
+		switch t.GetType() {
+		case lifecyclev1.EventType_CONTAINER_STARTED:
+			typ = pleg.ContainerStarted
+		case lifecyclev1.EventType_CONTAINER_DIED:
+			typ = pleg.ContainerDied
+		case lifecyclev1.EventType_CONTAINER_REMOVED:
+			typ = pleg.ContainerRemoved
+		case lifecyclev1.EventType_POD_SYNC:
+			typ = pleg.PodSync
+		default:
+			continue
+		}
+		e := pleg.Event{Time: at, Type: typ, PodUID: types.UID(ev.GetPod().GetUid()), PodName: ev.GetPod().GetName(),
+			PodNamespace: ev.GetPod().GetNamespace(), ContainerID: t.GetContainerId(), ContainerName: t.GetContainerName(),
+			Sandbox: t.GetSandbox()}
+		if t.ExitCode != nil {
+			code := t.GetExitCode()
+			e.ExitCode = &code
+		}
+		out = append(out, e)
+	}
+	return out
 }
 
 // jsonEventPrinter writes one event as one line of JSON (pleg.Event's form).

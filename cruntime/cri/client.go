@@ -6,6 +6,7 @@ import (
 	"net"
 	"path/filepath"
 	"strings"
+	"sync/atomic"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -58,6 +59,10 @@ type Client struct {
 	log               logr.Logger
 	memo              memo // what the last unfiltered listing keeps for the next
 	images            imageRefs
+
+	listStreaming ListStreaming
+	conns         *atomic.Uint64 // connections made and lost so far (connCounter)
+	noStreamConn  atomic.Uint64  // 1 + conns when the runtime answered Unimplemented to a streamed listing; 0: never
 }
 
 type options struct {
@@ -65,6 +70,7 @@ type options struct {
 	statusConcurrency int
 	metrics           *metrics.Metrics
 	log               *logr.Logger
+	listStreaming     ListStreaming
 }
 
 // Option configures a Client.
@@ -121,6 +127,7 @@ func Dial(endpoint string, opts ...Option) (*Client, error) {
 		log = *o.log
 	}
 
+	conns := &atomic.Uint64{}
 	dialer := func(ctx context.Context, _ string) (net.Conn, error) {
 		var d net.Dialer
 		return d.DialContext(ctx, "unix", path)
@@ -137,6 +144,7 @@ func Dial(endpoint string, opts ...Option) (*Client, error) {
 		grpc.WithInitialConnWindowSize(windowSize),
 		grpc.WithReadBufferSize(readBufferSize),
 		experimental.WithBufferPool(&bufferPool{}),
+		grpc.WithStatsHandler(connCounter{conns}),
 		grpc.WithDefaultCallOptions(
 			grpc.MaxCallRecvMsgSize(maxMsgSize),
 			grpc.MaxCallSendMsgSize(maxMsgSize),
@@ -165,6 +173,8 @@ func Dial(endpoint string, opts ...Option) (*Client, error) {
 		statusConcurrency: o.statusConcurrency,
 		metrics:           o.metrics,
 		log:               log,
+		listStreaming:     o.listStreaming,
+		conns:             conns,
 	}, nil
 }
 
@@ -236,6 +246,13 @@ func (c *Client) Version(ctx context.Context) (runtimeName, runtimeVersion strin
 // Every error counts as an error in the metrics, NotFound included, as in
 // the kubelet.
 func (c *Client) call(ctx context.Context, op, method, id string, f func(context.Context) error) error {
+	return c.callNamed(ctx, op, id, func(ctx context.Context) (string, error) { return method, f(ctx) })
+}
+
+// callNamed is call for an operation whose method f chooses as it goes (a
+// listing streamed, or unary after the runtime turned the stream down):
+// f returns the method its error is about.
+func (c *Client) callNamed(ctx context.Context, op, id string, f func(context.Context) (string, error)) error {
 	var done func(time.Duration, error)
 	if t := cruntime.CallTracerFrom(ctx); t != nil {
 		done = t.StartCall(op, id)
@@ -245,7 +262,7 @@ func (c *Client) call(ctx context.Context, op, method, id string, f func(context
 		cctx, cancel = context.WithTimeout(ctx, c.timeout)
 	}
 	start := time.Now()
-	err := f(cctx)
+	method, err := f(cctx)
 	d := time.Since(start)
 	cancel()
 	if err != nil {

@@ -7,6 +7,7 @@ import (
 	"io"
 	"time"
 
+	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"k8s.io/apimachinery/pkg/types"
@@ -38,7 +39,7 @@ func (c *Client) WatchEvents(ctx context.Context, connected func(), fn func(crun
 	sctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	start := time.Now()
-	stream, err := c.rs.GetContainerEvents(sctx, &runtimeapi.GetEventsRequest{})
+	stream, err := c.openEvents(sctx)
 	d := time.Since(start)
 	if err != nil {
 		err = c.streamError(ctx, err)
@@ -54,20 +55,38 @@ func (c *Client) WatchEvents(ctx context.Context, connected func(), fn func(crun
 		connected()
 	}
 
+	var r eventReply
 	for {
-		resp, err := stream.Recv()
-		if err != nil {
+		if err := stream.RecvMsg(&r); err != nil {
 			err = c.streamError(ctx, err)
 			if ctx.Err() == nil && c.metrics != nil {
 				c.metrics.RuntimeOperationErrors.WithLabelValues(metrics.OpGetContainerEvents).Inc()
 			}
 			return err
 		}
-		if resp == nil {
-			continue
-		}
-		fn(eventFrom(resp))
+		fn(r.ev)
 	}
+}
+
+// eventsMethod is the container event stream's gRPC method.
+const eventsMethod = "/runtime.v1.RuntimeService/GetContainerEvents"
+
+var eventsStreamDesc = grpc.StreamDesc{ServerStreams: true}
+
+// openEvents opens the container event stream with the lean codec: each
+// event is read from the wire (eventReply), not decoded whole.
+func (c *Client) openEvents(ctx context.Context) (grpc.ClientStream, error) {
+	s, err := c.conn.NewStream(ctx, &eventsStreamDesc, eventsMethod, grpc.ForceCodecV2(leanCodec{}))
+	if err != nil {
+		return nil, err
+	}
+	if err := s.SendMsg(&runtimeapi.GetEventsRequest{}); err != nil && !errors.Is(err, io.EOF) {
+		return nil, err
+	}
+	if err := s.CloseSend(); err != nil {
+		return nil, err
+	}
+	return s, nil
 }
 
 // streamError turns an error of the event stream into WatchEvents' error.

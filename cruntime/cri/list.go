@@ -6,7 +6,6 @@ import (
 	"slices"
 	"strings"
 
-	"google.golang.org/grpc"
 	"k8s.io/apimachinery/pkg/types"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
@@ -24,8 +23,9 @@ import (
 // Pods are sorted by UID. Within a pod, sandboxes and containers keep the
 // order the runtime listed them in (for a pod that did not change, the
 // order of the listing that built it). Items without metadata, ID or pod
-// UID are skipped and logged at V(4). The pods returned are shared with
-// later listings: callers must not modify them.
+// UID are skipped, neither kept nor allocated, and counted in one V(4) log
+// line per reply. The pods returned are shared with later listings:
+// callers must not modify them.
 func (c *Client) ListPods(ctx context.Context) ([]*cruntime.Pod, error) {
 	m := &c.memo
 	if !m.mu.TryLock() {
@@ -39,52 +39,84 @@ func (c *Client) ListPods(ctx context.Context) ([]*cruntime.Pod, error) {
 
 // listPods lists with the memo m (held), or without one when m is nil.
 func (c *Client) listPods(ctx context.Context, m *memo) ([]*cruntime.Pod, error) {
-	sandboxes := listReply{sandboxes: true}
-	containers := listReply{}
-	sc := &groupScratch{}
-	var strs *interner
-	if m != nil {
-		m.begin()
-		strs, sc = &m.strings, &m.scratch
-		sandboxes.memo, sandboxes.seed, sandboxes.items = &m.sandboxes, m.seed, sc.sandboxes[:0]
-		containers.memo, containers.seed, containers.items = &m.containers, m.seed, sc.containers[:0]
-	} else {
-		strs = &interner{}
-	}
-	t := strs.begin()
-	sandboxes.strings, containers.strings = t, t
-	err := c.call(ctx, metrics.OpListPodSandbox, "ListPodSandbox", "", func(ctx context.Context) error {
-		return c.conn.Invoke(ctx, runtimeapi.RuntimeService_ListPodSandbox_FullMethodName,
-			&runtimeapi.ListPodSandboxRequest{}, &sandboxes, grpc.ForceCodecV2(leanCodec{}))
-	})
+	l := startListing(m)
+	// Streamed or unary (liststream.go): the same items into the same
+	// replies.
+	err := c.list(ctx, listSandboxesCall, &l.sandboxes)
 	if err == nil {
-		err = c.call(ctx, metrics.OpListContainers, "ListContainers", "", func(ctx context.Context) error {
-			return c.conn.Invoke(ctx, runtimeapi.RuntimeService_ListContainers_FullMethodName,
-				&runtimeapi.ListContainersRequest{}, &containers, grpc.ForceCodecV2(leanCodec{}))
-		})
+		err = c.list(ctx, listContainersCall, &l.containers)
 	}
 	if err != nil {
 		// The items decoded so far stay in the memo until the next
 		// complete listing's commit: each is what its bytes decode to.
 		return nil, err
 	}
-	strs.end(t)
-	nsb, nct := len(sandboxes.items), len(containers.items)
+	return c.endListing(l), nil
+}
+
+// listing is an unfiltered listing being made: its two replies, decoded
+// with the memo m (held by the caller) or without one when m is nil.
+type listing struct {
+	m                     *memo
+	sandboxes, containers listReply
+	strs                  *interner
+	strings               *table
+	sc                    *groupScratch
+}
+
+// startListing starts a listing; its replies are decoded into
+// l.sandboxes and l.containers.
+func startListing(m *memo) *listing {
+	l := &listing{m: m, sandboxes: listReply{sandboxes: true}}
 	if m != nil {
-		sc.sandboxes, sc.containers = sandboxes.items[:0], containers.items[:0]
+		m.begin()
+		l.strs, l.sc = &m.strings, &m.scratch
+		l.sandboxes.memo, l.sandboxes.seed, l.sandboxes.items = &m.sandboxes, m.seed, l.sc.sandboxes[:0]
+		l.containers.memo, l.containers.seed, l.containers.items = &m.containers, m.seed, l.sc.containers[:0]
+	} else {
+		l.strs, l.sc = &interner{}, &groupScratch{}
+	}
+	l.strings = l.strs.begin()
+	l.sandboxes.strings, l.containers.strings = l.strings, l.strings
+	return l
+}
+
+// endListing groups the listing l, whose two replies were decoded without
+// error, and makes it the memo's last listing.
+func (c *Client) endListing(l *listing) []*cruntime.Pod {
+	l.strs.end(l.strings)
+	c.logSkipped(&l.sandboxes, "sandbox")
+	c.logSkipped(&l.containers, "container")
+	m, sc := l.m, l.sc
+	nsb, nct := len(l.sandboxes.items), len(l.containers.items)
+	if m != nil {
+		sc.sandboxes, sc.containers = l.sandboxes.items[:0], l.containers.items[:0]
 		if m.unchanged(nsb, nct) {
 			// The steady state: the last listing again, nothing to group.
 			m.sandboxes.commit()
 			m.containers.commit()
-			return slices.Clone(m.last), nil
+			return slices.Clone(m.last)
 		}
 	}
-	pods := c.group(sandboxes.items, containers.items, sc, m)
+	pods := c.group(l.sandboxes.items, l.containers.items, sc, m)
 	if m != nil {
 		m.keep(pods, nsb, nct)
 		m.commit()
 	}
-	return pods, nil
+	return pods
+}
+
+// logSkipped logs, at V(4), the items of a reply the decoder left out: one
+// line per reply, however many.
+func (c *Client) logSkipped(r *listReply, kind string) {
+	if r.skipped == [numSkipReasons]int{} {
+		return
+	}
+	if log := c.log.V(4); log.Enabled() {
+		log.Info("Skipping listed items that cannot be grouped", "kind", kind,
+			"emptyID", r.skipped[skipNoID], "noMetadata", r.skipped[skipNoMetadata], "noPodUID", r.skipped[skipNoUID],
+			"firstID", r.firstSkipped.id, "firstReason", r.firstSkipped.reason.String())
+	}
 }
 
 // ListPod lists the sandboxes and containers of the pod with the given UID,
@@ -136,7 +168,7 @@ func (c *Client) ListPod(ctx context.Context, uid types.UID) (*cruntime.Pod, err
 func sandboxItem(s *runtimeapi.PodSandbox) listed {
 	md := s.GetMetadata()
 	return listed{id: s.GetId(), meta: md != nil, podName: md.GetName(), uid: md.GetUid(),
-		podNamespace: md.GetNamespace(), attempt: md.GetAttempt(), state: sandboxState(s.GetState()),
+		podNamespace: md.GetNamespace(), attempt: md.GetAttempt(), state: itemState(sandboxState(s.GetState())),
 		createdAt: s.GetCreatedAt()}
 }
 
@@ -144,10 +176,14 @@ func sandboxItem(s *runtimeapi.PodSandbox) listed {
 func containerItem(ct *runtimeapi.Container) listed {
 	md := ct.GetMetadata()
 	labels := ct.GetLabels()
-	return listed{id: ct.GetId(), meta: md != nil, name: md.GetName(), attempt: md.GetAttempt(),
+	name := md.GetName()
+	if name == "" {
+		name = labels[cruntime.LabelContainerName]
+	}
+	return listed{id: ct.GetId(), meta: md != nil, name: name, attempt: md.GetAttempt(),
 		uid: labels[cruntime.LabelPodUID], podName: labels[cruntime.LabelPodName],
-		podNamespace: labels[cruntime.LabelPodNamespace], labelName: labels[cruntime.LabelContainerName],
-		image: ct.GetImage().GetImage(), state: containerState(ct.GetState()), createdAt: ct.GetCreatedAt()}
+		podNamespace: labels[cruntime.LabelPodNamespace],
+		image:        ct.GetImage().GetImage(), state: itemState(containerState(ct.GetState())), createdAt: ct.GetCreatedAt()}
 }
 
 // groupScratch is the working space of group, kept from one listing to
@@ -204,31 +240,21 @@ func (c *Client) group(sandboxes, containers []itemRef, sc *groupScratch, m *mem
 	clear(valid)
 	for i := range sandboxes {
 		s := sandboxes[i]
-		switch {
-		case s.id == "":
-			c.log.V(4).Info("Skipping listed sandbox", "reason", "empty ID", "index", i)
-		case !s.meta:
-			c.log.V(4).Info("Skipping listed sandbox", "reason", "no metadata", "sandboxID", s.id)
-		case s.uid == "":
-			c.log.V(4).Info("Skipping listed sandbox", "reason", "empty pod UID in metadata", "sandboxID", s.id)
-		default:
-			valid[i] = true
-			find(s).sbs++
+		if why := skipped(len(s.id), s.meta, len(s.uid)); why != skipNone {
+			c.log.V(4).Info("Skipping listed sandbox", "reason", why.String(), "sandboxID", s.id, "index", i)
+			continue
 		}
+		valid[i] = true
+		find(s).sbs++
 	}
 	for i := range containers {
 		ct := containers[i]
-		switch {
-		case ct.id == "":
-			c.log.V(4).Info("Skipping listed container", "reason", "empty ID", "index", i)
-		case !ct.meta:
-			c.log.V(4).Info("Skipping listed container", "reason", "no metadata", "containerID", ct.id)
-		case ct.uid == "":
-			c.log.V(4).Info("Skipping listed container", "reason", "no label "+cruntime.LabelPodUID, "containerID", ct.id)
-		default:
-			valid[len(sandboxes)+i] = true
-			find(ct).cts++
+		if why := skipped(len(ct.id), ct.meta, len(ct.uid)); why != skipNone {
+			c.log.V(4).Info("Skipping listed container", "reason", why.String(), "containerID", ct.id, "index", i)
+			continue
 		}
+		valid[len(sandboxes)+i] = true
+		find(ct).cts++
 	}
 	out := make([]*cruntime.Pod, len(sc.pods))
 	for i := range sc.pods {
@@ -265,7 +291,7 @@ func (c *Client) group(sandboxes, containers []itemRef, sc *groupScratch, m *mem
 			continue // the previous listing's pod
 		}
 		b.store = append(b.store, cruntime.Container{ID: s.id, Name: s.podName, Attempt: s.attempt,
-			State: s.state, CreatedAt: s.createdAt})
+			State: s.state.State(), CreatedAt: s.createdAt})
 		b.pod.Sandboxes = append(b.pod.Sandboxes, &b.store[len(b.store)-1])
 	}
 	for i := range containers {
@@ -277,12 +303,8 @@ func (c *Client) group(sandboxes, containers []itemRef, sc *groupScratch, m *mem
 		if b.store == nil {
 			continue
 		}
-		name := ct.name
-		if name == "" {
-			name = ct.labelName
-		}
-		b.store = append(b.store, cruntime.Container{ID: ct.id, Name: name, Attempt: ct.attempt,
-			State: ct.state, Image: ct.image, CreatedAt: ct.createdAt})
+		b.store = append(b.store, cruntime.Container{ID: ct.id, Name: ct.name, Attempt: ct.attempt,
+			State: ct.state.State(), Image: ct.image, CreatedAt: ct.createdAt})
 		b.pod.Containers = append(b.pod.Containers, &b.store[len(b.store)-1])
 	}
 	// Drop the references, so the scratch space pins no pod.

@@ -2,11 +2,15 @@ package cri
 
 import (
 	"context"
+	"fmt"
 	"reflect"
+	"slices"
+	"strings"
 	"sync"
 	"testing"
 
 	"github.com/go-logr/logr"
+	"github.com/go-logr/logr/funcr"
 	"k8s.io/apimachinery/pkg/types"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
@@ -328,4 +332,35 @@ func refs(items ...listed) []itemRef {
 		out[i] = itemRef{listed: &items[i]}
 	}
 	return out
+}
+
+// The items a listing skips are logged in one line per reply, however
+// many, with their count by reason.
+func TestListPodsLogsSkippedOnce(t *testing.T) {
+	f := &fakeCRI{}
+	var sbs []*runtimeapi.PodSandbox
+	for i := range 50 {
+		sbs = append(sbs, &runtimeapi.PodSandbox{Id: fmt.Sprint("sb-nometa-", i)})
+	}
+	sbs = append(sbs, &runtimeapi.PodSandbox{Metadata: &runtimeapi.PodSandboxMetadata{Uid: "u"}})
+	staticLister(f, sbs, []*runtimeapi.Container{{Id: "c", Metadata: &runtimeapi.ContainerMetadata{}}})
+	var lines []string
+	log := funcr.New(func(prefix, args string) { lines = append(lines, args) }, funcr.Options{Verbosity: 4})
+	c := f.start(t, WithLogger(log))
+	if _, err := c.ListPods(context.Background()); err != nil {
+		t.Fatal(err)
+	}
+	want := []string{
+		`"msg"="Skipping listed items that cannot be grouped" "kind"="sandbox" "emptyID"=1 "noMetadata"=50 "noPodUID"=0 "firstID"="sb-nometa-0" "firstReason"="no metadata"`,
+		`"msg"="Skipping listed items that cannot be grouped" "kind"="container" "emptyID"=0 "noMetadata"=0 "noPodUID"=1 "firstID"="c" "firstReason"="no pod UID"`,
+	}
+	var got []string
+	for _, l := range lines {
+		if strings.Contains(l, "Skipping") {
+			got = append(got, l[strings.Index(l, `"msg"`):])
+		}
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("logged\n%s\nwant\n%s", strings.Join(got, "\n"), strings.Join(want, "\n"))
+	}
 }

@@ -28,7 +28,8 @@ import (
 //     cleared, not reallocated.
 //
 // Only what changed is decoded and allocated. What the memo holds is
-// proportional to the listing: one entry per item and one per pod; the
+// proportional to the listing: one entry per item that can be grouped and
+// one per pod; the
 // items' strings and the pods are shared with the generator's records.
 type memo struct {
 	mu         sync.Mutex // held for a whole listing; a concurrent listing goes without
@@ -53,6 +54,13 @@ type itemMemo struct {
 	gen     uint32 // the listing being decoded (wrapping: only equality counts)
 	decoded int    // items it did not find, and decoded
 	found   int    // items it found
+	repeats int    // items found that the listing had already had
+	// added are the items decoded since the last commit, which commits
+	// them; uncommitted says the listing began with some (a listing
+	// failed since the last commit), so that an item found may be one of
+	// them.
+	added       []*listed
+	uncommitted bool
 }
 
 type memoPod struct {
@@ -60,20 +68,23 @@ type memoPod struct {
 	items int // sandboxes and containers
 }
 
-// lookup returns the decoded form of the item b if the previous listing had
-// it, and notes it for the next listing. maps says which field numbers of
-// the item are maps.
+// lookup returns the decoded form of the item b if the memo has it, and
+// notes it for the next listing; first says it is the first item of this
+// listing found there. maps says which field numbers of the item are maps.
 // The item returned is the memo's own: the caller only reads it.
-func (m *itemMemo) lookup(seed maphash.Seed, b []byte, maps mapFields) (*listed, uint64, bool) {
-	h := itemKey(seed, b, maps)
+func (m *itemMemo) lookup(seed maphash.Seed, b []byte, maps mapFields) (it *listed, h uint64, first, ok bool) {
+	h = itemKey(seed, b, maps)
 	if s := m.items.find(h); s != nil && int(s.size) == len(b) {
 		if s.seen != m.gen {
 			s.seen = m.gen
 			m.found++
+			first = true
+		} else {
+			m.repeats++
 		}
-		return s.it, h, true
+		return s.it, h, first, true
 	}
-	return nil, h, false
+	return nil, h, false, false
 }
 
 // mapFields are the field numbers of an item's label and annotation maps,
@@ -154,12 +165,22 @@ func itemKey(seed maphash.Seed, b []byte, maps mapFields) uint64 {
 // add notes it, just decoded from b, for the next listing.
 func (m *itemMemo) add(h uint64, b []byte, it *listed) {
 	m.items.put(itemSlot{h: h, it: it, size: uint32(len(b)), seen: m.gen})
+	m.added = append(m.added, it)
 	m.decoded++
 }
 
 // commit makes the listing just decoded the previous one: the items it did
-// not have go.
+// not have go, those decoded since the last commit are committed.
 func (m *itemMemo) commit() {
+	for _, it := range m.added {
+		it.committed = true
+	}
+	clear(m.added)
+	if cap(m.added) > 1024 {
+		m.added = nil // the first listing's, or a big change's: not kept
+	} else {
+		m.added = m.added[:0]
+	}
 	if m.found+m.decoded == m.items.n {
 		return // every entry was seen: the steady state
 	}
@@ -169,7 +190,8 @@ func (m *itemMemo) commit() {
 // init starts decoding a listing.
 func (m *itemMemo) init() {
 	m.gen++
-	m.decoded, m.found = 0, 0
+	m.decoded, m.found, m.repeats = 0, 0, 0
+	m.uncommitted = len(m.added) > 0
 }
 
 // begin starts a listing with the memo; the caller holds m.mu.
@@ -184,9 +206,10 @@ func (m *memo) begin() {
 
 // unchanged reports whether the listing just decoded, of sbs sandboxes and
 // cts containers, is the last one: nothing was decoded, every item of the
-// last listing was found, and there are as many.
+// last listing was found, none twice, and there are as many.
 func (m *memo) unchanged(sbs, cts int) bool {
 	return m.last != nil && m.sandboxes.decoded == 0 && m.containers.decoded == 0 &&
+		m.sandboxes.repeats == 0 && m.containers.repeats == 0 &&
 		m.sandboxes.found == m.sandboxes.items.n && m.containers.found == m.containers.items.n &&
 		sbs == m.lastSbs && cts == m.lastCts
 }

@@ -47,3 +47,32 @@ func BenchmarkDecodeIdleListing(b *testing.B) {
 func marshalOpts(m *runtimeapi.ListContainersResponse) ([]byte, error) {
 	return proto.Marshal(m)
 }
+
+// BenchmarkDecodeNewListing decodes the same reply as
+// BenchmarkDecodeIdleListing into an empty memo: every item is new, and
+// decoded, validated, allocated and added (a node's first listing).
+func BenchmarkDecodeNewListing(b *testing.B) {
+	n := &node{rng: rand.New(rand.NewPCG(1, 1))}
+	for range 1000 {
+		n.addPod(10)
+	}
+	raw, err := marshalOpts(&runtimeapi.ListContainersResponse{Containers: n.containers})
+	if err != nil {
+		b.Fatal(err)
+	}
+	data := pieces(rand.New(rand.NewPCG(2, 2)), raw, 16<<10)
+	b.SetBytes(int64(len(raw)))
+	b.ReportAllocs()
+	for b.Loop() {
+		var m memo
+		m.begin()
+		r := listReply{memo: &m.containers, seed: m.seed, strings: m.strings.begin()}
+		if err := decodeListSlice(data, &r); err != nil {
+			b.Fatal(err)
+		}
+		m.containers.commit()
+		if m.containers.decoded != len(n.containers) {
+			b.Fatalf("%d items decoded, want %d", m.containers.decoded, len(n.containers))
+		}
+	}
+}

@@ -350,3 +350,72 @@ func TestItemKey(t *testing.T) {
 		}
 	}
 }
+
+// listOnce makes one listing of the two replies with the memo m, as
+// ListPods does, each reply in pieces of at most maxPiece bytes.
+func listOnce(c *Client, m *memo, sandboxes, containers []byte, rng *rand.Rand, maxPiece int) ([]*cruntime.Pod, error) {
+	l := startListing(m)
+	if err := decodeListSlice(pieces(rng, sandboxes, maxPiece), &l.sandboxes); err != nil {
+		return nil, err
+	}
+	if err := decodeListSlice(pieces(rng, containers, maxPiece), &l.containers); err != nil {
+		return nil, err
+	}
+	return c.endListing(l), nil
+}
+
+// TestListPodsMemoRepeatedItem: a listing that has the last listing's items
+// and as many, but one of them twice and another not at all, is not the
+// last listing.
+func TestListPodsMemoRepeatedItem(t *testing.T) {
+	sb := marshal(t, &runtimeapi.ListPodSandboxResponse{Items: []*runtimeapi.PodSandbox{
+		sandbox("sb", "uid", "pod", "ns", 0, runtimeapi.PodSandboxState_SANDBOX_READY, 1)}})
+	x := container("c-x", "x", 0, runtimeapi.ContainerState_CONTAINER_RUNNING, "img", 2, label("uid", "pod", "ns", "x"))
+	y := container("c-y", "y", 0, runtimeapi.ContainerState_CONTAINER_EXITED, "img", 3, label("uid", "pod", "ns", "y"))
+	rng := rand.New(rand.NewPCG(1, 1))
+	c, m := &Client{}, &memo{}
+	for i, cts := range [][]*runtimeapi.Container{{x, x, y}, {x, y, y}, {x, y, y}, {x, x, y}} {
+		pods, err := listOnce(c, m, sb, marshal(t, &runtimeapi.ListContainersResponse{Containers: cts}), rng, 1<<20)
+		if err != nil {
+			t.Fatal(err)
+		}
+		var got []string
+		for _, ct := range pods[0].Containers {
+			got = append(got, ct.ID)
+		}
+		var want []string
+		for _, ct := range cts {
+			want = append(want, ct.Id)
+		}
+		if !slices.Equal(got, want) {
+			t.Errorf("listing %d: containers %v, want %v", i, got, want)
+		}
+	}
+}
+
+// TestListPodsMemoAfterFailedListing: an item decoded by a listing that
+// failed later is in the memo, but in no pod built so far: the pod it
+// belongs to is built again.
+func TestListPodsMemoAfterFailedListing(t *testing.T) {
+	reply := func(items ...*runtimeapi.PodSandbox) []byte {
+		return marshal(t, &runtimeapi.ListPodSandboxResponse{Items: items})
+	}
+	s1 := sandbox("sb-1", "uid", "pod", "ns", 0, runtimeapi.PodSandboxState_SANDBOX_NOTREADY, 1)
+	s2 := sandbox("sb-2", "uid", "pod", "ns", 1, runtimeapi.PodSandboxState_SANDBOX_READY, 2)
+	rng := rand.New(rand.NewPCG(1, 1))
+	c, m := &Client{}, &memo{}
+	if _, err := listOnce(c, m, reply(s1), nil, rng, 1<<20); err != nil {
+		t.Fatal(err)
+	}
+	// The sandbox was replaced; the container reply is cut short.
+	if _, err := listOnce(c, m, reply(s2), []byte{0x0a, 0x05}, rng, 1<<20); err == nil {
+		t.Fatal("a truncated reply was decoded")
+	}
+	pods, err := listOnce(c, m, reply(s2), nil, rng, 1<<20)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(pods) != 1 || len(pods[0].Sandboxes) != 1 || pods[0].Sandboxes[0].ID != "sb-2" {
+		t.Fatalf("after a failed listing: %s, want the pod with sb-2", dump(pods))
+	}
+}

@@ -2,6 +2,7 @@ package cri
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"sync"
@@ -94,6 +95,8 @@ func convertSandbox(s *runtimeapi.PodSandboxStatus, sb *cruntime.Container) *cru
 		Attempt:     s.GetMetadata().GetAttempt(),
 		IPs:         sandboxIPs(s),
 		HostNetwork: s.GetLinux().GetNamespaces().GetOptions().GetNetwork() == runtimeapi.NamespaceMode_NODE,
+		Labels:      s.Labels,
+		Annotations: s.Annotations,
 	}
 	if st.ID == "" {
 		st.ID = sb.ID
@@ -105,18 +108,20 @@ func convertSandbox(s *runtimeapi.PodSandboxStatus, sb *cruntime.Container) *cru
 // convertContainer converts the status of the listed container ct.
 func convertContainer(s *runtimeapi.ContainerStatus, ct *cruntime.Container) *cruntime.ContainerStatus {
 	st := &cruntime.ContainerStatus{
-		ID:         s.Id,
-		Name:       s.GetMetadata().GetName(),
-		Attempt:    s.GetMetadata().GetAttempt(),
-		State:      containerState(s.State),
-		Image:      s.GetImage().GetImage(),
-		ImageRef:   s.ImageRef,
-		CreatedAt:  nsTime(s.CreatedAt),
-		StartedAt:  nsTime(s.StartedAt),
-		FinishedAt: nsTime(s.FinishedAt),
-		ExitCode:   s.ExitCode,
-		Reason:     s.Reason,
-		Message:    s.Message,
+		ID:          s.Id,
+		Name:        s.GetMetadata().GetName(),
+		Attempt:     s.GetMetadata().GetAttempt(),
+		State:       containerState(s.State),
+		Image:       s.GetImage().GetImage(),
+		ImageRef:    s.ImageRef,
+		CreatedAt:   nsTime(s.CreatedAt),
+		StartedAt:   nsTime(s.StartedAt),
+		FinishedAt:  nsTime(s.FinishedAt),
+		ExitCode:    s.ExitCode,
+		Reason:      s.Reason,
+		Message:     s.Message,
+		Labels:      s.Labels,
+		Annotations: s.Annotations,
 	}
 	if st.ID == "" {
 		st.ID = ct.ID
@@ -202,6 +207,58 @@ func (c *Client) containerStatus(ctx context.Context, id string) (*runtimeapi.Co
 		return err
 	})
 	return s, err
+}
+
+// Identities fetches the init PID and cgroup path of each of containers
+// with a verbose ContainerStatus call (cruntime.Runtime): containerd and
+// CRI-O put them in the verbose info's JSON ("pid", and
+// "runtimeSpec.linux.cgroupsPath"). The calls are bounded as PodStatus's;
+// a container the runtime no longer knows, or whose info has no PID, is
+// nil.
+func (c *Client) Identities(ctx context.Context, pod *cruntime.Pod, containers []*cruntime.Container) ([]*cruntime.Identity, error) {
+	out := make([]*cruntime.Identity, len(containers))
+	err := c.each(ctx, len(containers), func(ctx context.Context, i int) error {
+		ct := containers[i]
+		if ct == nil {
+			return nil
+		}
+		var info map[string]string
+		err := c.call(ctx, metrics.OpContainerStatus, "ContainerStatus", ct.ID, func(ctx context.Context) error {
+			resp, err := c.rs.ContainerStatus(ctx, &runtimeapi.ContainerStatusRequest{ContainerId: ct.ID, Verbose: true})
+			info = resp.GetInfo()
+			return err
+		})
+		if isNotFound(err) {
+			return nil
+		}
+		if err != nil {
+			return err
+		}
+		out[i] = identityFromInfo(info)
+		return nil
+	})
+	if err != nil {
+		return nil, err
+	}
+	return out, nil
+}
+
+// identityFromInfo reads a verbose ContainerStatus's info: its "info" key
+// holds JSON with the init PID and the OCI runtime spec. Nil without a
+// PID.
+func identityFromInfo(info map[string]string) *cruntime.Identity {
+	var v struct {
+		PID         int64 `json:"pid"`
+		RuntimeSpec struct {
+			Linux struct {
+				CgroupsPath string `json:"cgroupsPath"`
+			} `json:"linux"`
+		} `json:"runtimeSpec"`
+	}
+	if err := json.Unmarshal([]byte(info["info"]), &v); err != nil || v.PID <= 0 {
+		return nil
+	}
+	return &cruntime.Identity{PID: v.PID, CgroupPath: v.RuntimeSpec.Linux.CgroupsPath}
 }
 
 // sandboxIPs returns the IPs of a sandbox, primary first, without empties.

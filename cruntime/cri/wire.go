@@ -18,30 +18,53 @@ import (
 // The unfiltered list replies of a relist are decoded straight from the
 // wire: only the fields the generator uses are read, label and annotation
 // maps are never built (only the four io.kubernetes.* labels are looked
-// at), and strings that were in the previous reply are reused instead of
-// allocated again. On a node with 1,000 pods of 10 containers this is
-// most of a steady-state relist's CPU and allocations (see `pleg bench`).
+// at), and strings of 16 bytes or more that were in the previous reply are
+// reused instead of allocated again. On a node with 1,000 pods of 10
+// containers this is most of a steady-state relist's CPU and allocations
+// (see `pleg bench`).
+//
+// What a reply makes pleg keep is bounded by its size whatever it holds:
+// an item is read into views of the reply's bytes (wireItem) and nothing
+// is allocated for it unless it can be grouped; then it costs at most 240
+// bytes besides its strings, and the smallest item that can be grouped
+// takes about 12 bytes of reply (TestDecodeMemoryBound).
 
 // listed is one sandbox or container of a list reply, as grouping needs it.
+// It is what the memo keeps per item between listings, so it is small: 112
+// bytes, a size class of its own.
 type listed struct {
-	id      string
-	meta    bool // the item had metadata
-	name    string
-	attempt uint32
+	id string
+	// name is a container's name: its metadata's, else its
+	// io.kubernetes.container.name label. A sandbox's is its pod's.
+	name string
 	// uid, podName and podNamespace come from a sandbox's metadata, or
 	// from a container's io.kubernetes.pod.* labels.
 	uid, podName, podNamespace string
-	labelName                  string // io.kubernetes.container.name
 	image                      string
-	state                      cruntime.State
 	createdAt                  int64
+	attempt                    uint32
+	state                      itemState
+	meta                       bool // the item had metadata
+	// committed says the item was in a complete listing, which the memo
+	// committed: the pods built then may have it. (An item decoded by a
+	// listing that failed is in the memo, but in no pod.)
+	committed bool
 }
+
+// itemState is a cruntime.State in a byte.
+type itemState uint8
+
+func (s itemState) State() cruntime.State { return cruntime.State(s) }
 
 // itemRef is one item of a reply being grouped: the decoded item, which an
 // item of the memo is shared with the memo, not copied.
 type itemRef struct {
 	*listed
-	reused bool // taken from the memo of the previous listing, not decoded
+	// reused says the item is one of the last complete listing's, taken
+	// from the memo, and the first of this listing with its bytes: a pod
+	// whose items are all reused, and as many as last time, is last
+	// time's pod.
+	reused bool
 }
 
 // Field numbers of CRI v1 (api.proto).
@@ -79,11 +102,14 @@ const (
 var errMalformed = errors.New("malformed protobuf")
 
 // walk calls f for every field of the message b; v holds a length-
-// delimited field's bytes, x a varint's value. Other wire types are skipped.
+// delimited field's bytes, x a varint's value. Other wire types are
+// skipped. What it rejects is what the generated code rejects in a
+// message's fields: a truncated or malformed field, a field number out of
+// range, an end of group without its start.
 func walk(b []byte, f func(num protowire.Number, v []byte, x uint64, varint bool) error) error {
 	for len(b) > 0 {
 		num, typ, n := protowire.ConsumeTag(b)
-		if n < 0 {
+		if n < 0 || num > protowire.MaxValidNumber {
 			return errMalformed
 		}
 		b = b[n:]
@@ -142,9 +168,18 @@ func (in *interner) end(t *table) {
 	in.mu.Unlock()
 }
 
+// internMin is the length from which strings are interned. A shorter
+// string costs less allocated on its own (Go packs allocations under 16
+// bytes without pointers into shared 16-byte blocks) than the table entry
+// that would share it, 40 to 80 bytes: interning short strings that do not
+// repeat, such as a hostile reply's, would keep several times the reply's
+// size. Short strings that repeat (a namespace such as "default") cost a
+// few bytes per decoded item.
+const internMin = 16
+
 func (t *table) str(b []byte) string {
-	if len(b) == 0 {
-		return ""
+	if len(b) < internMin {
+		return string(b)
 	}
 	if s, ok := t.prev[string(b)]; ok { // no allocation for the lookup
 		t.next[s] = s
@@ -161,7 +196,7 @@ func (t *table) str(b []byte) string {
 // listReply is the target of a lean decode.
 type listReply struct {
 	sandboxes bool
-	items     []itemRef
+	items     []itemRef // the valid items, in the reply's order
 	strings   *table
 	// memo, when set, holds the items of the previous listing: an item
 	// with the same bytes is taken from it instead of decoded (memo.go).
@@ -172,6 +207,13 @@ type listReply struct {
 	// slab holds the items decoded without a memo, a chunk at a time:
 	// items point into it, so a chunk is never grown, only replaced.
 	slab []listed
+	// skipped counts the items left out, by reason, and firstSkipped is
+	// the ID (possibly empty) and reason of the first.
+	skipped      [numSkipReasons]int
+	firstSkipped struct {
+		id     string
+		reason skipReason
+	}
 }
 
 func decodeList(b []byte, r *listReply) error {
@@ -181,29 +223,19 @@ func decodeList(b []byte, r *listReply) error {
 // decodeListSlice decodes a list reply as gRPC received it, in pieces,
 // without first copying it into one buffer: an item that lies within one
 // piece is read where it is, and only an item split across pieces is
-// copied, into r.scratch.
+// copied, into r.scratch. It rejects what the generated code rejects in
+// the reply's own fields (see walk), and in an item's fields the generator
+// reads.
 func decodeListSlice(data mem.BufferSlice, r *listReply) error {
 	rd := pieceReader{data: data, rest: data.Len()}
 	for !rd.done() {
-		tag, ok := rd.varint()
-		if !ok {
-			return errMalformed
-		}
-		num, typ := protowire.DecodeTag(tag)
-		if num <= 0 {
+		num, typ, ok := rd.tag()
+		if !ok || num > protowire.MaxValidNumber {
 			return errMalformed
 		}
 		switch typ {
 		case protowire.VarintType:
 			if _, ok := rd.varint(); !ok {
-				return errMalformed
-			}
-		case protowire.Fixed32Type:
-			if !rd.skip(4) {
-				return errMalformed
-			}
-		case protowire.Fixed64Type:
-			if !rd.skip(8) {
 				return errMalformed
 			}
 		case protowire.BytesType:
@@ -220,14 +252,16 @@ func decodeListSlice(data mem.BufferSlice, r *listReply) error {
 				return err
 			}
 		default:
-			return errMalformed
+			if !rd.skipField(num, typ, protowire.DefaultRecursionLimit) {
+				return errMalformed
+			}
 		}
 	}
 	return nil
 }
 
 // item decodes one sandbox or container of a list reply, or takes it from
-// the memo.
+// the memo. Nothing is allocated for an item left out.
 func (r *listReply) item(v []byte) error {
 	var h uint64
 	if r.memo != nil {
@@ -235,12 +269,32 @@ func (r *listReply) item(v []byte) error {
 		if r.sandboxes {
 			maps = sandboxMaps
 		}
-		it, hash, ok := r.memo.lookup(r.seed, v, maps)
+		it, hash, first, ok := r.memo.lookup(r.seed, v, maps)
 		if ok {
-			r.items = append(r.items, itemRef{listed: it, reused: true})
+			// Only after a failed listing may an item found be
+			// uncommitted: else the item is not read.
+			reused := first && (!r.memo.uncommitted || it.committed)
+			r.items = append(r.items, itemRef{listed: it, reused: reused})
 			return nil
 		}
 		h = hash
+	}
+	var w wireItem
+	var err error
+	if r.sandboxes {
+		err = w.readSandbox(v)
+	} else {
+		err = w.readContainer(v)
+	}
+	if err != nil {
+		return err
+	}
+	if why := skipped(len(w.id), w.meta, len(w.uid)); why != skipNone {
+		if r.skipped == [numSkipReasons]int{} {
+			r.firstSkipped.id, r.firstSkipped.reason = string(w.id), why
+		}
+		r.skipped[why]++
+		return nil
 	}
 	var it *listed
 	if r.memo != nil {
@@ -252,20 +306,71 @@ func (r *listReply) item(v []byte) error {
 		r.slab = r.slab[:len(r.slab)+1]
 		it = &r.slab[len(r.slab)-1]
 	}
-	var err error
-	if r.sandboxes {
-		err = decodeSandbox(v, it, r.strings)
-	} else {
-		err = decodeContainer(v, it, r.strings)
-	}
-	if err != nil {
-		return err
-	}
+	w.keep(it, r.strings)
 	if r.memo != nil {
 		r.memo.add(h, v, it)
 	}
 	r.items = append(r.items, itemRef{listed: it})
 	return nil
+}
+
+// skipReason says why an item cannot be grouped.
+type skipReason uint8
+
+const (
+	skipNone       skipReason = iota
+	skipNoID                  // an empty ID
+	skipNoMetadata            // no metadata
+	skipNoUID                 // no pod UID: a sandbox's metadata has none, a container no io.kubernetes.pod.uid label
+	numSkipReasons
+)
+
+func (r skipReason) String() string {
+	switch r {
+	case skipNoID:
+		return "empty ID"
+	case skipNoMetadata:
+		return "no metadata"
+	case skipNoUID:
+		return "no pod UID"
+	}
+	return "none"
+}
+
+// skipped says whether an item of the given ID and pod UID lengths, with or
+// without metadata, is left out of a listing, and why.
+func skipped(idLen int, meta bool, uidLen int) skipReason {
+	switch {
+	case idLen == 0:
+		return skipNoID
+	case !meta:
+		return skipNoMetadata
+	case uidLen == 0:
+		return skipNoUID
+	}
+	return skipNone
+}
+
+// wireItem is an item of a list reply as read, before it is known to be
+// kept: its strings are views of the reply's bytes.
+type wireItem struct {
+	id, name, labelName, uid, podName, podNamespace, image []byte
+
+	createdAt int64
+	attempt   uint32
+	state     cruntime.State
+	meta      bool
+}
+
+// keep fills it with w, its strings allocated or interned in t.
+func (w *wireItem) keep(it *listed, t *table) {
+	name := w.name
+	if len(name) == 0 {
+		name = w.labelName
+	}
+	*it = listed{id: t.str(w.id), name: t.str(name), uid: t.str(w.uid), podName: t.str(w.podName),
+		podNamespace: t.str(w.podNamespace), image: t.str(w.image), createdAt: w.createdAt,
+		attempt: w.attempt, state: itemState(w.state), meta: w.meta}
 }
 
 // pieceReader reads a message held in the pieces of a mem.BufferSlice.
@@ -311,6 +416,9 @@ func (p *pieceReader) varint() (uint64, bool) {
 		if len(b) == 0 {
 			return 0, false
 		}
+		if shift == 63 && b[0] > 1 {
+			return 0, false // beyond 64 bits, as protowire.ConsumeVarint says
+		}
 		p.advance(1)
 		x |= uint64(b[0]&0x7f) << shift
 		if b[0] < 0x80 {
@@ -318,6 +426,51 @@ func (p *pieceReader) varint() (uint64, bool) {
 		}
 	}
 	return 0, false
+}
+
+// tag reads a field's tag: its number is at least 1.
+func (p *pieceReader) tag() (protowire.Number, protowire.Type, bool) {
+	x, ok := p.varint()
+	if !ok {
+		return 0, 0, false
+	}
+	num, typ := protowire.DecodeTag(x)
+	return num, typ, num >= protowire.MinValidNumber
+}
+
+// skipField skips the value of a field of type typ whose tag was just
+// read, as protowire.ConsumeFieldValue does: a group up to its matching
+// end, nested at most depth deep.
+func (p *pieceReader) skipField(num protowire.Number, typ protowire.Type, depth int) bool {
+	switch typ {
+	case protowire.VarintType:
+		_, ok := p.varint()
+		return ok
+	case protowire.Fixed32Type:
+		return p.skip(4)
+	case protowire.Fixed64Type:
+		return p.skip(8)
+	case protowire.BytesType:
+		n, ok := p.varint()
+		return ok && n <= uint64(p.left()) && p.skip(int(n))
+	case protowire.StartGroupType:
+		if depth < 0 {
+			return false
+		}
+		for {
+			num2, typ2, ok := p.tag()
+			if !ok {
+				return false
+			}
+			if typ2 == protowire.EndGroupType {
+				return num2 == num
+			}
+			if !p.skipField(num2, typ2, depth-1) {
+				return false
+			}
+		}
+	}
+	return false // an end of group without its start, or a reserved type
 }
 
 func (p *pieceReader) skip(n int) bool {
@@ -351,74 +504,75 @@ func (p *pieceReader) bytes(n int, scratch *[]byte) []byte {
 	return out
 }
 
-func decodeSandbox(b []byte, it *listed, t *table) error {
-	it.state = sandboxState(runtimeapi.PodSandboxState_SANDBOX_READY) // CRI's zero value
+func (w *wireItem) readSandbox(b []byte) error {
+	w.state = sandboxState(runtimeapi.PodSandboxState_SANDBOX_READY) // CRI's zero value
 	return walk(b, func(num protowire.Number, v []byte, x uint64, varint bool) error {
 		switch {
 		case num == fieldSandboxID && !varint:
-			it.id = t.str(v)
+			w.id = v
 		case num == fieldSandboxMetadata && !varint:
-			it.meta = true
+			w.meta = true
 			return walk(v, func(num protowire.Number, v []byte, x uint64, varint bool) error {
 				switch {
 				case num == fieldSandboxMetaName && !varint:
-					it.podName = t.str(v)
+					w.podName = v
 				case num == fieldSandboxMetaUID && !varint:
-					it.uid = t.str(v)
+					w.uid = v
 				case num == fieldSandboxMetaNamespace && !varint:
-					it.podNamespace = t.str(v)
+					w.podNamespace = v
 				case num == fieldSandboxMetaAttempt && varint:
-					it.attempt = uint32(x)
+					w.attempt = uint32(x)
 				}
 				return nil
 			})
 		case num == fieldSandboxState && varint:
-			it.state = sandboxState(runtimeapi.PodSandboxState(int32(x)))
+			w.state = sandboxState(runtimeapi.PodSandboxState(int32(x)))
 		case num == fieldSandboxCreatedAt && varint:
-			it.createdAt = int64(x)
+			w.createdAt = int64(x)
 		}
 		return nil
 	})
 }
 
-func decodeContainer(b []byte, it *listed, t *table) error {
-	it.state = containerState(runtimeapi.ContainerState_CONTAINER_CREATED) // CRI's zero value
+func (w *wireItem) readContainer(b []byte) error {
+	w.state = containerState(runtimeapi.ContainerState_CONTAINER_CREATED) // CRI's zero value
 	return walk(b, func(num protowire.Number, v []byte, x uint64, varint bool) error {
 		switch {
 		case num == fieldContainerID && !varint:
-			it.id = t.str(v)
+			w.id = v
 		case num == fieldContainerMetadata && !varint:
-			it.meta = true
+			w.meta = true
 			return walk(v, func(num protowire.Number, v []byte, x uint64, varint bool) error {
 				switch {
 				case num == fieldContainerMetaName && !varint:
-					it.name = t.str(v)
+					w.name = v
 				case num == fieldContainerMetaAttempt && varint:
-					it.attempt = uint32(x)
+					w.attempt = uint32(x)
 				}
 				return nil
 			})
 		case num == fieldContainerImage && !varint:
 			return walk(v, func(num protowire.Number, v []byte, _ uint64, varint bool) error {
 				if num == fieldImageSpecImage && !varint {
-					it.image = t.str(v)
+					w.image = v
 				}
 				return nil
 			})
 		case num == fieldContainerState && varint:
-			it.state = containerState(runtimeapi.ContainerState(int32(x)))
+			w.state = containerState(runtimeapi.ContainerState(int32(x)))
 		case num == fieldContainerCreatedAt && varint:
-			it.createdAt = int64(x)
+			w.createdAt = int64(x)
 		case num == fieldContainerLabels && !varint:
-			return decodeLabel(v, it, t)
+			return w.readLabel(v)
 		}
 		return nil
 	})
 }
 
-// decodeLabel reads one map entry of a container's labels, keeping the
-// io.kubernetes.* ones grouping needs.
-func decodeLabel(b []byte, it *listed, t *table) error {
+// readLabel reads one map entry of a container's labels, keeping the
+// io.kubernetes.* ones grouping needs. Of a label given several times, the
+// last counts.
+func (w *wireItem) readLabel(b []byte) error {
 	var key, value []byte
 	err := walk(b, func(num protowire.Number, v []byte, _ uint64, varint bool) error {
 		switch {
@@ -434,19 +588,19 @@ func decodeLabel(b []byte, it *listed, t *table) error {
 	}
 	switch string(key) {
 	case cruntime.LabelPodUID:
-		it.uid = t.str(value)
+		w.uid = value
 	case cruntime.LabelPodName:
-		it.podName = t.str(value)
+		w.podName = value
 	case cruntime.LabelPodNamespace:
-		it.podNamespace = t.str(value)
+		w.podNamespace = value
 	case cruntime.LabelContainerName:
-		it.labelName = t.str(value)
+		w.labelName = value
 	}
 	return nil
 }
 
-// leanCodec decodes *listReply targets from the wire and hands everything
-// else to the default proto codec.
+// leanCodec decodes *listReply and *eventReply targets from the wire and
+// hands everything else to the default proto codec.
 type leanCodec struct{}
 
 func (leanCodec) Name() string { return "proto" }
@@ -464,6 +618,11 @@ func (leanCodec) Unmarshal(data mem.BufferSlice, v any) error {
 		return nil
 	case *discardReply:
 		*r += discardReply(data.Len())
+		return nil
+	case *eventReply:
+		if err := decodeEvent(data, r); err != nil {
+			return fmt.Errorf("decoding a container event: %w", err)
+		}
 		return nil
 	}
 	return encoding.GetCodecV2("proto").Unmarshal(data, v)

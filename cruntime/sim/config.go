@@ -62,6 +62,13 @@ type Config struct {
 
 	// DisableEvents makes GetContainerEvents answer codes.Unimplemented.
 	DisableEvents bool
+	// DisableListStreaming makes StreamPodSandboxes and StreamContainers
+	// (KEP-5825) answer codes.Unimplemented, as runtimes before it do
+	// (containerd 2.3 and earlier). See Runtime.SetListStreaming.
+	DisableListStreaming bool
+	// ListStreamBatch is the number of items per message of a streamed
+	// listing; 0 means DefaultListStreamBatch.
+	ListStreamBatch int
 	// EventDropRate is the fraction of events (in [0, 1]) not sent to a
 	// subscriber.
 	EventDropRate float64
@@ -84,6 +91,10 @@ type Config struct {
 	ReplayEvents int
 	ReplayAge    time.Duration
 }
+
+// DefaultListStreamBatch is the number of items per message of a streamed
+// listing when Config.ListStreamBatch is not positive: containerd 2.4's.
+const DefaultListStreamBatch = 5000
 
 // DefaultReplayAge is the age of replayed events when Config.ReplayAge or
 // SetReplay's age is not positive: 4 minutes, within the 5 minutes

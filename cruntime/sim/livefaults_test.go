@@ -14,8 +14,11 @@ import (
 )
 
 // short is how long a test lets a call that should hang run before
-// checking that it did: a lower bound only, however busy the machine.
-const short = 50 * time.Millisecond
+// checking that it did: a lower bound only, however busy the machine. It
+// must also let the call reach the server, which counts it (the tests
+// check those counts): 50 ms was not enough on a loaded machine under the
+// race detector.
+const short = 250 * time.Millisecond
 
 func uidLabel(uid string) map[string]string { return map[string]string{cruntime.LabelPodUID: uid} }
 

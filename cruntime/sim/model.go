@@ -3,7 +3,9 @@ package sim
 import (
 	"crypto/sha256"
 	"encoding/hex"
+	"encoding/json"
 	"fmt"
+	"hash/fnv"
 	"maps"
 	"slices"
 	"strconv"
@@ -455,4 +457,23 @@ func podContainerStatuses(p *pod) []*runtimeapi.ContainerStatus {
 		out = append(out, containerStatus(c))
 	}
 	return out
+}
+
+// verboseInfo is the info of a verbose ContainerStatus, as containerd
+// gives it: JSON under "info" with the init process's PID (while it runs)
+// and the OCI spec's cgroup path.
+func verboseInfo(c *container) map[string]string {
+	var pid uint32
+	if c.state == runtimeapi.ContainerState_CONTAINER_RUNNING {
+		h := fnv.New32a()
+		h.Write([]byte(c.id))
+		pid = 1000 + h.Sum32()%4000000
+	}
+	info, _ := json.Marshal(map[string]any{
+		"pid": pid,
+		"runtimeSpec": map[string]any{
+			"linux": map[string]any{"cgroupsPath": fmt.Sprintf("/kubepods/pod%s/%s", c.pod.uid, c.id)},
+		},
+	})
+	return map[string]string{"info": string(info)}
 }

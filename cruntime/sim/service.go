@@ -222,16 +222,69 @@ func (r *Runtime) holdList(ctx context.Context, method, uid string) error {
 }
 
 func (s *service) ListPodSandbox(ctx context.Context, req *runtimeapi.ListPodSandboxRequest) (*runtimeapi.ListPodSandboxResponse, error) {
-	r := s.r
-	if err := r.begin(ctx, "ListPodSandbox"); err != nil {
+	items, err := s.r.listSandboxes(ctx, "ListPodSandbox", req.GetFilter())
+	if err != nil {
+		return nil, err
+	}
+	return &runtimeapi.ListPodSandboxResponse{Items: items}, nil
+}
+
+// StreamPodSandboxes sends what ListPodSandbox answers, in batches of the
+// configured size (KEP-5825).
+func (s *service) StreamPodSandboxes(req *runtimeapi.StreamPodSandboxesRequest, stream grpc.ServerStreamingServer[runtimeapi.StreamPodSandboxesResponse]) error {
+	batch := s.r.listStreamingBatch()
+	if batch == 0 {
+		s.r.countCall("StreamPodSandboxes")
+		return status.Error(codes.Unimplemented, "sim: streaming lists are disabled")
+	}
+	items, err := s.r.listSandboxes(stream.Context(), "StreamPodSandboxes", req.GetFilter())
+	if err != nil {
+		return err
+	}
+	return sendBatches(items, batch, func(b []*runtimeapi.PodSandbox) error {
+		return stream.Send(&runtimeapi.StreamPodSandboxesResponse{PodSandboxes: b})
+	})
+}
+
+// StreamContainers sends what ListContainers answers, in batches of the
+// configured size (KEP-5825).
+func (s *service) StreamContainers(req *runtimeapi.StreamContainersRequest, stream grpc.ServerStreamingServer[runtimeapi.StreamContainersResponse]) error {
+	batch := s.r.listStreamingBatch()
+	if batch == 0 {
+		s.r.countCall("StreamContainers")
+		return status.Error(codes.Unimplemented, "sim: streaming lists are disabled")
+	}
+	items, err := s.r.listContainers(stream.Context(), "StreamContainers", req.GetFilter())
+	if err != nil {
+		return err
+	}
+	return sendBatches(items, batch, func(b []*runtimeapi.Container) error {
+		return stream.Send(&runtimeapi.StreamContainersResponse{Containers: b})
+	})
+}
+
+// sendBatches sends items, batch at a time; nothing when there are none
+// (the stream then ends at once, as containerd's does).
+func sendBatches[T any](items []*T, batch int, send func([]*T) error) error {
+	for i := 0; i < len(items); i += batch {
+		if err := send(items[i:min(i+batch, len(items))]); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// listSandboxes answers a sandbox listing; method names it for the call
+// counts and hung lists.
+func (r *Runtime) listSandboxes(ctx context.Context, method string, f *runtimeapi.PodSandboxFilter) ([]*runtimeapi.PodSandbox, error) {
+	if err := r.begin(ctx, method); err != nil {
 		return nil, err
 	}
 	defer r.end()
-	f := req.GetFilter()
 	r.mu.Lock()
 	uid, _ := r.listTargetLocked(f.GetId(), "", f.GetLabelSelector())
 	r.mu.Unlock()
-	if err := r.holdList(ctx, "ListPodSandbox", uid); err != nil {
+	if err := r.holdList(ctx, method, uid); err != nil {
 		return nil, err
 	}
 	var items []*runtimeapi.PodSandbox
@@ -253,20 +306,28 @@ func (s *service) ListPodSandbox(ctx context.Context, req *runtimeapi.ListPodSan
 	if err := r.perItem(ctx, len(items)); err != nil {
 		return nil, err
 	}
-	return &runtimeapi.ListPodSandboxResponse{Items: items}, nil
+	return items, nil
 }
 
 func (s *service) ListContainers(ctx context.Context, req *runtimeapi.ListContainersRequest) (*runtimeapi.ListContainersResponse, error) {
-	r := s.r
-	if err := r.begin(ctx, "ListContainers"); err != nil {
+	items, err := s.r.listContainers(ctx, "ListContainers", req.GetFilter())
+	if err != nil {
+		return nil, err
+	}
+	return &runtimeapi.ListContainersResponse{Containers: items}, nil
+}
+
+// listContainers answers a container listing; method names it for the
+// call counts and hung lists.
+func (r *Runtime) listContainers(ctx context.Context, method string, f *runtimeapi.ContainerFilter) ([]*runtimeapi.Container, error) {
+	if err := r.begin(ctx, method); err != nil {
 		return nil, err
 	}
 	defer r.end()
-	f := req.GetFilter()
 	r.mu.Lock()
 	uid, _ := r.listTargetLocked(f.GetId(), f.GetPodSandboxId(), f.GetLabelSelector())
 	r.mu.Unlock()
-	if err := r.holdList(ctx, "ListContainers", uid); err != nil {
+	if err := r.holdList(ctx, method, uid); err != nil {
 		return nil, err
 	}
 	var items []*runtimeapi.Container
@@ -289,7 +350,7 @@ func (s *service) ListContainers(ctx context.Context, req *runtimeapi.ListContai
 	if err := r.perItem(ctx, len(items)); err != nil {
 		return nil, err
 	}
-	return &runtimeapi.ListContainersResponse{Containers: items}, nil
+	return items, nil
 }
 
 func (s *service) PodSandboxStatus(ctx context.Context, req *runtimeapi.PodSandboxStatusRequest) (*runtimeapi.PodSandboxStatusResponse, error) {
@@ -346,6 +407,9 @@ func (s *service) ContainerStatus(ctx context.Context, req *runtimeapi.Container
 		}
 		if !first || !r.isHung(uid) {
 			resp := &runtimeapi.ContainerStatusResponse{Status: containerStatus(c)}
+			if req.GetVerbose() {
+				resp.Info = verboseInfo(c)
+			}
 			r.mu.Unlock()
 			return resp, nil
 		}

@@ -47,6 +47,8 @@ type Runtime struct {
 	latency        Latency
 	errorRate      float64
 	events         bool
+	listStreaming  bool
+	streamBatch    int
 	dropRate       float64
 	hung           map[string]bool
 	hungLists      map[string]bool
@@ -88,32 +90,34 @@ func New(cfg Config) *Runtime {
 		clk = clock.RealClock{}
 	}
 	r := &Runtime{
-		clock:        clk,
-		eventBuffer:  cfg.EventBuffer,
-		rng:          rand.New(rand.NewPCG(cfg.Seed, cfg.Seed^0x9e3779b97f4a7c15)),
-		pods:         map[string]*pod{},
-		sandboxes:    map[string]*sandbox{},
-		containers:   map[string]*container{},
-		ipNext:       2,
-		churn:        max(cfg.ChurnPerStep, 0),
-		mix:          cfg.Mix,
-		keepExited:   cfg.KeepExitedAttempts,
-		frng:         rand.New(rand.NewPCG(cfg.Seed^0x5851f42d4c957f2d, cfg.Seed+1)),
-		latency:      cfg.Latency,
-		errorRate:    clamp01(cfg.ErrorRate),
-		events:       !cfg.DisableEvents,
-		dropRate:     clamp01(cfg.EventDropRate),
-		hung:         map[string]bool{},
-		hungLists:    map[string]bool{},
-		hungChanged:  make(chan struct{}),
-		emitters:     map[string]*generator{},
-		keepEvents:   max(cfg.KeepEvents, 0),
-		replayN:      max(cfg.ReplayEvents, 0),
-		replayAge:    cfg.ReplayAge,
-		runtimeReady: true,
-		calls:        map[string]int64{},
-		podCalls:     map[string]map[string]int64{},
-		stopCh:       make(chan struct{}),
+		clock:         clk,
+		eventBuffer:   cfg.EventBuffer,
+		rng:           rand.New(rand.NewPCG(cfg.Seed, cfg.Seed^0x9e3779b97f4a7c15)),
+		pods:          map[string]*pod{},
+		sandboxes:     map[string]*sandbox{},
+		containers:    map[string]*container{},
+		ipNext:        2,
+		churn:         max(cfg.ChurnPerStep, 0),
+		mix:           cfg.Mix,
+		keepExited:    cfg.KeepExitedAttempts,
+		frng:          rand.New(rand.NewPCG(cfg.Seed^0x5851f42d4c957f2d, cfg.Seed+1)),
+		latency:       cfg.Latency,
+		errorRate:     clamp01(cfg.ErrorRate),
+		events:        !cfg.DisableEvents,
+		listStreaming: !cfg.DisableListStreaming,
+		streamBatch:   cfg.ListStreamBatch,
+		dropRate:      clamp01(cfg.EventDropRate),
+		hung:          map[string]bool{},
+		hungLists:     map[string]bool{},
+		hungChanged:   make(chan struct{}),
+		emitters:      map[string]*generator{},
+		keepEvents:    max(cfg.KeepEvents, 0),
+		replayN:       max(cfg.ReplayEvents, 0),
+		replayAge:     cfg.ReplayAge,
+		runtimeReady:  true,
+		calls:         map[string]int64{},
+		podCalls:      map[string]map[string]int64{},
+		stopCh:        make(chan struct{}),
 	}
 	if r.eventBuffer <= 0 {
 		r.eventBuffer = 1000
@@ -191,6 +195,32 @@ func (r *Runtime) SetEventDropRate(rate float64) {
 // SetEvents switches container events on or off. Switching them off ends
 // every open GetContainerEvents stream with codes.Unimplemented, as does
 // every later call, until they are switched on again.
+// SetListStreaming turns the streaming list RPCs (StreamPodSandboxes,
+// StreamContainers) on or off (Unimplemented), and sets the items per
+// message when batch is positive; calls in flight are not affected.
+func (r *Runtime) SetListStreaming(on bool, batch int) {
+	r.kmu.Lock()
+	r.listStreaming = on
+	if batch > 0 {
+		r.streamBatch = batch
+	}
+	r.kmu.Unlock()
+}
+
+// listStreamingBatch returns the items per message of a streamed listing,
+// or 0 when streaming lists are off.
+func (r *Runtime) listStreamingBatch() int {
+	r.kmu.Lock()
+	defer r.kmu.Unlock()
+	if !r.listStreaming {
+		return 0
+	}
+	if r.streamBatch > 0 {
+		return r.streamBatch
+	}
+	return DefaultListStreamBatch
+}
+
 func (r *Runtime) SetEvents(on bool) {
 	r.kmu.Lock()
 	r.events = on

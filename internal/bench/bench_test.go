@@ -709,3 +709,43 @@ func TestHintBudgetScenarios(t *testing.T) {
 		}
 	}
 }
+
+// TestCompareListStreaming: with CompareListStreaming pleg's column runs
+// twice, streamed and unary, on identical nodes with the same changes:
+// the same calls and events per relist, and the text report compares them.
+func TestCompareListStreaming(t *testing.T) {
+	sc := small()
+	rep, err := Run(context.Background(), Options{Scenarios: []Scenario{sc}, Quick: true, CompareListStreaming: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	res := rep.Scenarios[0]
+	s, u := res.PLEG, res.PLEGUnary
+	if s == nil || u == nil || res.Kubelet != nil {
+		t.Fatalf("runs: streamed %v, unary %v, kubelet %v", s, u, res.Kubelet)
+	}
+	if s.Algorithm != "pleg (streamed lists)" || u.Algorithm != "pleg (unary lists)" {
+		t.Errorf("columns %q and %q", s.Algorithm, u.Algorithm)
+	}
+	checkRun(t, sc, s, 3)
+	checkRun(t, sc, u, 3)
+	if !maps.Equal(s.CallsByOp, u.CallsByOp) || s.EventsPerRelist != u.EventsPerRelist || s.EventsPerRelist == 0 {
+		t.Errorf("streamed %v calls, %v events per relist; unary %v, %v", s.CallsByOp, s.EventsPerRelist, u.CallsByOp, u.EventsPerRelist)
+	}
+	// What the runtime served: one listing per relist, through the
+	// streaming RPCs or the unary calls.
+	if want := map[string]float64{"StreamPodSandboxes": 1, "StreamContainers": 1}; !maps.Equal(s.ListRPCs, want) {
+		t.Errorf("streamed run's list RPCs per relist %v, want %v", s.ListRPCs, want)
+	}
+	if want := map[string]float64{"ListPodSandbox": 1, "ListContainers": 1}; !maps.Equal(u.ListRPCs, want) {
+		t.Errorf("unary run's list RPCs per relist %v, want %v", u.ListRPCs, want)
+	}
+	var b strings.Builder
+	if err := rep.WriteText(&b); err != nil {
+		t.Fatal(err)
+	}
+	if !strings.Contains(b.String(), "pleg's lists streamed (StreamPodSandboxes, StreamContainers) vs unary") ||
+		!strings.Contains(b.String(), "StreamContainers 1, StreamPodSandboxes 1") {
+		t.Errorf("no comparison in the report:\n%s", b.String())
+	}
+}

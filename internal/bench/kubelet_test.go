@@ -43,7 +43,7 @@ func kubeletRelist(t *testing.T) string {
 }
 
 // TestKubeletBaseline runs small scenarios with both columns and checks
-// that the kubelet's is the kubelet v1.36 algorithm: per changed pod one
+// that the kubelet's is the kubelet v1.37 algorithm (unchanged since v1.36): per changed pod one
 // PodSandboxStatus per sandbox and one ContainerStatus per container, one
 // pod after another, with no pod inspection timeout; the same events as
 // pleg's; and every figure measured in its own process.
@@ -113,7 +113,7 @@ func TestKubeletBaseline(t *testing.T) {
 	if err := rep.WriteText(&text); err != nil {
 		t.Fatal(err)
 	}
-	for _, want := range []string{"kubelet v1.36.3", "measured relists: pleg 3, kubelet 2", "peak RSS (VmHWM)",
+	for _, want := range []string{"kubelet v1.37.2", "measured relists: pleg 3, kubelet 2", "peak RSS (VmHWM)",
 		"kubelet: every relist inspected exactly 4 pods", "target: CPU per relist at most 1/10 of the kubelet's: pleg "} {
 		if !strings.Contains(text.String(), want) {
 			t.Errorf("text report lacks %q:\n%s", want, text.String())

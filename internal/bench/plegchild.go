@@ -42,6 +42,9 @@ type plegConfig struct {
 	// generator); it is off otherwise.
 	Events bool   `json:"events"`
 	Budget Budget `json:"budget"`
+	// ListStreaming is the CRI client's list streaming mode: auto, on or
+	// off ("": auto).
+	ListStreaming string `json:"listStreaming,omitempty"`
 	// GCPercent, when positive, is the garbage collector's target, unless
 	// GOGC says otherwise (the daemon's: Options.GCPercent).
 	GCPercent int `json:"gcPercent,omitempty"`
@@ -123,7 +126,15 @@ type plegChild struct {
 func newPLEGChild(c plegConfig) (*plegChild, error) {
 	reg := prometheus.NewRegistry()
 	m := metrics.New(reg)
-	client, err := cri.Dial(c.Endpoint, cri.WithTimeout(c.RequestTimeout), cri.WithMetrics(m), cri.WithLogger(logr.Discard()))
+	streaming := cri.ListStreamingAuto
+	if c.ListStreaming != "" {
+		var err error
+		if streaming, err = cri.ParseListStreaming(c.ListStreaming); err != nil {
+			return nil, err
+		}
+	}
+	client, err := cri.Dial(c.Endpoint, cri.WithTimeout(c.RequestTimeout), cri.WithMetrics(m), cri.WithLogger(logr.Discard()),
+		cri.WithListStreaming(streaming))
 	if err != nil {
 		return nil, err
 	}

@@ -34,9 +34,13 @@ type ScenarioResult struct {
 	Scenario    Scenario   `json:"scenario"`
 	Description string     `json:"description"`
 	PLEG        *RunResult `json:"pleg,omitempty"`
-	// Kubelet is the kubelet v1.36.3's own relist, measured in the same
+	// Kubelet is the kubelet v1.37.2's own relist, measured in the same
 	// run (Options.Kubelet).
 	Kubelet *RunResult `json:"kubelet,omitempty"`
+	// PLEGUnary is pleg listing with the unary calls, when the run
+	// compares list streaming (Options.CompareListStreaming; PLEG then
+	// streams).
+	PLEGUnary *RunResult `json:"plegUnary,omitempty"`
 	// Live holds the runs of a live scenario (instead of PLEG and
 	// Kubelet), the baseline first.
 	Live    []*LiveResult `json:"live,omitempty"`
@@ -72,6 +76,11 @@ type RunResult struct {
 	// client's own counters), CallsByOp by operation_type.
 	CallsPerRelist float64            `json:"runtimeCallsPerRelist"`
 	CallsByOp      map[string]float64 `json:"runtimeCallsPerRelistByOp"`
+	// ListRPCs is the list calls the simulated runtime received per
+	// measured relist, by CRI method (ListPodSandbox and ListContainers,
+	// or the streamed StreamPodSandboxes and StreamContainers): which of
+	// them the generator listed through.
+	ListRPCs map[string]float64 `json:"listRpcsPerRelist,omitempty"`
 	// PodsInspectedPerRelist counts pod status fetches that reached the
 	// runtime client (for the kubelet: its PodSandboxStatus calls, one per
 	// inspected simulated pod); InspectedMin and InspectedMax bound it per
@@ -256,7 +265,7 @@ func newReport(o Options) *Report {
 	if driven {
 		r.Notes = append(r.Notes,
 			fmt.Sprintf("Relists are driven by hand (Generator.Relist) after %d warm-up relists without latency (more while one still inspects a pod); between two relists exactly N pods change (one container restarted with a new ID, its old attempt removed: 3 events; the kubelet's GetPodStatus then makes 1+C status calls for the pod, pleg's delta inspection fetches the changed items only).", warmupRelists),
-			"pleg: the library (bounded parallel inspection, pod inspection timeout). kubelet: the kubelet v1.36.3's own GenericPLEG.Relist over its kuberuntime manager and CRI client (the kubelet-relist program, --kubelet), same run, identical simulated node, same changes.",
+			"pleg: the library (bounded parallel inspection, pod inspection timeout). kubelet: the kubelet v1.37.2's own GenericPLEG.Relist over its kuberuntime manager and CRI client (the kubelet-relist program, --kubelet), same run, identical simulated node, same changes.",
 			"ratio = pleg / kubelet. Percentiles are nearest-rank over the measured relists.")
 	}
 	if live {
@@ -322,10 +331,16 @@ func writeScenario(w io.Writer, s ScenarioResult) {
 	fmt.Fprintln(w, line)
 	runs, heads, ratios := []*RunResult{p}, []string{"pleg"}, map[int][2]int(nil)
 	if b != nil {
-		runs, heads, ratios = append(runs, b), append(heads, "kubelet v1.36.3"), map[int][2]int{1: {0, 1}}
+		runs, heads, ratios = append(runs, b), append(heads, "kubelet v1.37.2"), map[int][2]int{1: {0, 1}}
 		fmt.Fprintf(w, "   measured relists: pleg %d, kubelet %d\n", p.Relists, b.Relists)
 	} else {
 		fmt.Fprintf(w, "   measured relists: pleg %d (no kubelet baseline: --kubelet names the kubelet-relist program)\n", p.Relists)
+	}
+
+	// Every run, the unary lists' included: their checks and warnings.
+	all := slices.Clip(runs)
+	if u := s.PLEGUnary; u != nil {
+		all = append(all, u)
 	}
 
 	f := newFigures(heads, ratios)
@@ -388,10 +403,13 @@ func writeScenario(w io.Writer, s ScenarioResult) {
 		f.text("healthy the whole time", append(whole, "-")...)
 	}
 	f.t.write(w, "   ")
+	if u := s.PLEGUnary; u != nil {
+		writeStreamVsUnary(w, p, u)
+	}
 
 	if s.Scenario.Changed > 0 {
 		var checks []string
-		for _, r := range runs {
+		for _, r := range all {
 			if r.InspectedAsChanged {
 				checks = append(checks, fmt.Sprintf("%s: every relist inspected exactly %d pods", r.Algorithm, s.Scenario.Changed))
 			} else {
@@ -400,7 +418,7 @@ func writeScenario(w io.Writer, s ScenarioResult) {
 		}
 		fmt.Fprintf(w, "   check: %s\n", strings.Join(checks, "; "))
 	}
-	for _, r := range runs {
+	for _, r := range all {
 		if r.RelistErrors > 0 {
 			fmt.Fprintf(w, "   WARNING: %s: %d relists failed to list\n", r.Algorithm, r.RelistErrors)
 		}
@@ -698,4 +716,34 @@ func (t *table) write(w io.Writer, indent string) {
 		}
 		fmt.Fprintln(w, b.String())
 	}
+}
+
+// writeStreamVsUnary writes pleg's figures with streamed lists (s) beside
+// those with unary lists (u), same scenario, same run.
+func writeStreamVsUnary(w io.Writer, s, u *RunResult) {
+	fmt.Fprintf(w, "   pleg's lists streamed (StreamPodSandboxes, StreamContainers) vs unary (ListPodSandbox, ListContainers); measured relists %d and %d:\n", s.Relists, u.Relists)
+	f := newFigures([]string{"streamed", "unary"}, map[int][2]int{1: {0, 1}})
+	runs := []*RunResult{s, u}
+	get := func(g func(*RunResult) float64) []float64 { return each(runs, g) }
+	f.row("relist p50", fmtMs, true, get(func(r *RunResult) float64 { return r.RelistP50Ms }))
+	f.row("  list round trip p50", fmtMs, true, get(func(r *RunResult) float64 { return r.ListP50Ms }))
+	f.row("CPU / relist", fmtMs, true, get(func(r *RunResult) float64 { return r.CPUPerRelistMs }))
+	f.row("allocations / relist", fmtCount, true, get(func(r *RunResult) float64 { return r.AllocsPerRelist }))
+	f.row("bytes allocated / relist", fmtBytes, true, get(func(r *RunResult) float64 { return r.AllocBytesPerRelist }))
+	f.row("peak RSS (VmHWM)", fmtBytes, true, get(func(r *RunResult) float64 { return float64(r.PeakRSSBytes) }))
+	f.row("events / relist", fmtCount, true, get(func(r *RunResult) float64 { return r.EventsPerRelist }))
+	f.text("list RPCs / relist", fmtPerMethod(s.ListRPCs), fmtPerMethod(u.ListRPCs), "-")
+	f.t.write(w, "   ")
+}
+
+// fmtPerMethod writes figures per CRI method, "none" when there are none.
+func fmtPerMethod(m map[string]float64) string {
+	var parts []string
+	for _, k := range slices.Sorted(maps.Keys(m)) {
+		parts = append(parts, k+" "+fmtCount(m[k]))
+	}
+	if len(parts) == 0 {
+		return "none"
+	}
+	return strings.Join(parts, ", ")
 }

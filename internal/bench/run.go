@@ -20,7 +20,7 @@ type Options struct {
 	// Scenarios to run; Scenarios() when empty.
 	Scenarios []Scenario
 	// Kubelet, when set, is the path of the kubelet-relist program
-	// (test/kubelet/cmd/kubelet-relist: the kubelet v1.36.3's own
+	// (test/kubelet/cmd/kubelet-relist: the kubelet v1.37.2's own
 	// GenericPLEG, runtime manager and CRI client): every scenario driven
 	// by hand then also runs with it, against an identical simulated node,
 	// as the baseline.
@@ -53,6 +53,13 @@ type Options struct {
 	CPUProfile string
 	// Seed seeds the simulated runtime (0: 1).
 	Seed uint64
+	// CompareListStreaming runs pleg's column twice in every scenario
+	// driven by hand: listing through the streaming RPCs (the pleg column)
+	// and with the unary calls (ScenarioResult.PLEGUnary), each in a
+	// process of its own, against identical simulated nodes. Otherwise
+	// pleg's client is in its default mode (auto: it streams, the
+	// simulator has the RPCs).
+	CompareListStreaming bool
 	// Progress, if not nil, receives one line per run as it starts.
 	Progress io.Writer
 }
@@ -139,6 +146,12 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 			continue
 		}
 		cols := []column{plegColumn(sc, o.MaxParallelInspections)}
+		if o.CompareListStreaming {
+			cols[0].listStreaming = "on"
+			unary := cols[0]
+			unary.listStreaming = "off"
+			cols = append(cols, unary)
+		}
 		if o.Kubelet != "" {
 			cols = append(cols, column{kubelet: true, inspectionTimeout: -1})
 		}
@@ -151,9 +164,12 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 			if err != nil {
 				return nil, fmt.Errorf("scenario %s (%s): %w", sc.Name, col.name(), err)
 			}
-			if col.kubelet {
+			switch {
+			case col.kubelet:
 				res.Kubelet = run
-			} else {
+			case col.listStreaming == "off":
+				res.PLEGUnary = run
+			default:
 				res.PLEG = run
 			}
 		}
@@ -171,6 +187,7 @@ type column struct {
 	kubelet           bool
 	parallel          int           // pleg's MaxParallelInspections as set
 	inspectionTimeout time.Duration // pleg's, as set; negative: none
+	listStreaming     string        // pleg's CRI client's mode ("": auto)
 }
 
 func plegColumn(sc Scenario, parallel int) column {
@@ -185,8 +202,13 @@ func plegColumn(sc Scenario, parallel int) column {
 }
 
 func (c column) name() string {
-	if c.kubelet {
+	switch {
+	case c.kubelet:
 		return "kubelet"
+	case c.listStreaming == "on":
+		return "pleg (streamed lists)"
+	case c.listStreaming == "off":
+		return "pleg (unary lists)"
 	}
 	return "pleg"
 }
@@ -231,6 +253,7 @@ func runOne(ctx context.Context, o Options, sc Scenario, col column, relists int
 		gen, err = startPLEG(ctx, o, plegConfig{
 			Endpoint: endpoint, RequestTimeout: sc.RequestTimeout, Parallel: col.parallel,
 			InspectionTimeout: col.inspectionTimeout, RelistThreshold: sc.RelistThreshold, RelistPeriod: sc.Pause,
+			ListStreaming: col.listStreaming,
 		})
 	}
 	if err != nil {
@@ -279,6 +302,10 @@ func runOne(ctx context.Context, o Options, sc Scenario, col column, relists int
 	}
 	simCPU0, err := rt.CallInt("cpu")
 	if err != nil {
+		return nil, err
+	}
+	var calls0 map[string]int64
+	if err := rt.CallJSON(&calls0, "calls"); err != nil {
 		return nil, err
 	}
 
@@ -365,6 +392,10 @@ func runOne(ctx context.Context, o Options, sc Scenario, col column, relists int
 	if err != nil {
 		return nil, err
 	}
+	var calls1 map[string]int64
+	if err := rt.CallJSON(&calls1, "calls"); err != nil {
+		return nil, err
+	}
 	if !col.kubelet && sc.Changed == 0 && sc.HungPods == 0 && cpuMeasured {
 		// After the relists, so that the simulator's CPU above is theirs.
 		var f floorResult
@@ -386,6 +417,12 @@ func runOne(ctx context.Context, o Options, sc Scenario, col column, relists int
 		res.ListP50Ms = ms(stats.Percentile(lists, 0.50))
 		res.ListP99Ms = ms(stats.Percentile(lists, 0.99))
 		res.MaxBeyondListMs = ms(beyondList)
+	}
+	res.ListRPCs = map[string]float64{}
+	for _, m := range listMethods {
+		if d := calls1[m] - calls0[m]; d > 0 {
+			res.ListRPCs[m] = float64(d) / n
+		}
 	}
 	res.CallsByOp = map[string]float64{}
 	for op, v := range calls {
@@ -415,6 +452,10 @@ func runOne(ctx context.Context, o Options, sc Scenario, col column, relists int
 	}
 	return res, nil
 }
+
+// listMethods are the CRI methods that list a node's sandboxes and
+// containers: unary and streamed (KEP-5825).
+var listMethods = []string{"ListPodSandbox", "ListContainers", "StreamPodSandboxes", "StreamContainers"}
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
 

@@ -2,7 +2,7 @@
 // simulated CRI runtime (cruntime/sim): relist duration, runtime calls,
 // CPU time and allocations per relist, for a set of node-sized scenarios,
 // each run with pleg and, as the baseline from the same run, with the
-// kubelet v1.36.3's own relist (the kubelet-relist program of the
+// kubelet v1.37.2's own relist (the kubelet-relist program of the
 // test/kubelet module: the kubelet's GenericPLEG over its runtime manager
 // and CRI client). It is the engine of `pleg bench`.
 //

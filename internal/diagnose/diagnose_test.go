@@ -485,3 +485,7 @@ func callNames(calls []Call) []string {
 }
 
 func near(a, b float64) bool { return a-b < 1e-9 && b-a < 1e-9 }
+
+func (f *fakeRuntime) Identities(context.Context, *cruntime.Pod, []*cruntime.Container) ([]*cruntime.Identity, error) {
+	return nil, cruntime.ErrIdentityUnsupported
+}

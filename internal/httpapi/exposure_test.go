@@ -106,7 +106,7 @@ func TestEventStreamDropsClientThatStopsReading(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer conn.Close()
-	if _, err := fmt.Fprintf(conn, "GET /api/v1/events HTTP/1.1\r\nHost: pleg\r\n\r\n"); err != nil {
+	if _, err := fmt.Fprintf(conn, "GET /api/v1/events HTTP/1.1\r\nHost: localhost\r\n\r\n"); err != nil {
 		t.Fatal(err)
 	}
 	// Its handler has the only slot once its status line arrives (the
@@ -133,7 +133,9 @@ func TestEventStreamDropsClientThatStopsReading(t *testing.T) {
 // they get 503 at once, and the relists go on.
 func TestEventStreamsAreCapped(t *testing.T) {
 	g := startGenerator(t, samplePods())
-	s := New(Config{Generator: g, MaxStreams: 8})
+	// A connection cap above the 1,000 clients: this test is about the
+	// streams' cap.
+	s := New(Config{Generator: g, MaxStreams: 8, MaxConnections: 2000})
 	url := serveOn(t, s)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()

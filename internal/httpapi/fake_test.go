@@ -152,3 +152,7 @@ type fixedCondition pleg.Condition
 func (c fixedCondition) Condition() pleg.Condition { return pleg.Condition(c) }
 
 var errInspect = errors.New("rpc error: code = DeadlineExceeded desc = context deadline exceeded")
+
+func (f *fakeRuntime) Identities(context.Context, *cruntime.Pod, []*cruntime.Container) ([]*cruntime.Identity, error) {
+	return nil, cruntime.ErrIdentityUnsupported
+}

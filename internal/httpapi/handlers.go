@@ -1,18 +1,16 @@
 package httpapi
 
 import (
-	"bytes"
 	"cmp"
-	"context"
 	"encoding/json"
 	"errors"
-	"fmt"
 	"net/http"
 	"slices"
 	"time"
 
 	"github.com/podlifecycle/pleg"
 	"github.com/podlifecycle/pleg/cruntime"
+	"github.com/podlifecycle/pleg/internal/outbox"
 	"github.com/podlifecycle/pleg/podcache"
 )
 
@@ -215,104 +213,30 @@ func PodsFromCache(entries []podcache.Entry) []Pod {
 	return out
 }
 
-// events streams lifecycle events as Server-Sent Events:
-//
-//	event: resync
-//	data: {"pods":[...]}            (pleg.PodState objects)
-//
-//	event: lifecycle
-//	data: {"time":...,"type":"ContainerStarted",...}   (pleg.Event JSON)
-//
-// The first message is a resync; another resync replaces everything the
-// client knew when it fell too far behind. An idle stream carries a
-// ": heartbeat" comment every heartbeat interval. The stream ends when the
-// client goes away, the generator stops or the server shuts down.
-func (s *Server) events(w http.ResponseWriter, r *http.Request) {
-	select {
-	case s.streamSlots <- struct{}{}:
-		defer func() { <-s.streamSlots }()
-	default:
-		w.Header().Set("Retry-After", "10")
-		http.Error(w, fmt.Sprintf("too many event streams (at most %d at once)", s.cfg.MaxStreams), http.StatusServiceUnavailable)
-		return
-	}
-	rc := http.NewResponseController(w)
-	// A client that stops reading must not hold its subscription: every
-	// write has a deadline.
-	write := func(b []byte) error {
-		if err := rc.SetWriteDeadline(time.Now().Add(s.cfg.StreamWriteTimeout)); err != nil && !errors.Is(err, http.ErrNotSupported) {
-			return err
-		}
-		if _, err := w.Write(b); err != nil {
-			return err
-		}
-		return rc.Flush()
-	}
-	ctx, cancel := context.WithCancel(r.Context())
-	defer cancel()
-	stop := context.AfterFunc(s.streams, cancel)
-	defer stop()
+// streamOutbox is the queue of one event stream.
+type streamOutbox = outbox.Outbox[[]byte]
 
-	sub := s.cfg.Generator.Subscribe()
-	defer sub.Close()
-
-	h := w.Header()
-	h.Set("Content-Type", "text/event-stream")
-	h.Set("Cache-Control", "no-cache")
-	h.Set("X-Accel-Buffering", "no")
-	w.WriteHeader(http.StatusOK)
-	if err := write(nil); err != nil {
-		return
-	}
-
-	var buf bytes.Buffer
-	for {
-		nctx, ncancel := context.WithTimeout(ctx, s.cfg.Heartbeat)
-		u, err := sub.Next(nctx)
-		ncancel()
-		buf.Reset()
-		switch {
-		case err == nil && u.Resync:
-			pods := u.Pods
-			if pods == nil {
-				pods = []pleg.PodState{}
-			}
-			if !writeSSE(&buf, "resync", struct {
-				Pods []pleg.PodState `json:"pods"`
-			}{pods}) {
-				s.cfg.Logger.Error(nil, "Encoding a resync failed")
-				return
-			}
-		case err == nil:
-			if !writeSSE(&buf, "lifecycle", u.Event) {
-				s.cfg.Logger.Error(nil, "Encoding an event failed", "podUID", u.Event.PodUID)
-				return
-			}
-		case errors.Is(err, context.DeadlineExceeded) && ctx.Err() == nil:
-			buf.WriteString(": heartbeat\n\n")
-		default: // client gone, shutdown, or the generator stopped
-			return
-		}
-		if err := write(buf.Bytes()); err != nil {
-			s.cfg.Logger.V(2).Info("Event stream client gone or not reading; closing its stream", "remote", r.RemoteAddr, "err", err.Error())
-			return
-		}
-	}
+func (s *Server) addOutbox(o *streamOutbox) {
+	s.outboxMu.Lock()
+	s.outboxes[o] = struct{}{}
+	s.outboxMu.Unlock()
 }
 
-// writeSSE appends one SSE message to buf. JSON has no raw newlines, so the
-// data fits on one line.
-func writeSSE(buf *bytes.Buffer, event string, v any) bool {
-	b, err := json.Marshal(v)
-	if err != nil {
-		return false
+func (s *Server) removeOutbox(o *streamOutbox) {
+	s.outboxMu.Lock()
+	delete(s.outboxes, o)
+	s.outboxMu.Unlock()
+}
+
+// streamStats returns the number of open event streams and the bytes
+// queued for them.
+func (s *Server) streamStats() (streams, queued int) {
+	s.outboxMu.Lock()
+	defer s.outboxMu.Unlock()
+	for o := range s.outboxes {
+		queued += o.Queued()
 	}
-	buf.WriteString("event: ")
-	buf.WriteString(event)
-	buf.WriteString("\ndata: ")
-	buf.Write(b)
-	buf.WriteString("\n\n")
-	return true
+	return len(s.outboxes), queued
 }
 
 func (s *Server) writeJSON(w http.ResponseWriter, code int, v any) {

@@ -21,6 +21,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/podlifecycle/pleg"
+	"github.com/podlifecycle/pleg/journal"
 	"github.com/podlifecycle/pleg/podcache"
 )
 
@@ -36,15 +37,61 @@ const DefaultShutdownTimeout = 5 * time.Second
 // at once; more get 503.
 const DefaultMaxStreams = 64
 
-// DefaultStreamWriteTimeout bounds each write to an event stream: a client
-// that stops reading is disconnected when its socket buffers are full and
-// a write has waited this long.
+// DefaultStreamWriteTimeout bounds how long an event stream client may
+// take nothing: a stream whose connection has taken none of the data
+// waiting for it for this long is dropped.
 const DefaultStreamWriteTimeout = 10 * time.Second
+
+// DefaultStreamMaxQueuedBytes bounds the bytes queued in pleg for one event
+// stream behind the message being sent; a stream that would queue more is
+// dropped.
+const DefaultStreamMaxQueuedBytes = 256 << 10
+
+// sendBuffer is the kernel send buffer (SO_SNDBUF) of every connection
+// (Linux doubles it for its bookkeeping). Left alone, the kernel grows it
+// to megabytes (net.ipv4.tcp_wmem; on loopback at once): a client that
+// does not read would make the kernel hold that much per connection, in
+// pleg's memory cgroup, and an event stream client that stops reading
+// would be noticed only once it is full. Small, it bounds what the kernel
+// holds per connection and lets a stalled stream be seen at once; 32 KiB
+// still carries tens of megabytes a second on loopback.
+const sendBuffer = 32 << 10
+
+// streamChunk is the largest write of an event stream: each chunk the
+// connection takes is progress, so a large resync going out to a slow but
+// reading client is not mistaken for a stall.
+const streamChunk = 16 << 10
+
+// DefaultMaxConnections caps the connections each listener serves at once.
+// Legitimate clients need a few (probes, a Prometheus, node tools) plus
+// the event streams (DefaultMaxStreams); each connection not in a request
+// costs about 30 KiB (7 MiB for 256, measured by the cmd/pleg test
+// TestRunIdleConnections), so the cap bounds what idle connections cost.
+const DefaultMaxConnections = 256
+
+// Timeouts of every server (they bound each request, not an event stream,
+// which the stream write timeout bounds instead).
+const (
+	// DefaultReadHeaderTimeout bounds reading a request's headers.
+	DefaultReadHeaderTimeout = 5 * time.Second
+	// DefaultReadTimeout bounds reading a whole request.
+	DefaultReadTimeout = 10 * time.Second
+	// DefaultWriteTimeout bounds writing a response (/metrics,
+	// /api/v1/pods...), from the end of its request's headers.
+	DefaultWriteTimeout = 30 * time.Second
+	// DefaultIdleTimeout closes keep-alive connections idle this long
+	// (Prometheus reuses its connection across scrapes up to a minute
+	// apart).
+	DefaultIdleTimeout = 2 * time.Minute
+	// maxHeaderBytes bounds a request's headers (browsers send a few KiB;
+	// net/http's default is 1 MiB).
+	maxHeaderBytes = 32 << 10
+)
 
 // Generator is what the server needs from a *pleg.Generator.
 type Generator interface {
 	Healthy() (bool, error)
-	Subscribe() *pleg.Subscription
+	Journal() *journal.Journal
 	Cache() *podcache.Cache
 	LastRelist() time.Time
 	RelistRunningFor() time.Duration
@@ -75,17 +122,41 @@ type Config struct {
 	ShutdownTimeout time.Duration
 	// MaxStreams caps the event streams served at once (default
 	// DefaultMaxStreams). Each holds one subscription, whose memory is
-	// bounded by the generator's SubscriberBuffer.
+	// bounded by the journal's retention.
 	MaxStreams int
-	// StreamWriteTimeout bounds each write to an event stream (default
+	// StreamWriteTimeout drops an event stream whose connection has taken
+	// none of the data waiting for it for this long (default
 	// DefaultStreamWriteTimeout).
 	StreamWriteTimeout time.Duration
+	// StreamMaxQueuedBytes bounds the bytes queued for one event stream
+	// behind the message being sent (default DefaultStreamMaxQueuedBytes).
+	StreamMaxQueuedBytes int
+	// MaxConnections caps the connections each listener serves at once
+	// (default DefaultMaxConnections). Past it, the connection not in a
+	// request that has waited longest is closed to make room; when every
+	// one is in a request, new ones are refused.
+	MaxConnections int
+	// AllowedHosts are the Host headers the full API (Serve, Handler)
+	// answers besides loopback addresses and localhost, with any port:
+	// host names or IP addresses without a port, or AnyHost to answer any.
+	// Other hosts get 421. The public handler has no Host check.
+	AllowedHosts []string
+	// Registerer, when set, receives the server's metrics (connections,
+	// connections shed, Host rejections, event streams and their drops).
+	Registerer prometheus.Registerer
+	// Timeouts of each request (defaults DefaultReadHeaderTimeout,
+	// DefaultReadTimeout, DefaultWriteTimeout, DefaultIdleTimeout).
+	ReadHeaderTimeout, ReadTimeout, WriteTimeout, IdleTimeout time.Duration
 }
 
 // Server is the HTTP API. Its zero value is not usable; create it with New.
 type Server struct {
 	cfg Config
 	mux *http.ServeMux
+	// api is mux behind the Host check.
+	api     http.Handler
+	hosts   hostPolicy
+	metrics *serverMetrics
 	// public serves what Prometheus and probes need, and nothing else.
 	public *http.ServeMux
 	// streamSlots holds one token per open event stream.
@@ -96,6 +167,10 @@ type Server struct {
 	streams      context.Context
 	cancelStream context.CancelFunc
 	once         sync.Once
+
+	// outboxes holds the queue of each open event stream.
+	outboxMu sync.Mutex
+	outboxes map[*streamOutbox]struct{}
 }
 
 // New returns a server with every built-in endpoint registered.
@@ -115,13 +190,32 @@ func New(cfg Config) *Server {
 	if cfg.StreamWriteTimeout <= 0 {
 		cfg.StreamWriteTimeout = DefaultStreamWriteTimeout
 	}
+	if cfg.StreamMaxQueuedBytes <= 0 {
+		cfg.StreamMaxQueuedBytes = DefaultStreamMaxQueuedBytes
+	}
+	if cfg.MaxConnections <= 0 {
+		cfg.MaxConnections = DefaultMaxConnections
+	}
+	for _, d := range []struct {
+		v   *time.Duration
+		def time.Duration
+	}{{&cfg.ReadHeaderTimeout, DefaultReadHeaderTimeout}, {&cfg.ReadTimeout, DefaultReadTimeout},
+		{&cfg.WriteTimeout, DefaultWriteTimeout}, {&cfg.IdleTimeout, DefaultIdleTimeout}} {
+		if *d.v <= 0 {
+			*d.v = d.def
+		}
+	}
 	if cfg.Readiness == nil {
 		// The Ready condition of the generator's health alone.
 		cfg.Readiness = pleg.NewReadiness(cfg.Generator, pleg.ReadinessOptions{})
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	s := &Server{cfg: cfg, mux: http.NewServeMux(), public: http.NewServeMux(),
-		streamSlots: make(chan struct{}, cfg.MaxStreams), streams: ctx, cancelStream: cancel}
+		streamSlots: make(chan struct{}, cfg.MaxStreams), streams: ctx, cancelStream: cancel,
+		hosts: newHostPolicy(cfg.AllowedHosts), outboxes: map[*streamOutbox]struct{}{}}
+	s.api = s.checkHost(s.mux)
+	s.metrics = newServerMetrics(s)
+	s.metrics.register(cfg.Registerer, cfg.Logger)
 	for _, mux := range []*http.ServeMux{s.mux, s.public} {
 		mux.HandleFunc("GET /healthz", s.healthz)
 		mux.HandleFunc("GET /readyz", s.readyz)
@@ -142,8 +236,10 @@ func New(cfg Config) *Server {
 // already registered.
 func (s *Server) Handle(pattern string, h http.Handler) { s.mux.Handle(pattern, h) }
 
-// Handler returns the server's handler, for tests and custom servers.
-func (s *Server) Handler() http.Handler { return s.mux }
+// Handler returns the server's handler, Host check included, for tests and
+// custom servers (which should set timeouts and a connection cap of their
+// own: Serve's are not in the handler).
+func (s *Server) Handler() http.Handler { return s.api }
 
 // PublicHandler serves only /healthz, /readyz and /metrics: what probes and
 // Prometheus need, without the pod API (pod names, IPs, errors), the event
@@ -153,28 +249,36 @@ func (s *Server) PublicHandler() http.Handler { return s.public }
 // Close ends every open event stream. Serve calls it on shutdown.
 func (s *Server) Close() { s.once.Do(s.cancelStream) }
 
-// Serve serves on ln until ctx ends, then shuts down gracefully: open event
-// streams end at once, other requests get up to the shutdown timeout. It
-// returns nil after a shutdown caused by ctx.
+// Serve serves the full API on ln until ctx ends, then shuts down
+// gracefully: open event streams end at once, other requests get up to the
+// shutdown timeout. It returns nil after a shutdown caused by ctx.
 func (s *Server) Serve(ctx context.Context, ln net.Listener) error {
-	return s.serve(ctx, ln, s.mux)
+	return s.serve(ctx, ln, s.api, ListenerAPI)
 }
 
 // ServePublic is Serve with PublicHandler.
 func (s *Server) ServePublic(ctx context.Context, ln net.Listener) error {
-	return s.serve(ctx, ln, s.public)
+	return s.serve(ctx, ln, s.public, ListenerMetrics)
 }
 
-func (s *Server) serve(ctx context.Context, ln net.Listener, h http.Handler) error {
+func (s *Server) serve(ctx context.Context, ln net.Listener, h http.Handler, name string) error {
+	s.metrics.initListener(name)
+	limited := newConnLimiter(ln, s.cfg.MaxConnections, name, s.metrics)
 	srv := &http.Server{
 		Handler:           h,
-		ReadHeaderTimeout: 10 * time.Second,
-		IdleTimeout:       2 * time.Minute,
-		ErrorLog:          nil,
+		ReadHeaderTimeout: s.cfg.ReadHeaderTimeout,
+		ReadTimeout:       s.cfg.ReadTimeout,
+		WriteTimeout:      s.cfg.WriteTimeout,
+		IdleTimeout:       s.cfg.IdleTimeout,
+		MaxHeaderBytes:    maxHeaderBytes,
+		ConnState:         limited.connState,
 	}
 	srv.RegisterOnShutdown(s.Close)
+	// net/http's shutdown waits up to 5 s for a new connection to send its
+	// request; those that are not in a request go at once.
+	srv.RegisterOnShutdown(limited.closeIdle)
 	errc := make(chan error, 1)
-	go func() { errc <- srv.Serve(ln) }()
+	go func() { errc <- srv.Serve(limited) }()
 	select {
 	case err := <-errc:
 		s.Close()

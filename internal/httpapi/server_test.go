@@ -17,8 +17,11 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
+	"google.golang.org/protobuf/encoding/protojson"
 
 	"github.com/podlifecycle/pleg"
+	lifecyclev1 "github.com/podlifecycle/pleg/api/lifecycle/v1"
 	"github.com/podlifecycle/pleg/cruntime"
 	"github.com/podlifecycle/pleg/metrics"
 	"github.com/podlifecycle/pleg/podcache"
@@ -27,7 +30,9 @@ import (
 func get(t *testing.T, h http.Handler, path string) (int, string, http.Header) {
 	t.Helper()
 	rec := httptest.NewRecorder()
-	h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, path, nil))
+	// The address a local client (curl, pleg pods) names: the Host check
+	// passes it.
+	h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, "http://127.0.0.1:10265"+path, nil))
 	return rec.Code, rec.Body.String(), rec.Header()
 }
 
@@ -69,7 +74,7 @@ func TestHealthz(t *testing.T) {
 	t.Run("POST", func(t *testing.T) {
 		s := New(Config{Generator: g})
 		rec := httptest.NewRecorder()
-		s.Handler().ServeHTTP(rec, httptest.NewRequest(http.MethodPost, "/healthz", nil))
+		s.Handler().ServeHTTP(rec, httptest.NewRequest(http.MethodPost, "http://localhost/healthz", nil))
 		if rec.Code != http.StatusMethodNotAllowed {
 			t.Errorf("POST /healthz = %d, want 405", rec.Code)
 		}
@@ -282,6 +287,8 @@ type sseReader struct {
 
 type sseMessage struct {
 	event, data string
+	id          string
+	hasID       bool
 	comment     bool
 }
 
@@ -305,8 +312,38 @@ func (r sseReader) next() sseMessage {
 			m.event = strings.TrimPrefix(line, "event: ")
 		case strings.HasPrefix(line, "data: "):
 			m.data = strings.TrimPrefix(line, "data: ")
+		case line == "id":
+			m.hasID = true
+		case strings.HasPrefix(line, "id: "):
+			m.id, m.hasID = strings.TrimPrefix(line, "id: "), true
+		case strings.HasPrefix(line, "retry: "):
 		default:
 			r.t.Fatalf("unexpected line %q", line)
+		}
+	}
+}
+
+// snapshot reads the snapshot through its end and returns the pods' names
+// and the end's message.
+func (r sseReader) snapshot() ([]string, sseMessage) {
+	r.t.Helper()
+	var names []string
+	for {
+		m := r.nextEvent()
+		switch m.event {
+		case "snapshot":
+			var resp lifecyclev1.WatchResponse
+			if err := protojson.Unmarshal([]byte(m.data), &resp); err != nil {
+				r.t.Fatalf("snapshot %q: %v", m.data, err)
+			}
+			if m.hasID {
+				r.t.Fatalf("a snapshot message has an id (%q): a reconnection would skip the rest", m.id)
+			}
+			names = append(names, resp.GetSnapshot().GetName())
+		case "snapshot-end":
+			return names, m
+		default:
+			r.t.Fatalf("message %+v during the snapshot", m)
 		}
 	}
 }
@@ -342,7 +379,7 @@ func TestEventsStream(t *testing.T) {
 	rt := samplePods()
 	rt.fail = nil
 	g := startGenerator(t, rt)
-	// The resync below must hold both pods, and no event of theirs may
+	// The snapshot below must hold both pods, and no event of theirs may
 	// follow it.
 	waitRelisted(t, g, 2)
 
@@ -360,18 +397,9 @@ func TestEventsStream(t *testing.T) {
 	defer cancel()
 	_, sse := openStream(t, ctx, ts.URL)
 
-	m := sse.nextEvent()
-	if m.event != "resync" {
-		t.Fatalf("first message = %+v, want a resync", m)
-	}
-	var resync struct {
-		Pods []pleg.PodState `json:"pods"`
-	}
-	if err := json.Unmarshal([]byte(m.data), &resync); err != nil {
-		t.Fatal(err)
-	}
-	if len(resync.Pods) != 2 || resync.Pods[0].Name != "db" || resync.Pods[1].Name != "web" {
-		t.Fatalf("resync pods = %+v", resync.Pods)
+	names, end := sse.snapshot()
+	if !reflect.DeepEqual(names, []string{"db", "web"}) || !end.hasID || end.id != g.Journal().Head().String() {
+		t.Fatalf("snapshot %v ended at %q, want db and web at %s", names, end.id, g.Journal().Head())
 	}
 
 	// A heartbeat while idle.
@@ -384,49 +412,35 @@ func TestEventsStream(t *testing.T) {
 		f.pods[0].Containers[1].State = cruntime.StateExited
 		f.exitCodes["c-app-1"] = 3
 	})
-	m = sse.nextEvent()
-	if m.event != "lifecycle" {
-		t.Fatalf("message = %+v, want a lifecycle event", m)
+	m := sse.nextEvent()
+	if m.event != "event" || !m.hasID {
+		t.Fatalf("message = %+v, want an event with an id", m)
 	}
-	var keys map[string]json.RawMessage
-	if err := json.Unmarshal([]byte(m.data), &keys); err != nil {
+	var resp lifecyclev1.WatchResponse
+	if err := protojson.Unmarshal([]byte(m.data), &resp); err != nil {
 		t.Fatal(err)
 	}
-	if got, want := slices.Sorted(maps.Keys(keys)), []string{"containerID", "containerName", "exitCode", "podName", "podNamespace", "podUID", "time", "type"}; !reflect.DeepEqual(got, want) {
-		t.Errorf("event keys = %v, want %v", got, want)
+	ev := resp.GetEvent()
+	if resp.GetCursor() != m.id || ev.GetPod().GetName() != "web" || len(ev.GetTransitions()) != 1 {
+		t.Fatalf("event %v at %q", &resp, m.id)
 	}
-	var e pleg.Event
-	if err := json.Unmarshal([]byte(m.data), &e); err != nil {
-		t.Fatal(err)
+	if tr := ev.GetTransitions()[0]; tr.GetType() != lifecyclev1.EventType_CONTAINER_DIED || tr.GetContainerId() != "c-app-1" || tr.GetExitCode() != 3 {
+		t.Errorf("transition %v, want web's c-app-1 died with exit code 3", tr)
 	}
-	if e.Type != pleg.ContainerDied || e.ContainerID != "c-app-1" || e.PodName != "web" || e.ExitCode == nil || *e.ExitCode != 3 {
-		t.Errorf("event = %+v, want web's c-app-1 died with exit code 3", e)
+	// The JSON is the proto's standard mapping: lowerCamelCase names,
+	// enums by name.
+	for _, want := range []string{`"transitions":[`, `"containerId":"c-app-1"`, `"type":"CONTAINER_DIED"`, `"exitCode":3`} {
+		if !strings.Contains(strings.ReplaceAll(m.data, " ", ""), want) {
+			t.Errorf("event data lacks %s: %s", want, m.data)
+		}
 	}
 
-	// The client goes away: the handler returns (and closes its subscription).
+	// The client goes away: the handler returns (and closes its watcher).
 	cancel()
 	select {
 	case <-handlerDone:
 	case <-time.After(30 * time.Second):
 		t.Fatal("the events handler did not return after the client went away")
-	}
-}
-
-func TestEventsStreamEndsWhenGeneratorStops(t *testing.T) {
-	g, err := pleg.New(pleg.Options{Runtime: newFakeRuntime(), RelistPeriod: 10 * time.Millisecond})
-	if err != nil {
-		t.Fatal(err)
-	}
-	g.Start()
-	ts := httptest.NewServer(New(Config{Generator: g}).Handler())
-	t.Cleanup(ts.Close)
-	resp, sse := openStream(t, context.Background(), ts.URL)
-	if m := sse.nextEvent(); m.event != "resync" {
-		t.Fatalf("first message = %+v", m)
-	}
-	g.Stop()
-	if b, err := io.ReadAll(resp.Body); err != nil || len(b) != 0 {
-		t.Errorf("after Stop: read %q, %v; want a clean end of stream", b, err)
 	}
 }
 
@@ -455,9 +469,18 @@ func TestServeShutsDownWithOpenStreams(t *testing.T) {
 		t.Fatalf("GET /healthz = %q", b)
 	}
 	sresp, sse := openStream(t, context.Background(), url)
-	if m := sse.nextEvent(); m.event != "resync" {
-		t.Fatalf("first message = %+v", m)
+	sse.snapshot()
+
+	// And a connection that has sent nothing yet: net/http's shutdown
+	// would wait 5 s for its request.
+	conns := s.metrics.connections.WithLabelValues(ListenerAPI)
+	before := testutil.ToFloat64(conns)
+	silent, err := net.Dial("tcp", ln.Addr().String())
+	if err != nil {
+		t.Fatal(err)
 	}
+	defer silent.Close()
+	waitFor(t, "the silent connection accepted", func() bool { return testutil.ToFloat64(conns) == before+1 })
 
 	start := time.Now()
 	cancel()
@@ -469,7 +492,11 @@ func TestServeShutsDownWithOpenStreams(t *testing.T) {
 	case <-time.After(30 * time.Second):
 		t.Fatal("Serve did not return promptly with an event stream open")
 	}
-	t.Logf("shutdown took %v", time.Since(start))
+	took := time.Since(start)
+	t.Logf("shutdown took %v", took)
+	if took >= 4*time.Second {
+		t.Errorf("shutdown took %v: it waited for the silent connection", took)
+	}
 	if _, err := io.ReadAll(sresp.Body); err != nil {
 		t.Errorf("stream after shutdown: %v", err)
 	}

@@ -35,6 +35,9 @@ import (
 //     disabled as the suite needs none of them.
 //   - runc's state root (options.Root) is private, so `runc list` of other
 //     containerds never shows ours and vice versa.
+//   - [grpc] gid is the socket's group (mode 0660), applied each time
+//     containerd creates the socket: env.socketGID, root's (0) unless a
+//     test sets it (the same key in config version 2).
 const containerdConfig = `version = 3
 root = {{dir}}/root
 state = {{dir}}/state
@@ -44,6 +47,7 @@ disabled_plugins = ['io.containerd.internal.v1.opt', 'io.containerd.nri.v1.nri',
 
 [grpc]
   address = {{sock}}
+  gid = {{sockGID}}
 
 [plugins]
   [plugins.'io.containerd.image-verifier.v1.bindir']
@@ -92,6 +96,7 @@ disabled_plugins = ["io.containerd.internal.v1.opt", "io.containerd.nri.v1.nri",
 
 [grpc]
   address = {{sock}}
+  gid = {{sockGID}}
 
 [plugins]
   [plugins."io.containerd.grpc.v1.cri"]
@@ -184,6 +189,7 @@ func (e *env) writeConfig() error {
 		"{{snapshotter}}", q(e.snapshotter),
 		"{{pause}}", q(pauseImage),
 		"{{runc}}", q(e.runcPath),
+		"{{sockGID}}", strconv.Itoa(e.socketGID),
 	)
 	cfg := r.Replace(e.configTemplate())
 	if strings.Contains(cfg, "{{") {

@@ -21,12 +21,17 @@ import (
 // (deploy/kubernetes/pleg.yaml, made a static pod by daemonSet.staticPod)
 // on the image built from deploy/Dockerfile, on the real kubelet, beside
 // two plain static pods, and checks it as the kubelet reports it and
-// through the ports the manifest gives it: it starts; the kubelet's
-// liveness and readiness probes pass (/metrics/probes, /pods: ready,
-// restartCount 0); pleg inside it reports the other static pods with the
-// kubelet's container IDs; the probe paths answer on the probes' port,
-// which does not serve the pod API; the node name came through the
-// downward API.
+// through the ports the manifest gives it: it starts; pleg inside it
+// reports the other static pods with the kubelet's container IDs; the
+// probe paths answer on the probes' port, which does not serve the pod
+// API; the node name came through the downward API and GOMEMLIMIT through
+// the environment; containerd restarts under it and it keeps up
+// (runtimeRestartUnderDaemonSet); made non-root by
+// deploy/kubernetes/pleg-nonroot-patch.yaml, a second one beside it
+// relists through a socket of its supplemental group (nonRootOnKubelet);
+// the kubelet's liveness and readiness probes pass (/metrics/probes,
+// /pods: ready, restartCount 0, the same container); node-problem-
+// detector's plugin finds it healthy.
 func TestDaemonSetOnKubelet(t *testing.T) {
 	img := PlegImage(t)
 	ds, err := loadDaemonSet(suite.repoRoot)
@@ -68,10 +73,13 @@ func TestDaemonSetOnKubelet(t *testing.T) {
 	// /readyz is the node Ready condition, which needs the runtime's
 	// network ready, as on any node.
 	k.enablePodNetwork(t)
-	k.ImportImage(t, img.archive, plegImageName)
-	pod, err := ds.staticPod(plegImageName, k.env.sock)
+	k.ImportImage(t, img.archive, img.ref)
+	pod, err := ds.staticPod(k.env.sock)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if err := moveLifecycleSocket(pod, t.TempDir()); err != nil {
+		t.Fatalf("%s: %v", manifestPath, err)
 	}
 	manifest, err := json.MarshalIndent(pod, "", "  ")
 	if err != nil {
@@ -104,58 +112,10 @@ func TestDaemonSetOnKubelet(t *testing.T) {
 	})
 	t.Logf("the DaemonSet's pod was ready %v after its manifest was written", time.Since(start).Round(100*time.Millisecond))
 
-	// node-problem-detector's plugin, as the patch runs it, beside the
-	// DaemonSet's pod: checked at the end, after the probes' wait.
-	npd, err := npdStaticPod(suite.repoRoot, plegImageName)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if manifest, err = json.MarshalIndent(npd, "", "  "); err != nil {
-		t.Fatal(err)
-	}
-	k.AddManifest(t, "npd", manifest)
-
 	// 2. pleg inside it reports the static pods (itself included) with
 	// the kubelet's pod UIDs, names and container IDs, running.
 	eventually(t, 30*time.Second, "pleg's pod API reports the static pods as the kubelet does", func() error {
-		b, err := httpGet(api + "/api/v1/pods")
-		if err != nil {
-			return err
-		}
-		var body podsBody
-		if err := json.Unmarshal(b, &body); err != nil {
-			return fmt.Errorf("/api/v1/pods: %w", err)
-		}
-		for name, kp := range known {
-			var found bool
-			for _, pp := range body.Pods {
-				if pp.UID != kp.Metadata.UID {
-					continue
-				}
-				found = true
-				if pp.Namespace != kp.Metadata.Namespace || pp.Name != name {
-					return fmt.Errorf("pleg names pod %s %s/%s, the kubelet %s/%s", pp.UID, pp.Namespace, pp.Name, kp.Metadata.Namespace, name)
-				}
-				for _, kc := range kp.Status.ContainerStatuses {
-					id, ok := runtimeID(kc.ContainerID), false
-					for _, pc := range pp.Containers {
-						if pc.ID == id {
-							ok = true
-							if pc.Name != kc.Name || pc.State != "running" {
-								return fmt.Errorf("pleg: %s's container %s is %s %q; the kubelet: %s running", name, id, pc.Name, pc.State, kc.Name)
-							}
-						}
-					}
-					if !ok {
-						return fmt.Errorf("pleg does not report %s's container %s (it has %+v)", name, id, pp.Containers)
-					}
-				}
-			}
-			if !found {
-				return fmt.Errorf("pleg does not report %s (uid %s)", name, kp.Metadata.UID)
-			}
-		}
-		return nil
+		return plegReportsPods(api, known)
 	})
 
 	// 3. The probe paths answer on the probes' port; the node's name came
@@ -175,8 +135,31 @@ func TestDaemonSetOnKubelet(t *testing.T) {
 	if code, err := httpStatus(probes + "/api/v1/pods"); err != nil || code != http.StatusNotFound {
 		t.Errorf("GET %s/api/v1/pods: %d %v, want 404: the pod API stays on loopback", probes, code, err)
 	}
+	// GOMEMLIMIT, as the Go runtime inside the pod took it.
+	if got, want := goMemLimit(t, b), ds.goMemLimitBytes(t); got != want {
+		t.Errorf("the pod's Go runtime has a memory limit of %d bytes; the manifest's GOMEMLIMIT is %d", got, want)
+	}
 
-	// 4. The probes as the kubelet ran them: liveness (after its initial
+	// 4. containerd restarts under the running pod (its liveness probe
+	// keeps running meanwhile; step 6 checks that it never failed).
+	runtimeRestartUnderDaemonSet(t, k, c, plegPod, api, known, [2]string{beside[0], beside[1]})
+
+	// 5. The non-root variant, beside it: the image's user with the
+	// socket's group.
+	nonRootOnKubelet(t, k, pod, ds.name+"-nonroot")
+
+	// node-problem-detector's plugin, as the patch runs it, beside the
+	// DaemonSet's pod: checked at the end, after the probes' wait.
+	npd, err := npdStaticPod(suite.repoRoot, img.ref)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if manifest, err = json.MarshalIndent(npd, "", "  "); err != nil {
+		t.Fatal(err)
+	}
+	k.AddManifest(t, "npd", manifest)
+
+	// 6. The probes as the kubelet ran them: liveness (after its initial
 	// delay) passed at least once and never failed, readiness passed at
 	// least three times, and the container never restarted.
 	var counts map[string]float64
@@ -202,7 +185,7 @@ func TestDaemonSetOnKubelet(t *testing.T) {
 	}
 	t.Logf("the kubelet's probes of the DaemonSet's pod: %v, %v after its manifest was written", counts, time.Since(start).Round(100*time.Millisecond))
 
-	// 5. The NPD pod: its init container copied the binary out of the
+	// 7. The NPD pod: its init container copied the binary out of the
 	// image, and the plugin's command, run from the copy, found pleg
 	// healthy on the node's loopback (exit 0 in NPD's plugin protocol).
 	k.WaitPod(t, "npd-"+kubeletNode, 30*time.Second, func(p kubePod) error {
@@ -229,14 +212,16 @@ const npdPluginPath = "deploy/npd/pleg-plugin-monitor.json"
 // network, the init container that copies pleg out of its image into the
 // pleg-bin emptyDir), with these changes:
 //
-//  1. the init container's image: the local one, imagePullPolicy Never;
-//  2. NPD's container (NPD is not available here) becomes a container
+//  1. NPD's container (NPD is not available here) becomes a container
 //     "plugin" of the same image that runs the rule of
 //     deploy/npd/pleg-plugin-monitor.json (its path and args) from the
 //     copied binary, with the patch's pleg-bin mount;
-//  3. the ConfigMap volume and its mount are left out: static pods may not
+//  2. the ConfigMap volume and its mount are left out: static pods may not
 //     reference ConfigMaps (the plugin's config is read here instead);
-//  4. restartPolicy Never: the rule runs once.
+//  3. restartPolicy Never: the rule runs once.
+//
+// The init container is the patch's as it is: the DaemonSet's image,
+// which the suite imported under that reference (IfNotPresent finds it).
 func npdStaticPod(repoRoot, image string) (map[string]any, error) {
 	maps, _, err := manifestDocs[struct{}](filepath.Join(repoRoot, npdPatchPath))
 	if err != nil {
@@ -258,7 +243,9 @@ func npdStaticPod(repoRoot, image string) (map[string]any, error) {
 	if !ok {
 		return nil, fmt.Errorf("%s: the init container is a %T", npdPatchPath, inits[0])
 	}
-	ic["image"], ic["imagePullPolicy"] = image, "Never"
+	if ic["image"] != image {
+		return nil, fmt.Errorf("%s: the init container's image %v is not the DaemonSet's %s", npdPatchPath, ic["image"], image)
+	}
 
 	ctrs, err := dig[[]any](spec, "containers")
 	if err != nil || len(ctrs) != 1 {
@@ -313,7 +300,7 @@ func npdStaticPod(repoRoot, image string) (map[string]any, error) {
 		cmd = append(cmd, a)
 	}
 	spec["containers"] = []any{map[string]any{
-		"name": "plugin", "image": image, "imagePullPolicy": "Never", "command": cmd, "volumeMounts": mounts,
+		"name": "plugin", "image": image, "imagePullPolicy": "IfNotPresent", "command": cmd, "volumeMounts": mounts,
 	}}
 	spec["restartPolicy"] = "Never"
 	return map[string]any{

@@ -38,14 +38,20 @@ const npdPatchPath = "deploy/npd/node-problem-detector-patch.yaml"
 
 // k8sContainer is the part of a manifest's container these tests read.
 type k8sContainer struct {
-	Name            string    `yaml:"name"`
-	Image           string    `yaml:"image"`
-	Command         []string  `yaml:"command"`
-	Args            []string  `yaml:"args"`
+	Name    string   `yaml:"name"`
+	Image   string   `yaml:"image"`
+	Command []string `yaml:"command"`
+	Args    []string `yaml:"args"`
+	Env     []struct {
+		Name  string `yaml:"name"`
+		Value string `yaml:"value"`
+	} `yaml:"env"`
 	LivenessProbe   *k8sProbe `yaml:"livenessProbe"`
 	ReadinessProbe  *k8sProbe `yaml:"readinessProbe"`
 	SecurityContext struct {
-		RunAsUser *int64 `yaml:"runAsUser"`
+		RunAsUser    *int64 `yaml:"runAsUser"`
+		RunAsGroup   *int64 `yaml:"runAsGroup"`
+		RunAsNonRoot *bool  `yaml:"runAsNonRoot"`
 	} `yaml:"securityContext"`
 	VolumeMounts []struct {
 		Name      string `yaml:"name"`
@@ -144,20 +150,23 @@ func (ds *daemonSet) container() k8sContainer { return ds.spec.Containers[0] }
 //  1. apiVersion v1, kind Pod, metadata.name and namespace taken from the
 //     DaemonSet's (a DaemonSet names its pods itself), labels and
 //     annotations from the template;
-//  2. the container's image: the one built from deploy/Dockerfile and
-//     imported into the kubelet's containerd (the manifest's pleg:latest
-//     is a placeholder the user replaces);
-//  3. imagePullPolicy Never: there is no registry to pull from;
-//  4. the hostPath of the volume mounted at the runtime endpoint's socket:
-//     the kubelet's containerd socket (the container still sees it at the
-//     manifest's mountPath, so the flags are unchanged);
-//  5. no serviceAccountName: the kubelet refuses static pods that name an
+//  2. the hostPath of the volume that holds the runtime endpoint's socket:
+//     the kubelet's containerd's. The manifest mounts the socket's
+//     directory, so hostPath becomes the directory of criSocket, which
+//     must hold the socket under the manifest's name (containerd.sock);
+//     the container still sees it at the manifest's path, so the flags
+//     are unchanged. (A manifest that mounts the socket file itself gets
+//     criSocket.)
+//  3. no serviceAccountName: the kubelet refuses static pods that name an
 //     API object ("static pods may not reference serviceaccounts"); pleg
 //     never uses it (automountServiceAccountToken: false stays).
 //
-// Everything else — command, args, env, ports, probes, resources,
-// securityContext, priority class, tolerations — is the manifest's.
-func (ds *daemonSet) staticPod(image, criSocket string) (map[string]any, error) {
+// Everything else — the image and its pull policy (the suite imports the
+// image built from deploy/Dockerfile under the manifest's reference, so
+// IfNotPresent finds it without a registry), command, args, env, ports,
+// probes, resources, securityContext, priority class, tolerations — is
+// the manifest's.
+func (ds *daemonSet) staticPod(criSocket string) (map[string]any, error) {
 	tmpl, err := dig[map[string]any](ds.doc, "spec", "template")
 	if err != nil {
 		return nil, err
@@ -175,26 +184,9 @@ func (ds *daemonSet) staticPod(image, criSocket string) (map[string]any, error) 
 	pm["name"], pm["namespace"] = ds.name, ds.ns
 	delete(ps, "serviceAccountName")
 
-	containers, err := dig[[]any](ps, "containers")
+	volName, hostPath, err := ds.socketVolume(criSocket)
 	if err != nil {
 		return nil, err
-	}
-	c, ok := containers[0].(map[string]any)
-	if !ok {
-		return nil, fmt.Errorf("%s: the container is a %T", manifestPath, containers[0])
-	}
-	c["image"] = image
-	c["imagePullPolicy"] = "Never"
-
-	sock, err := ds.runtimeSocket()
-	if err != nil {
-		return nil, err
-	}
-	var volName string
-	for _, m := range ds.container().VolumeMounts {
-		if m.MountPath == sock {
-			volName = m.Name
-		}
 	}
 	vols, err := dig[[]any](ps, "volumes")
 	if err != nil {
@@ -210,13 +202,86 @@ func (ds *daemonSet) staticPod(image, criSocket string) (map[string]any, error) 
 		if err != nil {
 			return nil, fmt.Errorf("volume %s: %w", volName, err)
 		}
-		hp["path"] = criSocket
+		hp["path"] = hostPath
 		found = true
 	}
 	if !found {
-		return nil, fmt.Errorf("%s: no hostPath volume mounted at the runtime socket %s", manifestPath, sock)
+		return nil, fmt.Errorf("%s: no volume %s", manifestPath, volName)
 	}
 	return pod, nil
+}
+
+// moveLifecycleSocket gives a pod made from the DaemonSet's template
+// another host directory for its lifecycle socket (--lifecycle-socket):
+// the hostPath of the volume mounted at the socket's directory becomes
+// hostDir, so that the test leaves nothing on the host and two plegs on
+// one host do not share a socket. The container still sees the socket
+// at the manifest's path.
+func moveLifecycleSocket(pod map[string]any, hostDir string) error {
+	cs, err := dig[[]any](pod, "spec", "containers")
+	if err != nil || len(cs) != 1 {
+		return fmt.Errorf("containers %v: %v", cs, err)
+	}
+	c, _ := cs[0].(map[string]any)
+	var sock string
+	args, _ := c["args"].([]any)
+	for _, a := range args {
+		if v, ok := strings.CutPrefix(fmt.Sprint(a), "--lifecycle-socket="); ok {
+			sock = v
+		}
+	}
+	if sock == "" {
+		return fmt.Errorf("no --lifecycle-socket= in %v", args)
+	}
+	var volName string
+	mounts, _ := c["volumeMounts"].([]any)
+	for _, m := range mounts {
+		mm, _ := m.(map[string]any)
+		if mm["mountPath"] == filepath.Dir(sock) {
+			volName, _ = mm["name"].(string)
+		}
+	}
+	vols, _ := dig[[]any](pod, "spec", "volumes")
+	for _, v := range vols {
+		vm, _ := v.(map[string]any)
+		if volName != "" && vm["name"] == volName {
+			hp, err := dig[map[string]any](vm, "hostPath")
+			if err != nil {
+				return fmt.Errorf("volume %s: %w", volName, err)
+			}
+			hp["path"] = hostDir
+			return nil
+		}
+	}
+	return fmt.Errorf("no hostPath volume mounted at %s, the lifecycle socket's directory", filepath.Dir(sock))
+}
+
+// socketVolume finds the volume mounted where the runtime endpoint's
+// socket is (the socket's directory, or the socket itself) and the host
+// path that puts criSocket there.
+func (ds *daemonSet) socketVolume(criSocket string) (name, hostPath string, err error) {
+	sock, err := ds.runtimeSocket()
+	if err != nil {
+		return "", "", err
+	}
+	var mountPath string
+	for _, m := range ds.container().VolumeMounts {
+		if (m.MountPath == sock || strings.HasPrefix(sock, strings.TrimSuffix(m.MountPath, "/")+"/")) && len(m.MountPath) > len(mountPath) {
+			name, mountPath = m.Name, m.MountPath
+		}
+	}
+	if name == "" {
+		return "", "", fmt.Errorf("%s: no volume is mounted at the runtime socket %s or a directory holding it", manifestPath, sock)
+	}
+	if mountPath == sock {
+		return name, criSocket, nil
+	}
+	rel := strings.TrimPrefix(sock, strings.TrimSuffix(mountPath, "/")+"/")
+	dir, ok := strings.CutSuffix(criSocket, "/"+rel)
+	if !ok {
+		return "", "", fmt.Errorf("%s mounts %s for the socket %s; the test's socket %s is not at %s under a directory", manifestPath, mountPath, sock, criSocket, rel)
+	}
+	return name, dir, nil
 }
 
 // runtimeSocket is the socket path of the container's
@@ -310,10 +375,10 @@ func TestPlegImageDrift(t *testing.T) {
 	t.Logf("the image's base: %s (deploy/Dockerfile: %s)", img.busybox, r.base)
 
 	// The image containerd imported says what the Dockerfile says.
-	if err := suite.importArchive(img.archive, plegImageName); err != nil {
+	if err := suite.importArchive(img.archive, img.ref); err != nil {
 		t.Fatal(err)
 	}
-	cfg := importedImageConfig(t, plegImageName)
+	cfg := importedImageConfig(t, img.ref)
 	if !slices.Equal(cfg.Entrypoint, r.entrypoint) || !slices.Equal(cfg.Cmd, r.cmd) || cfg.User != r.user {
 		t.Errorf("the imported image runs %q %q as user %q; deploy/Dockerfile says ENTRYPOINT %q CMD %q USER %q",
 			cfg.Entrypoint, cfg.Cmd, cfg.User, r.entrypoint, r.cmd, r.user)
@@ -330,12 +395,22 @@ func TestPlegImageDrift(t *testing.T) {
 	if !slices.Equal(r.entrypoint, []string{r.binPath}) {
 		t.Errorf("the Dockerfile's ENTRYPOINT %q is not the binary it copies, %s", r.entrypoint, r.binPath)
 	}
+	// The image's user is a numeric non-root uid; the manifest names the
+	// user it runs as (root: the runtime's socket is root:root), and the
+	// non-root patch runs the image's.
 	uid, err := imageUID(r.user)
 	if err != nil {
 		t.Error(err)
-	} else if su := c.SecurityContext.RunAsUser; su == nil || *su != uid {
-		t.Errorf("%s: runAsUser %v; the image runs as uid %d (USER %q), the uid that may use the CRI socket",
-			manifestPath, ptrString(su), uid, r.user)
+	} else if uid == 0 {
+		t.Errorf("deploy/Dockerfile: USER %q is root, want a numeric non-root uid", r.user)
+	}
+	if su := c.SecurityContext.RunAsUser; su == nil {
+		t.Errorf("%s: no runAsUser: the pod would run as the image's uid %d (USER %q), which may not use a root:root runtime socket", manifestPath, uid, r.user)
+	}
+	if np, err := loadNonRootPatch(suite.repoRoot); err != nil {
+		t.Error(err)
+	} else if su := np.container.SecurityContext.RunAsUser; su == nil || *su != uid {
+		t.Errorf("%s: runAsUser %v; the image's user is uid %d (USER %q)", nonRootPatchPath, ptrString(su), uid, r.user)
 	}
 
 	// The binary: built as the Dockerfile says, static (the base has no
@@ -388,8 +463,8 @@ func importedImageConfig(t testing.TB, ref string) (cfg struct {
 	return cfg
 }
 
-// imageUID resolves a Dockerfile USER with the base's /etc/passwd (root
-// and nobody, as busybox's).
+// imageUID resolves a Dockerfile USER (uid[:gid], or a name in the
+// base's /etc/passwd: root and nobody, as busybox's) to a uid.
 func imageUID(user string) (int64, error) {
 	name, _, _ := strings.Cut(user, ":")
 	switch name {

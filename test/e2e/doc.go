@@ -1,10 +1,10 @@
 // Package e2e is the end-to-end suite that runs against real containerds
-// — 1.6.20, 1.7.35 and 2.2.9 (CRI plugin, runc) — started privately by the
+// — 1.6.20, 1.7.35, 2.2.9 and 2.4.2 (CRI plugin, runc) — started privately by the
 // suite itself. All of it lives in _test.go files; this file only documents
 // the package.
 //
 // `go test ./test/e2e/` provisions what is missing (test/e2e/provision.sh:
-// runc and containerd 1.6 from Debian, containerd 1.7 and 2.2 built from
+// runc and containerd 1.6 from Debian, containerd 1.7, 2.2 and 2.4 built from
 // source, each version into .cache/e2e/containerd-<version>/bin, the test
 // images), starts every containerd on its own private root/state/socket
 // under a fresh temp dir, imports the images, runs the tests (those about

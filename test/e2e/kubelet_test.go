@@ -1,6 +1,6 @@
 package e2e
 
-// The real kubelet v1.36.3, for tests that run pleg beside it.
+// The real kubelet v1.37.2, for tests that run pleg beside it.
 //
 // startKubelet gives a test a kubelet of its own: standalone (no API
 // server), reading static pods from a directory, on a private containerd
@@ -119,6 +119,7 @@ type kubelet struct {
 	lines   []kubeletLine
 
 	hostPathsBefore map[string]bool
+	featureGates    []string // turned on in its configuration (featureGates)
 }
 
 // kubeletLine is a PLEG line of the kubelet's log.
@@ -137,19 +138,20 @@ type kubeletLine struct {
 // startKubelet starts a containerd 2.2.9 of its own and a standalone
 // kubelet on it, and waits until the kubelet's healthz answers. A cleanup
 // stops both (see kubelet.stop). It skips t when this run does not
-// include containerd 2.2 (PLEG_E2E_RUNTIMES).
+// include containerd 2.2 (PLEG_E2E_RUNTIMES). featureGates (e.g. "EventedPLEG") are
+// turned on in its configuration.
 //
 // suite is not changed: tests that run pleg or CRI helpers against the
 // kubelet's containerd call useEnv(t, k.env) (build the pleg binary
 // first, with PlegBinary, so it lands in the long-lived suite dir).
-func startKubelet(t testing.TB) *kubelet {
+func startKubelet(t testing.TB, featureGates ...string) *kubelet {
 	t.Helper()
 	if baseEnv == nil || baseEnv.kubeletBin == "" {
 		t.Fatal("kubelet not provisioned")
 	}
 	requireKubeletRuntime(t)
 	start := time.Now()
-	k := &kubelet{done: make(chan struct{}), hostPathsBefore: map[string]bool{}}
+	k := &kubelet{done: make(chan struct{}), hostPathsBefore: map[string]bool{}, featureGates: featureGates}
 	for _, p := range kubeletHostPaths {
 		k.hostPathsBefore[p] = fileExists(p)
 	}
@@ -231,6 +233,12 @@ func (k *kubelet) start() error {
 		"{{podLogs}}", q(filepath.Join(k.dir, "pod-logs")),
 		"{{volumePlugins}}", q(filepath.Join(k.dir, "volume-plugins")),
 	).Replace(kubeletConfig)
+	if len(k.featureGates) > 0 {
+		cfg += "featureGates:\n"
+		for _, g := range k.featureGates {
+			cfg += "  " + g + ": true\n"
+		}
+	}
 	cfgPath := filepath.Join(k.dir, "config.yaml")
 	if err := os.WriteFile(cfgPath, []byte(cfg), 0o644); err != nil {
 		return err

@@ -32,7 +32,7 @@ const (
 
 // allRuntimes are the containerd versions the suite runs against, oldest
 // first; provision.sh provisions each into <cache>/containerd-<version>/bin.
-var allRuntimes = []string{"1.6.20", "1.7.35", "2.2.9"}
+var allRuntimes = []string{"1.6.20", "1.7.35", "2.2.9", "2.4.2"}
 
 // Images built by provision.sh and imported into containerd's k8s.io
 // namespace.
@@ -75,6 +75,10 @@ type env struct {
 	snapshotter  string // overlayfs or native
 	cgroupParent string // cgroup parent of all pods, e.g. /pleg-e2e-123
 	runDirMade   bool   // /run/containerd did not exist before we started
+	// socketGID is the group containerd gives its socket ([grpc] gid),
+	// 0 (root's) unless a test sets it and restarts containerd
+	// (TestDaemonSetOnKubelet: the socket's group for a non-root pleg).
+	socketGID int
 
 	sup *supervisorClient
 	cri *criClient
@@ -266,6 +270,13 @@ func setup() ([]*env, error) {
 // startEnv starts containerd version on a private dir. When it returns a
 // non-nil env, that env must be torn down, even if err is non-nil.
 func startEnv(base *env, version string) (*env, error) {
+	return startEnvWith(base, version, nil)
+}
+
+// startEnvWith is startEnv, calling before (when set) once the env's dir
+// exists and its supervisor runs, before containerd starts: e.g. to mount
+// a tmpfs for its root (the supervisor unmounts it at teardown).
+func startEnvWith(base *env, version string, before func(*env) error) (*env, error) {
 	e := &env{
 		version:      version,
 		repoRoot:     base.repoRoot,
@@ -295,6 +306,11 @@ func startEnv(base *env, version string) (*env, error) {
 	if e.sup, err = startSupervisor(e); err != nil {
 		os.RemoveAll(e.dir)
 		return nil, err
+	}
+	if before != nil {
+		if err := before(e); err != nil {
+			return e, err
+		}
 	}
 	if err := e.start(); err != nil {
 		return e, err

@@ -25,7 +25,7 @@ import (
 
 // TestMeasureContainerdCPU measures, on the real containerd, containerd's
 // own CPU time per relist under churn: pleg's (a library generator, events
-// off, relists driven by hand) against the kubelet v1.36.3's own relist
+// off, relists driven by hand) against the kubelet v1.37.2's own relist
 // (the kubelet-relist program of test/kubelet: the kubelet's GenericPLEG,
 // kuberuntime manager and CRI client) pointed at the same socket, with the
 // same pods and the same changes. 10 pods of 3 containers; before each of

@@ -24,6 +24,7 @@ import (
 	"io"
 	"net/http"
 	"os/exec"
+	"path/filepath"
 	"regexp"
 	goruntime "runtime"
 	"slices"
@@ -38,10 +39,12 @@ import (
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/encoding/protojson"
 	"k8s.io/apimachinery/pkg/types"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/podlifecycle/pleg"
+	lifecyclev1 "github.com/podlifecycle/pleg/api/lifecycle/v1"
 	"github.com/podlifecycle/pleg/cruntime/cri"
 	"github.com/podlifecycle/pleg/metrics"
 )
@@ -789,7 +792,9 @@ type daemonView struct {
 // /api/v1/events; it returns once the stream's first resync arrived.
 func startDaemon(t testing.TB, name string, args ...string) *daemonView {
 	t.Helper()
-	all := append([]string{"run", "-r", CRIEndpoint(), "--listen-address", "127.0.0.1:0"}, args...)
+	// A lifecycle socket of its own (the default is /run/pleg/pleg.sock).
+	all := append([]string{"run", "-r", CRIEndpoint(), "--listen-address", "127.0.0.1:0",
+		"--lifecycle-socket", filepath.Join(t.TempDir(), "pleg.sock")}, args...)
 	d := &daemonView{plegProc: startPleg(t, name, nil, all...), log: newEventLog(name)}
 	select {
 	case addr := <-d.listen:
@@ -837,8 +842,11 @@ func startDaemon(t testing.TB, name string, args ...string) *daemonView {
 	return d
 }
 
-// readSSE parses Server-Sent Events: "event: resync" and "event:
-// lifecycle" (data: an Event's JSON); comments are heartbeats.
+// readSSE parses the lifecycle stream's Server-Sent Events
+// (docs/stream.md): "snapshot-end" counts as the view's resync (and
+// "resync-required", which ends the stream), each transition of an
+// "event" is one event (its data: the protojson of a WatchResponse);
+// snapshots, bookmarks, runtime status, ids and heartbeats are read past.
 func (d *daemonView) readSSE(r io.Reader) {
 	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 64<<10), 16<<20)
@@ -848,27 +856,23 @@ func (d *daemonView) readSSE(r io.Reader) {
 		switch {
 		case line == "":
 			switch event {
-			case "":
-			case "resync":
-				var body struct {
-					Pods []pleg.PodState `json:"pods"`
-				}
-				if err := json.Unmarshal([]byte(data), &body); err != nil || body.Pods == nil {
-					d.log.addBad("resync: " + data)
-				}
+			case "", "snapshot", "bookmark", "runtime-status":
+			case "snapshot-end", "resync-required":
 				d.log.addResync()
-			case "lifecycle":
-				var e pleg.Event
-				if err := json.Unmarshal([]byte(data), &e); err != nil {
-					d.log.addBad("lifecycle: " + data)
-				} else {
+			case "event":
+				var msg lifecyclev1.WatchResponse
+				if err := protojson.Unmarshal([]byte(data), &msg); err != nil || msg.GetEvent() == nil {
+					d.log.addBad("event: " + data)
+					break
+				}
+				for _, e := range streamEvents(&msg) {
 					d.log.add(e)
 				}
 			default:
 				d.log.addBad("event " + event + ": " + data)
 			}
 			event, data = "", ""
-		case strings.HasPrefix(line, ":"):
+		case strings.HasPrefix(line, ":"), line == "id", strings.HasPrefix(line, "id: "), strings.HasPrefix(line, "retry: "):
 		case strings.HasPrefix(line, "event: "):
 			event = strings.TrimPrefix(line, "event: ")
 		case strings.HasPrefix(line, "data: "):
@@ -877,6 +881,34 @@ func (d *daemonView) readSSE(r io.Reader) {
 			d.log.addBad(line)
 		}
 	}
+}
+
+// streamEvents are the kubelet-style events of a stream's pod event:
+// one a transition (PodUpdated, which fills in optional fields, is none).
+func streamEvents(msg *lifecyclev1.WatchResponse) []pleg.Event {
+	kinds := map[lifecyclev1.EventType]pleg.EventType{
+		lifecyclev1.EventType_CONTAINER_STARTED: pleg.ContainerStarted,
+		lifecyclev1.EventType_CONTAINER_DIED:    pleg.ContainerDied,
+		lifecyclev1.EventType_CONTAINER_REMOVED: pleg.ContainerRemoved,
+		lifecyclev1.EventType_POD_SYNC:          pleg.PodSync,
+	}
+	ev := msg.GetEvent()
+	var out []pleg.Event
+	for _, t := range ev.GetTransitions() {
+		typ, ok := kinds[t.GetType()]
+		if !ok {
+			continue
+		}
+		e := pleg.Event{Time: msg.GetTime().AsTime(), Type: typ, PodUID: types.UID(ev.GetPod().GetUid()),
+			PodName: ev.GetPod().GetName(), PodNamespace: ev.GetPod().GetNamespace(), ContainerID: t.GetContainerId(),
+			ContainerName: t.GetContainerName(), Sandbox: t.GetSandbox()}
+		if t.ExitCode != nil {
+			code := t.GetExitCode()
+			e.ExitCode = &code
+		}
+		out = append(out, e)
+	}
+	return out
 }
 
 var httpClient = &http.Client{Timeout: 10 * time.Second}

@@ -25,10 +25,6 @@ import (
 	"github.com/podlifecycle/pleg/test/e2e/images/ocilayout"
 )
 
-// plegImageName is the reference the DaemonSet test runs; the manifest's
-// own (pleg:latest) would make the kubelet look for docker.io/library/pleg.
-const plegImageName = "docker.io/pleg/pleg:e2e"
-
 // busyboxPath is where Debian's busybox-static (provision.sh installs it)
 // puts its static binary.
 const busyboxPath = "/bin/busybox"
@@ -205,8 +201,13 @@ func shellWords(s string) ([]string, error) {
 
 // plegImage is the image built from deploy/Dockerfile's recipe.
 type plegImage struct {
-	recipe  dockerRecipe
-	archive string          // OCI layout archive with plegImageName
+	recipe dockerRecipe
+	// ref is the image's reference: the DaemonSet's image
+	// (deploy/kubernetes/pleg.yaml), fully qualified as containerd names
+	// it, so that the manifest's image and pull policy run unchanged
+	// without a registry.
+	ref     string
+	archive string          // OCI layout archive with the image, named ref
 	binary  string          // the binary that is in the image, on the host
 	busybox string          // the base's busybox version line
 	paths   map[string]bool // every file and link in the image
@@ -295,8 +296,19 @@ func PlegImage(t testing.TB) *plegImage {
 			return
 		}
 		start := time.Now()
-		dir := filepath.Join(runtimes[len(runtimes)-1].dir, "pleg-image")
-		plegImg.img, plegImg.err = buildPlegImage(plegBuild.recipe, plegBuild.path, dir)
+		e := runtimes[len(runtimes)-1]
+		ds, err := loadDaemonSet(e.repoRoot)
+		if err != nil {
+			plegImg.err = err
+			return
+		}
+		ref, err := normalizeImageRef(ds.container().Image)
+		if err != nil {
+			plegImg.err = fmt.Errorf("%s: %w", manifestPath, err)
+			return
+		}
+		dir := filepath.Join(e.dir, "pleg-image")
+		plegImg.img, plegImg.err = buildPlegImage(plegBuild.recipe, plegBuild.path, dir, ref)
 		if plegImg.err == nil {
 			logf("built the pleg image %s in %v", plegImg.img.archive, time.Since(start).Round(time.Millisecond))
 		}
@@ -307,13 +319,34 @@ func PlegImage(t testing.TB) *plegImage {
 	return plegImg.img
 }
 
+// normalizeImageRef names an image reference as containerd's CRI plugin
+// does: a reference without a registry host is docker.io's, one without
+// a path under it is in library/, and an untagged one is :latest.
+func normalizeImageRef(ref string) (string, error) {
+	if ref == "" || strings.ContainsAny(ref, " @") || strings.HasPrefix(ref, "/") {
+		return "", fmt.Errorf("image %q: want NAME[:TAG] (no digest)", ref)
+	}
+	first, rest, hasPath := strings.Cut(ref, "/")
+	if !hasPath || (!strings.ContainsAny(first, ".:") && first != "localhost") {
+		if !hasPath {
+			ref = "library/" + ref
+		}
+		ref = "docker.io/" + ref
+		_, rest, _ = strings.Cut(ref, "/")
+	}
+	if !strings.Contains(rest[strings.LastIndex(rest, "/")+1:], ":") {
+		ref += ":latest"
+	}
+	return ref, nil
+}
+
 // buildPlegImage writes the image of recipe, with binary at its path, on
-// a busybox base.
-func buildPlegImage(r dockerRecipe, binary, dir string) (*plegImage, error) {
+// a busybox base, named ref.
+func buildPlegImage(r dockerRecipe, binary, dir, ref string) (*plegImage, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, err
 	}
-	img := &plegImage{recipe: r, archive: filepath.Join(dir, "pleg-image.tar"), binary: binary}
+	img := &plegImage{recipe: r, ref: ref, archive: filepath.Join(dir, "pleg-image.tar"), binary: binary}
 	bin, err := os.ReadFile(img.binary)
 	if err != nil {
 		return nil, err
@@ -365,7 +398,7 @@ func buildPlegImage(r dockerRecipe, binary, dir string) (*plegImage, error) {
 		Architecture: goruntime.GOARCH,
 		Files:        files,
 		Images: []ocilayout.Image{{
-			Name: plegImageName, Entrypoint: r.entrypoint, Cmd: r.cmd, User: r.user,
+			Name: ref, Entrypoint: r.entrypoint, Cmd: r.cmd, User: r.user,
 		}},
 	})
 	if cerr := f.Close(); err == nil {

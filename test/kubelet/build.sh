@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# build.sh OUTDIR: build the real kubelet v1.36.3 and this module's programs
+# build.sh OUTDIR: build the real kubelet v1.37.2 and this module's programs
 # (./cmd/*) into OUTDIR, once: the binaries are kept until this module's
 # go.mod, go.sum or Go sources change.
 #
@@ -55,9 +55,9 @@ if [[ -f $out/.key && $(cat "$out/.key") == "$key" ]]; then
 	fi
 fi
 
-version=v1.36.3
+version=v1.37.2
 ldflags="-X k8s.io/component-base/version.gitVersion=$version"
-ldflags+=" -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=36"
+ldflags+=" -X k8s.io/component-base/version.gitMajor=1 -X k8s.io/component-base/version.gitMinor=37"
 ldflags+=" -X k8s.io/component-base/version.gitTreeState=clean"
 ldflags+=" -X k8s.io/client-go/pkg/version.gitVersion=$version"
 

@@ -3,7 +3,7 @@
 //   readyz, healthz        the health banner
 //   api/v1/relists         the relist chart, the time since the last relist
 //   api/v1/pods            the pods table and the slow pods
-//   api/v1/events (SSE)    the event feed
+//   api/v1/events (SSE)    the event feed (the lifecycle stream, docs/stream.md)
 //   metrics                node name, running containers, timeout counter
 // Text from the runtime (pod names, errors) only ever goes into textContent.
 'use strict';
@@ -395,39 +395,71 @@ function addFeed(item) {
   $('events-empty').classList.toggle('hidden', list.children.length > 0);
 }
 
-function onLifecycle(ev) {
-  state.events++;
-  $('stat-events').textContent = String(state.events);
-  const pod = `${ev.podNamespace}/${ev.podName}`;
-  const what = [];
-  if (ev.containerName) what.push(ev.containerName);
-  if (ev.containerID) what.push(shortID(ev.containerID));
-  if (ev.exitCode !== undefined && ev.exitCode !== null) what.push(`exit code ${ev.exitCode}`);
-  const li = el('li', { cls: 'fresh', data: { type: ev.type, pod } },
-    el('span', { cls: 'mono muted', text: clock(ev.time) }),
-    el('span', { cls: `badge ev-${ev.type}`, text: ev.type }),
-    el('span', {}, el('span', { text: pod }), el('span', { cls: 'mono muted', text: what.length ? '  ' + what.join(' · ') : '' })));
-  li.title = ev.containerID || '';
-  addFeed(li);
+// The lifecycle stream's event types (lifecyclev1.EventType) by the
+// kubelet's names, which the feed shows.
+const TRANSITIONS = {
+  CONTAINER_STARTED: 'ContainerStarted',
+  CONTAINER_DIED: 'ContainerDied',
+  CONTAINER_REMOVED: 'ContainerRemoved',
+  POD_SYNC: 'PodSync',
+  POD_UPDATED: 'PodUpdated',
+};
+
+// onEvent shows each transition of a pod event (data: the protojson of a
+// WatchResponse whose event is set).
+function onEvent(msg) {
+  const ev = msg.event || {};
+  const p = ev.pod || {};
+  const pod = `${p.namespace}/${p.name}`;
+  for (const t of ev.transitions || []) {
+    const type = TRANSITIONS[t.type] || t.type;
+    state.events++;
+    $('stat-events').textContent = String(state.events);
+    const what = [];
+    if (t.sandbox) what.push('(sandbox)');
+    else if (t.containerName) what.push(t.containerName);
+    if (t.containerId) what.push(shortID(t.containerId));
+    if (t.exitCode !== undefined && t.exitCode !== null) what.push(`exit code ${t.exitCode}`);
+    const li = el('li', { cls: 'fresh', data: { type, pod } },
+      el('span', { cls: 'mono muted', text: clock(msg.time) }),
+      el('span', { cls: `badge ev-${type}`, text: type }),
+      el('span', {}, el('span', { text: pod }), el('span', { cls: 'mono muted', text: what.length ? '  ' + what.join(' · ') : '' })));
+    li.title = t.containerId || '';
+    addFeed(li);
+  }
   pollPodsSoon();
 }
 
-function onResync(body) {
-  const pods = body.pods || [];
-  const li = el('li', { cls: 'fresh', data: { type: 'resync' } },
-    el('span', { cls: 'mono muted', text: clock(new Date().toISOString()) }),
-    el('span', { cls: 'badge ev-resync', text: 'resync' }),
-    el('span', { cls: 'muted', text: `state of ${pods.length} pods; events follow` }));
-  addFeed(li);
-  pollPodsSoon();
+// note adds a feed line that is not a pod's event.
+function note(type, label, text, time) {
+  addFeed(el('li', { cls: 'fresh', data: { type } },
+    el('span', { cls: 'mono muted', text: clock(time || new Date().toISOString()) }),
+    el('span', { cls: 'badge ev-resync', text: label }),
+    el('span', { cls: 'muted', text })));
 }
 
 function connectEvents() {
+  // EventSource resumes by itself from the last message's id (its
+  // cursor); after resync-required (empty id) it reconnects afresh.
   const es = new EventSource('api/v1/events');
+  let snapshot = 0;
+  const on = (type, f) => es.addEventListener(type, (m) => { try { f(JSON.parse(m.data)); } catch (e) { console.warn(e); } });
   es.addEventListener('open', () => { $('feed-state').textContent = 'live'; });
   es.addEventListener('error', () => { $('feed-state').textContent = 'reconnecting…'; });
-  es.addEventListener('lifecycle', (m) => { try { onLifecycle(JSON.parse(m.data)); } catch (e) { console.warn(e); } });
-  es.addEventListener('resync', (m) => { try { onResync(JSON.parse(m.data)); } catch (e) { console.warn(e); } });
+  on('snapshot', () => { snapshot++; });
+  on('snapshot-end', (msg) => {
+    note('resync', 'snapshot', `state of ${snapshot} pods; events follow`, msg.time);
+    snapshot = 0;
+    pollPodsSoon();
+  });
+  on('event', onEvent);
+  on('runtime-status', (msg) => {
+    const rs = msg.runtimeStatus || {};
+    note('runtime', 'runtime', `${(rs.state || '').replace('RUNTIME_', '').toLowerCase().replaceAll('_', ' ')}${rs.message ? ': ' + rs.message : ''}`, msg.time);
+  });
+  on('resync-required', (msg) => {
+    note('resync', 'resync', `${(msg.resyncRequired || {}).reason || 'resync required'}; reconnecting`, msg.time);
+  });
 }
 
 // ---- start -----------------------------------------------------------------

@@ -1,4 +1,4 @@
-// Command kubelet-relist runs the kubelet v1.36.3's own pod lifecycle event
+// Command kubelet-relist runs the kubelet v1.37.2's own pod lifecycle event
 // generator (pkg/kubelet/pleg GenericPLEG) over the kubelet's own runtime
 // manager (pkg/kubelet/kuberuntime) and CRI client (k8s.io/cri-client),
 // with the kubelet's pod status cache, against one CRI endpoint. It is the
@@ -37,7 +37,7 @@ import (
 	"syscall"
 	"time"
 
-	cadvisorapi "github.com/google/cadvisor/info/v1"
+	cadvisorapi "github.com/google/cadvisor/lib/model"
 	dto "github.com/prometheus/client_model/go"
 	"go.opentelemetry.io/otel/trace/noop"
 	metav1 "k8s.io/apimachinery/pkg/apis/meta/v1"
@@ -46,7 +46,6 @@ import (
 	"k8s.io/client-go/util/flowcontrol"
 	"k8s.io/component-base/metrics/legacyregistry"
 	remote "k8s.io/cri-client/pkg"
-	"k8s.io/klog/v2"
 	"k8s.io/kubernetes/pkg/kubelet/cm"
 	kubecontainer "k8s.io/kubernetes/pkg/kubelet/container"
 	"k8s.io/kubernetes/pkg/kubelet/kuberuntime"
@@ -85,7 +84,6 @@ type relister struct {
 }
 
 func newRelister(ctx context.Context, endpoint string, timeout time.Duration, rootDir string) (*relister, error) {
-	logger := klog.FromContext(ctx)
 	tp := noop.NewTracerProvider() // the kubelet's tracer provider without tracing configured
 	// As the kubelet does (PreInitRuntimeService), with the CRIListStreaming
 	// gate at its default (off).
@@ -93,6 +91,7 @@ func newRelister(ctx context.Context, endpoint string, timeout time.Duration, ro
 	if err != nil {
 		return nil, fmt.Errorf("runtime service: %w", err)
 	}
+	memoryThrottlingFactor := 0.9        // the kubelet's default
 	cmgr := cm.NewStubContainerManager() // container manager: only its internal lifecycle hooks are kept; a relist never calls them
 	rt, _, err := kuberuntime.NewKubeGenericRuntimeManager(
 		ctx,
@@ -115,6 +114,7 @@ func newRelister(ctx context.Context, endpoint string, timeout time.Duration, ro
 		"NeverVerifyPreloadedImages", nil, "", "",
 		nil,                                                     // singleProcessOOMKill: read when creating containers
 		true, metav1.Duration{Duration: 100 * time.Millisecond}, // CPU CFS quota settings: container creation only
+		nil, // default pod sysctls: sandbox creation only
 		rs,
 		nil, // image service: image pulls and image GC only (the simulated runtime has none)
 		cmgr,
@@ -122,7 +122,7 @@ func newRelister(ctx context.Context, endpoint string, timeout time.Duration, ro
 		nil,       // runtime class manager: sandbox creation only
 		false, "", // seccomp default, swap behaviour: container creation only
 		cmgr.GetNodeAllocatableAbsolute,
-		0.9, "", // memory throttling factor and reservation policy: container creation only
+		&memoryThrottlingFactor, "", // memory throttling factor and reservation policy: container creation only
 		nil, // image pulling time recorder: image pulls only
 		tp,
 		nil, nil, // service account token manager and getter: credential providers only (off)
@@ -134,7 +134,7 @@ func newRelister(ctx context.Context, endpoint string, timeout time.Duration, ro
 	events := make(chan *pleg.PodLifecycleEvent, eventCapacity)
 	// The relist period (1 s) and threshold (3 m) are the kubelet's; relists
 	// here are driven by hand, so only Healthy would read them.
-	gen := pleg.NewGenericPLEG(logger, rt, events,
+	gen := pleg.NewGenericPLEG(rt, events,
 		&pleg.RelistDuration{RelistPeriod: time.Second, RelistThreshold: 3 * time.Minute},
 		kubecontainer.NewCache(), clock.RealClock{})
 	g, ok := gen.(*pleg.GenericPLEG)
@@ -178,7 +178,7 @@ type result struct {
 	ListFailed bool `json:"listFailed"`
 }
 
-func (r *relister) relist() (*result, error) {
+func (r *relister) relist(ctx context.Context) (*result, error) {
 	calls0, errs0, disc0, err := counters()
 	if err != nil {
 		return nil, err
@@ -190,7 +190,7 @@ func (r *relister) relist() (*result, error) {
 		return nil, err
 	}
 	t0 := time.Now()
-	r.gen.Relist()
+	r.gen.Relist(ctx)
 	wall := time.Since(t0)
 	c1, err := cpuTime()
 	if err != nil {
@@ -320,7 +320,7 @@ func run(endpoint string, timeout time.Duration, cpuProfile string, in io.Reader
 		switch cmd := strings.TrimSpace(sc.Text()); cmd {
 		case "relist":
 			var res *result
-			if res, err = r.relist(); err == nil {
+			if res, err = r.relist(ctx); err == nil {
 				js, _ := json.Marshal(res)
 				err = reply("ok %s", js)
 			}

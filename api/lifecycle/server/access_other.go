@@ -1,0 +1,10 @@
+//go:build !linux
+
+package server
+
+import "errors"
+
+// socketPeer is Linux's SO_PEERCRED only.
+func socketPeer(int) (Peer, error) {
+	return Peer{}, errors.New("peer credentials are read on Linux only")
+}

@@ -1,0 +1,331 @@
+package server
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"path/filepath"
+	"runtime"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/go-logr/logr/funcr"
+	"github.com/prometheus/client_golang/prometheus"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/clock"
+	clocktesting "k8s.io/utils/clock/testing"
+
+	lifecyclev1 "github.com/podlifecycle/pleg/api/lifecycle/v1"
+	"github.com/podlifecycle/pleg/cruntime"
+	"github.com/podlifecycle/pleg/journal"
+)
+
+// patience bounds how long a test waits for what should come at once; a
+// test that passes does not wait it out.
+const patience = 30 * time.Second
+
+// TestMain fails the run when goroutines of this package or gRPC outlive
+// the tests.
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if code == 0 {
+		if leaked := waitNoLeaks(patience); leaked != "" {
+			fmt.Fprintf(os.Stderr, "leaked goroutines:\n%s\n", leaked)
+			code = 1
+		}
+	}
+	os.Exit(code)
+}
+
+// waitNoLeaks waits for the goroutines of this package and gRPC to end
+// (the gRPC client's and server's end shortly after Close and Stop return)
+// and returns the stacks of those left after limit.
+func waitNoLeaks(limit time.Duration) string {
+	deadline := time.Now().Add(limit)
+	for {
+		buf := make([]byte, 1<<20)
+		buf = buf[:runtime.Stack(buf, true)]
+		var leaked []string
+		for _, g := range strings.Split(string(buf), "\n\n") {
+			if strings.Contains(g, "waitNoLeaks") {
+				continue
+			}
+			if strings.Contains(g, "pleg/api/lifecycle/server.") || strings.Contains(g, "google.golang.org/grpc") {
+				leaked = append(leaked, g)
+			}
+		}
+		if len(leaked) == 0 {
+			return ""
+		}
+		if time.Now().After(deadline) {
+			return strings.Join(leaked, "\n\n")
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+}
+
+var epoch = time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+
+// stallClock is a fake clock that reports every timer made on it: the
+// server makes one exactly when a watch starts waiting for its client.
+type stallClock struct {
+	*clocktesting.FakeClock
+	timers chan time.Duration
+}
+
+func newStallClock() *stallClock {
+	return &stallClock{FakeClock: clocktesting.NewFakeClock(epoch), timers: make(chan time.Duration, 1024)}
+}
+
+func (c *stallClock) NewTimer(d time.Duration) clock.Timer {
+	t := c.FakeClock.NewTimer(d)
+	select {
+	case c.timers <- d:
+	default: // nobody is counting them
+	}
+	return t
+}
+
+// waitTimer waits for the next timer made on c.
+func (c *stallClock) waitTimer(t *testing.T) {
+	t.Helper()
+	select {
+	case <-c.timers:
+	case <-time.After(patience):
+		t.Fatal("no watch waited for its client")
+	}
+}
+
+// harness is a server of a journal on a unix socket and a client of it.
+type harness struct {
+	j      *journal.Journal
+	jclock *stallClock // the journal's: entries' times, bookmarks
+	sclock *stallClock // the server's: stall timeouts
+	srv    *Server
+	reg    *prometheus.Registry
+	sock   string
+	conn   *grpc.ClientConn
+	client lifecyclev1.LifecycleClient
+	logs   *logSink
+
+	stop     context.CancelFunc
+	serveErr chan error
+}
+
+// newHarness serves a fresh journal with cfg (Journal, Clock, Registerer
+// and Logger are set here) and dials it.
+func newHarness(t *testing.T, jo journal.Options, cfg Config) *harness {
+	t.Helper()
+	h := &harness{jclock: newStallClock(), sclock: newStallClock(), reg: prometheus.NewRegistry(), logs: &logSink{}}
+	jo.Clock = h.jclock
+	if jo.Epoch == "" {
+		jo.Epoch = "e1"
+	}
+	h.j = journal.New(jo)
+	cfg.Journal, cfg.Clock, cfg.Registerer, cfg.Logger = h.j, h.sclock, h.reg, h.logs.logger()
+	srv, err := New(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.srv = srv
+	h.sock = filepath.Join(t.TempDir(), "pleg.sock")
+	ln, err := ListenUnix(h.sock, 0o600, -1)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	h.stop = cancel
+	h.serveErr = make(chan error, 1)
+	go func() { h.serveErr <- srv.Serve(ctx, ln) }()
+	t.Cleanup(func() { h.shutdown(t) })
+	h.conn, h.client = h.dial(t)
+	return h
+}
+
+// dial returns a new connection to the server, closed when the test ends.
+func (h *harness) dial(t *testing.T, opts ...grpc.DialOption) (*grpc.ClientConn, lifecyclev1.LifecycleClient) {
+	t.Helper()
+	opts = append([]grpc.DialOption{grpc.WithTransportCredentials(insecure.NewCredentials())}, opts...)
+	conn, err := grpc.NewClient("unix://"+h.sock, opts...)
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return conn, lifecyclev1.NewLifecycleClient(conn)
+}
+
+// shutdown stops the server (once) and checks that Serve returned nil.
+func (h *harness) shutdown(t *testing.T) {
+	t.Helper()
+	if h.stop == nil {
+		return
+	}
+	h.stop()
+	h.stop = nil
+	select {
+	case err := <-h.serveErr:
+		if err != nil {
+			t.Errorf("Serve: %v", err)
+		}
+	case <-time.After(patience):
+		t.Error("Serve did not return after its context ended")
+	}
+}
+
+// watch opens a Watch, ended with the test.
+func (h *harness) watch(t *testing.T, req *lifecyclev1.WatchRequest) lifecyclev1.Lifecycle_WatchClient {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	s, err := h.client.Watch(ctx, req)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return s
+}
+
+// recv returns the next message of s, failing the test on an error.
+func recv(t *testing.T, s lifecyclev1.Lifecycle_WatchClient) *lifecyclev1.WatchResponse {
+	t.Helper()
+	m, err := s.Recv()
+	if err != nil {
+		t.Fatalf("Recv: %v", err)
+	}
+	return m
+}
+
+// recvN returns the next n messages of s.
+func recvN(t *testing.T, s lifecyclev1.Lifecycle_WatchClient, n int) []*lifecyclev1.WatchResponse {
+	t.Helper()
+	out := make([]*lifecyclev1.WatchResponse, n)
+	for i := range out {
+		out[i] = recv(t, s)
+	}
+	return out
+}
+
+// recvErr reads s until it ends and returns how it ended (io.EOF: OK) and
+// what it received before.
+func recvErr(s lifecyclev1.Lifecycle_WatchClient) ([]*lifecyclev1.WatchResponse, error) {
+	var got []*lifecyclev1.WatchResponse
+	for {
+		m, err := s.Recv()
+		if err != nil {
+			return got, err
+		}
+		got = append(got, m)
+	}
+}
+
+// kind names a message's type, for comparisons.
+func kind(m *lifecyclev1.WatchResponse) string {
+	switch x := m.GetMessage().(type) {
+	case *lifecyclev1.WatchResponse_Snapshot:
+		return "snapshot " + x.Snapshot.GetUid()
+	case *lifecyclev1.WatchResponse_SnapshotEnd:
+		return "snapshot_end"
+	case *lifecyclev1.WatchResponse_Event:
+		var ts []string
+		for _, tr := range x.Event.GetTransitions() {
+			ts = append(ts, tr.GetType().String())
+		}
+		return "event " + x.Event.GetPod().GetUid() + " " + strings.Join(ts, ",")
+	case *lifecyclev1.WatchResponse_Bookmark:
+		return "bookmark"
+	case *lifecyclev1.WatchResponse_RuntimeStatus:
+		return "runtime " + x.RuntimeStatus.GetState().String()
+	case *lifecyclev1.WatchResponse_ResyncRequired:
+		return "resync_required"
+	}
+	return "unknown"
+}
+
+func kinds(ms []*lifecyclev1.WatchResponse) []string {
+	out := make([]string, len(ms))
+	for i, m := range ms {
+		out[i] = kind(m)
+	}
+	return out
+}
+
+// pod is a pod state with a sandbox "<uid>-sb" and containers
+// "<uid>-<name>" running.
+func pod(uid, ns string, labels map[string]string, names ...string) *journal.Pod {
+	p := &journal.Pod{UID: types.UID(uid), Name: "pod-" + uid, Namespace: ns, Labels: labels, IPs: []string{"10.0.0.1"},
+		Sandboxes:  []journal.Sandbox{{ID: uid + "-sb", Name: "pod-" + uid, State: cruntime.StateRunning, CreatedAt: epoch}},
+		ObservedAt: epoch}
+	for _, n := range names {
+		p.Containers = append(p.Containers, journal.Container{ID: uid + "-" + n, Name: n, State: cruntime.StateRunning,
+			Image: "img", StartedAt: epoch})
+	}
+	return p
+}
+
+// change appends a pod entry with transitions of the given types.
+func change(j *journal.Journal, p *journal.Pod, types ...string) uint64 {
+	e := journal.Entry{Kind: journal.KindPod, Pod: p, Source: journal.SourceRelist}
+	for _, t := range types {
+		e.Transitions = append(e.Transitions, journal.Transition{Type: t})
+	}
+	return j.Append(e)
+}
+
+// logSink records log lines.
+type logSink struct {
+	mu      sync.Mutex
+	lines   []string
+	waiting map[string]chan struct{}
+}
+
+func (s *logSink) logger() logr.Logger {
+	return funcr.New(func(prefix, args string) {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		s.lines = append(s.lines, args)
+		for sub, ch := range s.waiting {
+			if strings.Contains(args, sub) {
+				close(ch)
+				delete(s.waiting, sub)
+			}
+		}
+	}, funcr.Options{Verbosity: 2})
+}
+
+// logged returns a channel closed once a line containing sub is logged.
+func (s *logSink) logged(sub string) <-chan struct{} {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	ch := make(chan struct{})
+	for _, l := range s.lines {
+		if strings.Contains(l, sub) {
+			close(ch)
+			return ch
+		}
+	}
+	if s.waiting == nil {
+		s.waiting = map[string]chan struct{}{}
+	}
+	s.waiting[sub] = ch
+	return ch
+}
+
+func (s *logSink) find(sub string) string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, l := range s.lines {
+		if strings.Contains(l, sub) {
+			return l
+		}
+	}
+	return ""
+}
+
+// isEOF reports a stream that ended OK.
+func isEOF(err error) bool { return errors.Is(err, io.EOF) }

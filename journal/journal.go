@@ -1,0 +1,498 @@
+// Package journal is the node's lifecycle stream as pleg keeps it: every
+// pod change and runtime status change, numbered in order, retained for a
+// bounded count and age, and the current state of every pod. Any number of
+// watchers read it, each at its own pace: without a cursor a watcher gets
+// every current pod (a snapshot), an end-of-snapshot marker, then the
+// changes; with a cursor it gets exactly the changes after it, or, when the
+// cursor cannot be resumed from (another pleg instance, or older than the
+// retention), an explicit resync-required message, never a silent gap.
+//
+// The generator appends (Append never blocks and never waits for a
+// watcher); watchers hold no buffer of their own: they read the shared
+// retained entries, so an idle or slow watcher costs its position and
+// nothing else. A watcher that falls behind the retention is told to
+// resync. docs/stream.md states the contract.
+package journal
+
+import (
+	"crypto/rand"
+	"encoding/hex"
+	"errors"
+	"fmt"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"time"
+
+	"github.com/podlifecycle/pleg/cruntime"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/clock"
+)
+
+// Defaults of Options.
+const (
+	DefaultSize             = 10000
+	DefaultMaxBytes         = 16 << 20
+	DefaultMaxAge           = 15 * time.Minute
+	DefaultBookmarkInterval = 10 * time.Second
+)
+
+// Options configure a Journal.
+type Options struct {
+	// Size is how many entries are retained (default DefaultSize).
+	Size int
+	// MaxBytes bounds the retained entries' estimated memory (default
+	// DefaultMaxBytes): the oldest go first.
+	MaxBytes int
+	// MaxAge is how long an entry, and a removed container's tombstone,
+	// is retained at most (default DefaultMaxAge).
+	MaxAge time.Duration
+	// BookmarkInterval is how long a watcher waits for a message before
+	// it gets a bookmark (default DefaultBookmarkInterval).
+	BookmarkInterval time.Duration
+	// Clock stamps entries and drives bookmarks; the real clock when nil.
+	Clock clock.WithTicker
+	// Epoch names this journal in cursors; random when empty.
+	Epoch string
+	// OnIdentityWanted, when set, is called (without the journal's lock)
+	// when the first watcher that asked for identities opens (true) and
+	// when the last one closes (false): the generator fetches identities
+	// only in between.
+	OnIdentityWanted func(bool)
+}
+
+// Journal is the lifecycle stream of one generator. It is safe for
+// concurrent use.
+type Journal struct {
+	size     int
+	maxBytes int
+	maxAge   time.Duration
+	bookmark time.Duration
+	clock    clock.WithTicker
+	epoch    string
+
+	mu      sync.Mutex
+	ring    []*Entry // the retained entries, oldest first, in a circular buffer
+	start   int      // index of the oldest in ring
+	n       int      // entries in ring
+	bytes   int      // their estimated size
+	head    uint64   // the last sequence number given
+	pods    map[types.UID]*Pod
+	removed map[string]*Tombstone // container or sandbox ID -> its removal
+	gone    []string              // removed's keys in removal order
+	changed chan struct{}         // closed and replaced on every Append
+	watches map[*Watcher]struct{}
+	// identities counts the open watchers that asked for identities;
+	// onIdentity is told when it leaves or reaches zero.
+	identities int
+	onIdentity func(bool)
+}
+
+// New returns an empty journal.
+func New(o Options) *Journal {
+	if o.Size <= 0 {
+		o.Size = DefaultSize
+	}
+	if o.MaxAge <= 0 {
+		o.MaxAge = DefaultMaxAge
+	}
+	if o.MaxBytes <= 0 {
+		o.MaxBytes = DefaultMaxBytes
+	}
+	if o.BookmarkInterval <= 0 {
+		o.BookmarkInterval = DefaultBookmarkInterval
+	}
+	if o.Clock == nil {
+		o.Clock = clock.RealClock{}
+	}
+	if o.Epoch == "" {
+		var b [6]byte
+		_, _ = rand.Read(b[:])
+		o.Epoch = hex.EncodeToString(b[:])
+	}
+	return &Journal{size: o.Size, maxBytes: o.MaxBytes, maxAge: o.MaxAge, bookmark: o.BookmarkInterval, clock: o.Clock, epoch: o.Epoch,
+		ring: make([]*Entry, o.Size), pods: make(map[types.UID]*Pod), removed: make(map[string]*Tombstone),
+		changed: make(chan struct{}), watches: make(map[*Watcher]struct{}), onIdentity: o.OnIdentityWanted}
+}
+
+// Epoch returns the journal's epoch: cursors of another epoch cannot be
+// resumed from.
+func (j *Journal) Epoch() string { return j.epoch }
+
+// Kind says what an entry is about.
+type Kind uint8
+
+const (
+	// KindPod: a pod changed (Entry.Pod, Transitions, Source).
+	KindPod Kind = iota + 1
+	// KindRuntime: the runtime's status changed (Entry.Runtime).
+	KindRuntime
+)
+
+// Source says what found a pod's change.
+type Source uint8
+
+const (
+	SourceRelist Source = iota + 1 // the periodic relist of every pod
+	SourceHint                     // a single-pod relist a hint triggered
+)
+
+// Entry is one change. Entries and what they point to are never modified
+// once appended.
+type Entry struct {
+	Seq  uint64
+	Time time.Time
+	Kind Kind
+	// Pod is the pod's state after the change (Gone: the last state of a
+	// pod the runtime no longer has).
+	Pod         *Pod
+	Transitions []Transition
+	Source      Source
+	Runtime     *RuntimeStatus
+}
+
+// Transition is one lifecycle event of a pod: the kubelet's types
+// (ContainerStarted, ContainerDied, ContainerRemoved, PodSync) and
+// PodUpdated (optional fields filled in).
+type Transition struct {
+	Type          string
+	ContainerID   string
+	ContainerName string
+	Sandbox       bool
+	ExitCode      *int32
+}
+
+// Transition types that are not the kubelet's.
+const (
+	PodUpdated = "PodUpdated"
+)
+
+// RuntimeState is the runtime's reachability or event stream state.
+type RuntimeState uint8
+
+const (
+	RuntimeReachable RuntimeState = iota + 1
+	RuntimeUnreachable
+	RuntimeEventStreamLost
+	RuntimeEventStreamConnected
+)
+
+// RuntimeStatus is a change of the runtime's status.
+type RuntimeStatus struct {
+	State   RuntimeState
+	Message string
+}
+
+// Pod is one pod's state: its listing and its last status.
+type Pod struct {
+	UID         types.UID
+	Name        string
+	Namespace   string
+	IPs         []string
+	Labels      map[string]string
+	Annotations map[string]string
+	Sandboxes   []Sandbox
+	Containers  []Container
+	Gone        bool
+	ObservedAt  time.Time
+}
+
+// Sandbox is one pod sandbox.
+type Sandbox struct {
+	ID          string
+	Name        string // as listed: the pod's name
+	State       cruntime.State
+	Attempt     uint32
+	CreatedAt   time.Time
+	IPs         []string
+	HostNetwork bool
+	Labels      map[string]string
+	Annotations map[string]string
+}
+
+// Container is one container.
+type Container struct {
+	ID          string
+	Name        string
+	State       cruntime.State
+	Attempt     uint32
+	Image       string
+	ImageRef    string
+	CreatedAt   time.Time
+	StartedAt   time.Time
+	FinishedAt  time.Time
+	ExitCode    *int32
+	Reason      string
+	Message     string
+	Labels      map[string]string
+	Annotations map[string]string
+	Identity    *Identity
+}
+
+// Identity ties a container to what the kernel sees.
+type Identity struct {
+	PID        int64
+	CgroupPath string
+}
+
+// Tombstone is a removed container or sandbox, kept for lookups.
+type Tombstone struct {
+	Pod       *Pod
+	RemovedAt time.Time
+}
+
+// Append adds e (its Seq is given, and its Time when zero) and wakes the
+// watchers. It never blocks on a watcher.
+func (j *Journal) Append(e Entry) uint64 {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	j.head++
+	e.Seq = j.head
+	if e.Time.IsZero() {
+		e.Time = j.clock.Now()
+	}
+	ep := &e
+	if j.n == j.size {
+		j.dropOldestLocked()
+	}
+	j.ring[(j.start+j.n)%j.size] = ep
+	j.n++
+	j.bytes += entrySize(ep)
+	if e.Kind == KindPod && e.Pod != nil {
+		j.track(ep)
+	}
+	j.expireLocked(e.Time)
+	close(j.changed)
+	j.changed = make(chan struct{})
+	return e.Seq
+}
+
+// track updates the current pods and the tombstones with a pod entry.
+func (j *Journal) track(e *Entry) {
+	p := e.Pod
+	prev := j.pods[p.UID]
+	if p.Gone {
+		delete(j.pods, p.UID)
+	} else {
+		j.pods[p.UID] = p
+	}
+	// Every container or sandbox of the previous state that the new one
+	// lacks is removed.
+	if prev == nil {
+		return
+	}
+	keep := map[string]bool{}
+	if !p.Gone {
+		for _, c := range p.Containers {
+			keep[c.ID] = true
+		}
+		for _, s := range p.Sandboxes {
+			keep[s.ID] = true
+		}
+	}
+	bury := func(id string) {
+		if keep[id] {
+			return
+		}
+		if _, ok := j.removed[id]; !ok {
+			j.gone = append(j.gone, id)
+		}
+		j.removed[id] = &Tombstone{Pod: prev, RemovedAt: e.Time}
+	}
+	for _, c := range prev.Containers {
+		bury(c.ID)
+	}
+	for _, s := range prev.Sandboxes {
+		bury(s.ID)
+	}
+}
+
+// expireLocked drops the entries and tombstones older than the maximum
+// age, and the tombstones beyond the size.
+func (j *Journal) expireLocked(now time.Time) {
+	cutoff := now.Add(-j.maxAge)
+	for j.n > 1 && (j.ring[j.start].Time.Before(cutoff) || j.bytes > j.maxBytes) {
+		j.dropOldestLocked()
+	}
+	drop := 0
+	for drop < len(j.gone) {
+		t := j.removed[j.gone[drop]]
+		if t != nil && !t.RemovedAt.Before(cutoff) && len(j.gone)-drop <= j.size {
+			break
+		}
+		delete(j.removed, j.gone[drop])
+		drop++
+	}
+	if drop > 0 {
+		j.gone = slices.Delete(j.gone, 0, drop)
+	}
+}
+
+// dropOldestLocked forgets the oldest retained entry.
+func (j *Journal) dropOldestLocked() {
+	j.bytes -= entrySize(j.ring[j.start])
+	j.ring[j.start] = nil
+	j.start = (j.start + 1) % j.size
+	j.n--
+}
+
+// entrySize estimates the memory an entry holds: its structs, slices and
+// strings, and the labels and annotations of its pod (shared with the
+// pod's status while the pod lives, so an upper bound).
+func entrySize(e *Entry) int {
+	n := 96 + len(e.Transitions)*64
+	for _, t := range e.Transitions {
+		n += len(t.ContainerID) + len(t.ContainerName)
+	}
+	if p := e.Pod; p != nil {
+		n += 160 + len(p.Name) + len(p.Namespace) + len(p.UID) + mapSize(p.Labels) + mapSize(p.Annotations)
+		for _, ip := range p.IPs {
+			n += 16 + len(ip)
+		}
+		for _, s := range p.Sandboxes {
+			n += 128 + len(s.ID) + mapSize(s.Labels) + mapSize(s.Annotations)
+		}
+		for _, c := range p.Containers {
+			n += 256 + len(c.ID) + len(c.Name) + len(c.Image) + len(c.ImageRef) + len(c.Reason) + len(c.Message) +
+				mapSize(c.Labels) + mapSize(c.Annotations)
+		}
+	}
+	return n
+}
+
+func mapSize(m map[string]string) int {
+	n := 0
+	for k, v := range m {
+		n += 48 + len(k) + len(v)
+	}
+	return n
+}
+
+// oldestLocked returns the sequence number of the oldest retained entry
+// (head+1 when none is retained).
+func (j *Journal) oldestLocked() uint64 {
+	if j.n == 0 {
+		return j.head + 1
+	}
+	return j.ring[j.start].Seq
+}
+
+// entryLocked returns the retained entry seq (nil: not retained).
+func (j *Journal) entryLocked(seq uint64) *Entry {
+	oldest := j.oldestLocked()
+	if seq < oldest || seq > j.head {
+		return nil
+	}
+	return j.ring[(j.start+int(seq-oldest))%j.size]
+}
+
+// Cursor is a position in a journal: after Seq, in Epoch.
+type Cursor struct {
+	Epoch string
+	Seq   uint64
+}
+
+// String is the cursor's opaque form, as clients see it.
+func (c Cursor) String() string { return c.Epoch + "-" + strconv.FormatUint(c.Seq, 10) }
+
+// ErrInvalidCursor is returned for a cursor that is not one.
+var ErrInvalidCursor = errors.New("invalid cursor")
+
+// ParseCursor parses the opaque form of a cursor.
+func ParseCursor(s string) (Cursor, error) {
+	i := strings.LastIndexByte(s, '-')
+	if i <= 0 {
+		return Cursor{}, fmt.Errorf("%w %q: want EPOCH-SEQUENCE, as a message of a watch carried it", ErrInvalidCursor, s)
+	}
+	seq, err := strconv.ParseUint(s[i+1:], 10, 64)
+	if err != nil {
+		return Cursor{}, fmt.Errorf("%w %q: bad sequence number", ErrInvalidCursor, s)
+	}
+	return Cursor{Epoch: s[:i], Seq: seq}, nil
+}
+
+// Head returns the cursor of the last entry.
+func (j *Journal) Head() Cursor {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	return Cursor{Epoch: j.epoch, Seq: j.head}
+}
+
+// Pods returns the current pods that f selects (nil: all), sorted by
+// namespace, name and UID, and the cursor they are current at.
+func (j *Journal) Pods(f *Filter) ([]*Pod, Cursor) {
+	j.mu.Lock()
+	pods := make([]*Pod, 0, len(j.pods))
+	for _, p := range j.pods {
+		if f.matchPod(p) {
+			pods = append(pods, p)
+		}
+	}
+	c := Cursor{Epoch: j.epoch, Seq: j.head}
+	j.mu.Unlock()
+	sortPods(pods)
+	return pods, c
+}
+
+// Pod returns the current state of pod uid.
+func (j *Journal) Pod(uid types.UID) (*Pod, bool) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	p, ok := j.pods[uid]
+	return p, ok
+}
+
+// Found is a container or sandbox looked up by ID.
+type Found struct {
+	Pod       *Pod
+	Container *Container // set for a container
+	Sandbox   *Sandbox   // set for a sandbox
+	Removed   bool
+	RemovedAt time.Time
+}
+
+// Container finds a container or sandbox by ID among the current pods and
+// those removed within the retention.
+func (j *Journal) Container(id string) (Found, bool) {
+	j.mu.Lock()
+	defer j.mu.Unlock()
+	for _, p := range j.pods {
+		if f, ok := find(p, id); ok {
+			return f, true
+		}
+	}
+	if t := j.removed[id]; t != nil {
+		if f, ok := find(t.Pod, id); ok {
+			f.Removed, f.RemovedAt = true, t.RemovedAt
+			return f, true
+		}
+	}
+	return Found{}, false
+}
+
+func find(p *Pod, id string) (Found, bool) {
+	for i := range p.Containers {
+		if p.Containers[i].ID == id {
+			return Found{Pod: p, Container: &p.Containers[i]}, true
+		}
+	}
+	for i := range p.Sandboxes {
+		if p.Sandboxes[i].ID == id {
+			return Found{Pod: p, Sandbox: &p.Sandboxes[i]}, true
+		}
+	}
+	return Found{}, false
+}
+
+func sortPods(pods []*Pod) {
+	slices.SortFunc(pods, func(a, b *Pod) int {
+		if c := strings.Compare(a.Namespace, b.Namespace); c != 0 {
+			return c
+		}
+		if c := strings.Compare(a.Name, b.Name); c != 0 {
+			return c
+		}
+		return strings.Compare(string(a.UID), string(b.UID))
+	})
+}

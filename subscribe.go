@@ -1,0 +1,199 @@
+package pleg
+
+import (
+	"context"
+	"sync"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/podlifecycle/pleg/cruntime"
+	"github.com/podlifecycle/pleg/journal"
+	"github.com/podlifecycle/pleg/metrics"
+	"k8s.io/apimachinery/pkg/types"
+)
+
+// Subscription receives every lifecycle event of a generator, in order,
+// from the generator's journal: first a resync with the state of every
+// pod, then the events. A subscriber that falls behind the journal's
+// retention gets a resync instead of the events it missed; nothing is lost
+// silently, and a subscriber never holds up the generator.
+type Subscription struct {
+	j    *journal.Journal
+	root context.Context // done when the generator stops
+	m    *metrics.Metrics
+	log  logr.Logger
+
+	mu      sync.Mutex
+	w       *journal.Watcher
+	pending []Event // the rest of the last entry's events
+	closed  bool
+}
+
+// Subscribe returns a subscription that receives every event, in order per
+// pod. Its first update is a resync with the state of every pod; a
+// subscription that falls behind the journal's retention (Options.Journal)
+// gets a resync instead of the events it missed. Close it when done.
+func (g *Generator) Subscribe() *Subscription {
+	w, _ := g.journal.Watch("", nil) // no cursor: cannot fail
+	return &Subscription{j: g.journal, root: g.rootCtx, m: g.m, log: g.log, w: w}
+}
+
+// Next returns the next update, blocking until there is one, the context
+// ends, or the subscription or its generator is closed (ErrClosed).
+func (s *Subscription) Next(ctx context.Context) (Update, error) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	if s.closed {
+		return Update{}, ErrClosed
+	}
+	if len(s.pending) > 0 {
+		e := s.pending[0]
+		s.pending = s.pending[1:]
+		return Update{Event: e}, nil
+	}
+	// The watcher's Next ends with ctx or when the generator stops.
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	defer context.AfterFunc(s.root, cancel)()
+	var pods []PodState
+	for {
+		m, err := s.w.Next(wctx)
+		if err != nil {
+			if ctx.Err() == nil && s.root.Err() != nil {
+				return Update{}, ErrClosed
+			}
+			return Update{}, err
+		}
+		switch m.Type {
+		case journal.Snapshot:
+			pods = append(pods, podState(m.Pod))
+		case journal.SnapshotEnd:
+			if pods == nil {
+				pods = []PodState{}
+			}
+			return Update{Resync: true, Pods: pods}, nil
+		case journal.ResyncRequired:
+			// Fell behind the retention: start over with a snapshot.
+			s.m.SubscriberResyncs.Inc()
+			s.log.Info("Subscriber fell behind the journal; it is resynced", "reason", m.Reason)
+			s.w.Close()
+			s.w, _ = s.j.Watch("", nil)
+		case journal.Event:
+			events := eventsOf(m)
+			if len(events) == 0 {
+				continue
+			}
+			s.pending = events[1:]
+			return Update{Event: events[0]}, nil
+		}
+	}
+}
+
+// Close ends the subscription; Next then returns ErrClosed.
+func (s *Subscription) Close() {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.closed = true
+	s.w.Close()
+}
+
+// podState is the subscription's view of a journal pod.
+func podState(p *journal.Pod) PodState {
+	ps := PodState{UID: p.UID, Name: p.Name, Namespace: p.Namespace,
+		Containers: make([]ContainerState, 0, len(p.Sandboxes)+len(p.Containers))}
+	for _, s := range p.Sandboxes {
+		ps.Containers = append(ps.Containers, ContainerState{ID: s.ID, Name: s.Name, Sandbox: true, State: stateOf(s.State).String()})
+	}
+	for _, c := range p.Containers {
+		ps.Containers = append(ps.Containers, ContainerState{ID: c.ID, Name: c.Name, State: stateOf(c.State).String()})
+	}
+	return ps
+}
+
+// eventsOf returns the lifecycle events of a journal event.
+func eventsOf(m journal.Message) []Event {
+	out := make([]Event, 0, len(m.Transitions))
+	for _, t := range m.Transitions {
+		if t.Type == journal.PodUpdated {
+			continue
+		}
+		out = append(out, Event{Time: m.Time, Type: EventType(t.Type), PodUID: m.Pod.UID, PodName: m.Pod.Name,
+			PodNamespace: m.Pod.Namespace, ContainerID: t.ContainerID, ContainerName: t.ContainerName,
+			Sandbox: t.Sandbox, ExitCode: t.ExitCode})
+	}
+	return out
+}
+
+// journalEntry is the journal's record of a publication at now.
+func journalEntry(p publication, now time.Time) journal.Entry {
+	e := journal.Entry{Kind: journal.KindPod, Time: now, Pod: journalPod(p.uid, p.last, p.pod, p.status, p.identities, now), Source: journal.SourceHint}
+	if p.relist {
+		e.Source = journal.SourceRelist
+	}
+	for _, ev := range p.events {
+		e.Transitions = append(e.Transitions, journal.Transition{Type: string(ev.Type), ContainerID: ev.ContainerID,
+			ContainerName: ev.ContainerName, Sandbox: ev.Sandbox, ExitCode: ev.ExitCode})
+	}
+	return e
+}
+
+// journalPod is the state of pod uid: its listing (nil: gone, last: the
+// listing before) joined with its status, newest first as the status is.
+func journalPod(uid types.UID, last, listing *cruntime.Pod, status *cruntime.PodStatus, ids map[string]*cruntime.Identity, now time.Time) *journal.Pod {
+	if listing == nil {
+		p := &journal.Pod{UID: uid, Gone: true, ObservedAt: now}
+		if last != nil {
+			p.Name, p.Namespace = last.Name, last.Namespace
+		}
+		return p
+	}
+	p := &journal.Pod{UID: uid, Name: listing.Name, Namespace: listing.Namespace, ObservedAt: now}
+	if status == nil {
+		status = &cruntime.PodStatus{}
+	}
+	p.IPs = status.IPs
+	sbs := map[string]*cruntime.SandboxStatus{}
+	for _, s := range status.SandboxStatuses {
+		sbs[s.ID] = s
+	}
+	for _, c := range listing.Sandboxes {
+		s := journal.Sandbox{ID: c.ID, Name: c.Name, State: c.State, Attempt: c.Attempt}
+		if st := sbs[c.ID]; st != nil {
+			s.CreatedAt, s.IPs, s.HostNetwork, s.Labels, s.Annotations = st.CreatedAt, st.IPs, st.HostNetwork, st.Labels, st.Annotations
+		}
+		p.Sandboxes = append(p.Sandboxes, s)
+	}
+	cts := map[string]*cruntime.ContainerStatus{}
+	for _, s := range status.ContainerStatuses {
+		cts[s.ID] = s
+	}
+	for _, c := range listing.Containers {
+		jc := journal.Container{ID: c.ID, Name: c.Name, State: c.State, Attempt: c.Attempt, Image: c.Image}
+		if st := cts[c.ID]; st != nil {
+			jc.ImageRef, jc.CreatedAt, jc.StartedAt, jc.FinishedAt = st.ImageRef, st.CreatedAt, st.StartedAt, st.FinishedAt
+			jc.Reason, jc.Message, jc.Labels, jc.Annotations = st.Reason, st.Message, st.Labels, st.Annotations
+			if st.State == cruntime.StateExited {
+				code := st.ExitCode
+				jc.ExitCode = &code
+			}
+			if st.Image != "" {
+				jc.Image = st.Image
+			}
+		}
+		if id := ids[c.ID]; id != nil {
+			jc.Identity = &journal.Identity{PID: id.PID, CgroupPath: id.CgroupPath}
+		}
+		p.Containers = append(p.Containers, jc)
+	}
+	// The pod's labels and annotations are its newest sandbox's.
+	var newest *journal.Sandbox
+	for i := range p.Sandboxes {
+		if s := &p.Sandboxes[i]; newest == nil || s.CreatedAt.After(newest.CreatedAt) {
+			newest = s
+		}
+	}
+	if newest != nil {
+		p.Labels, p.Annotations = newest.Labels, newest.Annotations
+	}
+	return p
+}
