@@ -15,7 +15,7 @@ import (
 	"github.com/podlifecycle/pleg"
 	"github.com/podlifecycle/pleg/cruntime/cri"
 	"github.com/podlifecycle/pleg/cruntime/sim"
-	"github.com/podlifecycle/pleg/internal/bench"
+	"github.com/podlifecycle/pleg/internal/stats"
 )
 
 // node is a generator against a simulated CRI runtime over real gRPC.
@@ -317,7 +317,7 @@ func BenchmarkEventLatency(b *testing.B) {
 				lat = append(lat, time.Since(start))
 				_ = n.sim.RemovePod(p.UID)
 			}
-			q := func(p float64) float64 { return float64(bench.Percentile(lat, p).Microseconds()) / 1000 }
+			q := func(p float64) float64 { return float64(stats.Percentile(lat, p).Microseconds()) / 1000 }
 			b.ReportMetric(q(.5), "p50-ms")
 			b.ReportMetric(q(.99), "p99-ms")
 			b.ReportMetric(0, "ns/op")

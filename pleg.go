@@ -27,10 +27,10 @@ const (
 	DefaultPodRelistQueue         = 4096
 	// The hint budget (docs/semantics.md, "Hints and their budget"),
 	// chosen from measurements on containerd (docs/performance.md).
-	DefaultPodRelistRate    = 10.0
+	DefaultPodRelistRate    = 5.0
 	DefaultPodRelistBurst   = 10
 	DefaultPodRelistSpacing = 100 * time.Millisecond
-	DefaultEarlyRelistGap   = 250 * time.Millisecond
+	DefaultEarlyRelistGap   = 500 * time.Millisecond
 )
 
 // Bounds of the options, checked by New: values outside make no sense or
@@ -88,7 +88,7 @@ type Options struct {
 	// Default 4096.
 	PodRelistQueue int
 	// PodRelistRate and PodRelistBurst are the hint budget: single-pod
-	// relists a second, and at once. Negative rate: unlimited. Defaults 10
+	// relists a second, and at once. Negative rate: unlimited. Defaults 5
 	// and 10.
 	PodRelistRate  float64
 	PodRelistBurst int
@@ -98,7 +98,7 @@ type Options struct {
 	PodRelistSpacing time.Duration
 	// EarlyRelistGap: when hints wait for the budget, the next global relist
 	// starts this long after the end of the last instead of a period after
-	// (never sooner than this). Negative: never early. Default 250ms.
+	// (never sooner than this). Negative: never early. Default 500ms.
 	EarlyRelistGap time.Duration
 	// Events says whether to use the runtime's container event stream as
 	// hints that trigger single-pod relists. Default EventsAuto.

@@ -13,6 +13,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"os"
 	"path"
@@ -244,7 +245,7 @@ func TestDaemonSet(t *testing.T) {
 	}
 	for _, kind := range []string{"Namespace", "ServiceAccount", "DaemonSet", "Service"} {
 		if byKind[kind] == nil {
-			t.Fatalf("no %s in kubernetes/pleg.yaml (kinds: %v)", kind, keys(byKind))
+			t.Fatalf("no %s in kubernetes/pleg.yaml (kinds: %v)", kind, slices.Sorted(maps.Keys(byKind)))
 		}
 	}
 	if str(t, byKind["Namespace"], "metadata.name") != "pleg-system" {
@@ -400,15 +401,6 @@ func TestDaemonSet(t *testing.T) {
 	if at(t, svc, "metadata.labels").(object)[jobLabel] != "pleg" {
 		t.Errorf("the ServiceMonitor's job label %q is not pleg on the Service", jobLabel)
 	}
-}
-
-func keys[V any](m map[string]V) []string {
-	var out []string
-	for k := range m {
-		out = append(out, k)
-	}
-	slices.Sort(out)
-	return out
 }
 
 // ---- Prometheus rules --------------------------------------------------------

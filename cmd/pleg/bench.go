@@ -3,9 +3,8 @@ package main
 import (
 	"context"
 	"fmt"
-	"os"
 	"os/signal"
-	"runtime/pprof"
+	"path/filepath"
 	"strings"
 	"syscall"
 
@@ -14,24 +13,18 @@ import (
 	"github.com/podlifecycle/pleg/internal/bench"
 )
 
-func init() {
-	// `pleg bench` re-executes this binary to serve the simulated runtime,
-	// and to run pleg's generator, in child processes; a child serves and
-	// exits here, before any command runs.
-	bench.MaybeServeChild()
-	register(newBenchCmd)
-}
+func init() { register(newBenchCmd) }
 
 type benchOptions struct {
-	kubelet   string
-	scenario  string
-	relists   int
-	quick     bool
-	output    string
-	inProcess bool
-	parallel  int
-	seed      uint64
-	cpuProf   string
+	kubelet  string
+	scenario string
+	relists  int
+	quick    bool
+	output   string
+	parallel int
+	seed     uint64
+	cpuProf  string
+	budget   budgetFlags
 	// compareStreaming: --compare-list-streaming
 	compareStreaming bool
 }
@@ -74,6 +67,25 @@ p99 at most the pod inspection timeout + list p99; Healthy() never false.
 They have no kubelet baseline: the kubelet makes no single-pod relists from
 runtime events.
 
+The hint budget's scenarios run a started generator with the runtime's
+events off, the baseline, and on, each against a fresh node (the budget:
+--pod-relist-rate, --pod-relist-burst, --pod-relist-spacing,
+--early-relist-gap, as pleg run's):
+  events-unchanged  200 pods x 5 containers, nothing changing, 1,000 runtime
+                    events per second: STARTED for running containers, then
+                    STOPPED for containers still running; 12s (--quick 4s)
+                    targets: runtime calls and pleg's CPU per second each at
+                    most 10x events off
+  events-churn      200 pods x 5 containers, 50 pods changed every 100ms
+                    (each change streamed as events), 20ms per call, relist
+                    period 100ms; 12s (--quick 4s)
+                    targets: the global relist's span (p50) at most 1.1x,
+                    runtime calls at most 1.5x events off
+  events-isolated   200 pods x 5 containers, 1ms per call, one pod changed
+                    at a time, 500ms after the last change was delivered, 40
+                    times (--quick 8; a fifth with events off)
+                    target: delivery p99 at most 50ms with events on
+
 With --kubelet PATH, every scenario driven by hand also runs with the
 kubelet v1.37.2's own relist: PATH is the kubelet-relist program of the
 repository's test/kubelet module (build it with 'test/kubelet/build.sh DIR';
@@ -82,18 +94,34 @@ client), against an identical simulated node with the same changes, and
 every figure is printed beside that baseline with the ratio pleg / kubelet,
 and the targets are checked against it.
 
+With --compare-list-streaming, pleg runs twice in every scenario driven by
+hand, listing through the streaming RPCs (StreamPodSandboxes,
+StreamContainers) and through the unary calls, against identical simulated
+nodes, and the report puts the two side by side with their ratio.
+
 The simulated runtime and each generator run in processes of their own
-(pleg's: this binary, re-executed), so that the CPU time, allocations and
-peak RSS reported are each generator's own; --in-process serves the
-simulated runtime and pleg's generator from this process instead (the
-simulator's work is then included, and pleg's peak RSS is not measured).
+(this binary, re-executed as 'pleg bench child runtime|pleg'; pleg's with
+the daemon's GC target), so that the CPU time, allocations and peak RSS
+reported are each one's own.
 Relists are driven one after another by hand; between two relists exactly
 the scenario's number of pods change.
 
-A full run takes about ninety seconds with --kubelet; --quick about twenty.`,
+A full run takes about four minutes with --kubelet; --quick about a minute.`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error { return runBench(cmd, o) },
 	}
+	cmd.AddCommand(&cobra.Command{
+		Use:    "child runtime|pleg",
+		Short:  "Serve one child of a bench run on stdin and stdout (pleg bench starts it)",
+		Hidden: true,
+		Args:   cobra.ExactArgs(1),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if args[0] != "runtime" && args[0] != "pleg" {
+				return usageErrorf("pleg bench child %q: want runtime or pleg", args[0])
+			}
+			return bench.ServeChild(args[0], cmd.InOrStdin(), cmd.OutOrStdout())
+		},
+	})
 	f := cmd.Flags()
 	f.StringVar(&o.kubelet, "kubelet", "", "path of the kubelet-relist program (test/kubelet/build.sh builds it): also run every scenario with the kubelet's own relist as the baseline")
 	f.StringVar(&o.scenario, "scenario", "all", "scenarios to run: all, or names separated by commas ("+strings.Join(bench.Names(), ", ")+")")
@@ -101,12 +129,12 @@ A full run takes about ninety seconds with --kubelet; --quick about twenty.`,
 		special[int]{0, "each scenario's default"})
 	f.BoolVar(&o.quick, "quick", false, "few relists per run: a smoke test, not a measurement")
 	f.StringVarP(&o.output, "output", "o", "text", "output format: text or json")
-	f.BoolVar(&o.inProcess, "in-process", false, "serve the simulated runtime and run pleg's generator in this process (the simulator's work is then counted in pleg's CPU and allocations; no peak RSS)")
 	intVar(f, &o.parallel, "max-parallel-inspections", 0, 1, maxParallelInspections, "pleg's inspection bound (0: the library default)",
 		special[int]{0, "the library default"})
 	uint64Var(f, &o.seed, "seed", 1, "seed of the simulated node")
-	f.BoolVar(&o.compareStreaming, "compare-list-streaming", false, "run pleg twice per scenario, listing through the streaming RPCs and with the unary calls, and compare them (CPU, allocations, peak RSS)")
-	f.StringVar(&o.cpuProf, "cpuprofile", "", "write a CPU profile of this process to this file (with --in-process: pleg's generator and the simulated runtime)")
+	o.budget.addFlags(f)
+	f.BoolVar(&o.compareStreaming, "compare-list-streaming", false, "run pleg twice per scenario driven by hand, listing through the streaming RPCs and with the unary calls, and compare them (CPU, allocations, peak RSS, the list RPCs the runtime served)")
+	f.StringVar(&o.cpuProf, "cpuprofile", "", "write a CPU profile of pleg's generator process, its whole life, to this file (each run writes it anew: the last run's stays)")
 	return cmd
 }
 
@@ -118,6 +146,13 @@ func runBench(cmd *cobra.Command, o *benchOptions) error {
 	if err != nil {
 		return usageError{err}
 	}
+	var budget bench.Budget
+	budget.PodRelistRate, budget.PodRelistBurst, budget.PodRelistSpacing, budget.EarlyRelistGap = o.budget.options()
+	if o.cpuProf != "" {
+		if o.cpuProf, err = filepath.Abs(o.cpuProf); err != nil {
+			return err
+		}
+	}
 	parent := cmd.Context()
 	if parent == nil {
 		parent = context.Background()
@@ -125,24 +160,15 @@ func runBench(cmd *cobra.Command, o *benchOptions) error {
 	ctx, stop := signal.NotifyContext(parent, syscall.SIGINT, syscall.SIGTERM)
 	defer stop()
 
-	if o.cpuProf != "" {
-		f, err := os.Create(o.cpuProf)
-		if err != nil {
-			return err
-		}
-		defer f.Close()
-		if err := pprof.StartCPUProfile(f); err != nil {
-			return err
-		}
-		defer pprof.StopCPUProfile()
-	}
 	rep, err := bench.Run(ctx, bench.Options{
 		Scenarios:              scenarios,
 		Kubelet:                o.kubelet,
 		Quick:                  o.quick,
 		Relists:                o.relists,
 		MaxParallelInspections: o.parallel,
-		InProcess:              o.inProcess,
+		CPUProfile:             o.cpuProf,
+		Budget:                 budget,
+		GCPercent:              daemonGCPercent,
 		Seed:                   o.seed,
 		Progress:               cmd.ErrOrStderr(),
 		CompareListStreaming:   o.compareStreaming,

@@ -3,36 +3,39 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
 	"strings"
 	"testing"
 
 	"github.com/podlifecycle/pleg/internal/bench"
 )
 
-// runBenchCmd runs `pleg bench args...` and returns its standard output.
-func runBenchCmd(t *testing.T, args ...string) string {
+// benchOutput runs the pleg binary's bench with args and returns its standard
+// output.
+func benchOutput(t *testing.T, args ...string) []byte {
 	t.Helper()
-	root := newRootCmd()
-	var out, errOut bytes.Buffer
-	root.SetOut(&out)
-	root.SetErr(&errOut)
-	root.SetArgs(append([]string{"bench"}, args...))
-	if err := root.Execute(); err != nil {
-		t.Fatalf("pleg bench %s: %v\n%s", strings.Join(args, " "), err, errOut.String())
+	cmd := exec.Command(plegBinary, append([]string{"bench"}, args...)...)
+	var stderr bytes.Buffer
+	cmd.Stderr = &stderr
+	out, err := cmd.Output()
+	if err != nil {
+		t.Fatalf("pleg bench %s: %v\n%s", strings.Join(args, " "), err, stderr.String())
 	}
-	return out.String()
+	return out
 }
 
+// The product binary runs the bench: its children are the binary itself,
+// run as `pleg bench child runtime|pleg`.
 func TestBenchQuickJSON(t *testing.T) {
-	// The simulated runtime runs in a child process: this test binary,
-	// re-executed (bench.go's init serves it).
-	out := runBenchCmd(t, "--quick", "--scenario", "66x7", "--output", "json")
+	out := benchOutput(t, "--quick", "--scenario", "66x7", "--output", "json")
 	var rep bench.Report
-	if err := json.Unmarshal([]byte(out), &rep); err != nil {
+	if err := json.Unmarshal(out, &rep); err != nil {
 		t.Fatalf("%v\n%s", err, out)
 	}
-	if rep.Runtime != "child-process" || len(rep.Scenarios) != 1 {
-		t.Fatalf("report: runtime %q, %d scenarios", rep.Runtime, len(rep.Scenarios))
+	if len(rep.Scenarios) != 1 {
+		t.Fatalf("report: %d scenarios", len(rep.Scenarios))
 	}
 	s := rep.Scenarios[0]
 	if s.Scenario.Name != "66x7" || s.PLEG == nil || s.Kubelet != nil {
@@ -45,16 +48,21 @@ func TestBenchQuickJSON(t *testing.T) {
 	}
 }
 
-func TestBenchTextInProcess(t *testing.T) {
-	out := runBenchCmd(t, "--quick", "--scenario", "66x7", "--in-process", "--relists", "2")
+// The text report, and the CPU profile of pleg's generator process.
+func TestBenchText(t *testing.T) {
+	prof := filepath.Join(t.TempDir(), "pleg.prof")
+	out := string(benchOutput(t, "--quick", "--scenario", "66x7", "--relists", "2", "--cpuprofile", prof))
 	for _, want := range []string{"pleg bench", "GOMAXPROCS", "== 66x7: 66 pods x 7 containers, 10 pods changed per relist, 1ms per runtime call",
-		"relist p50", "CPU / relist", "serve from this process", "measured relists: pleg 2 (no kubelet baseline"} {
+		"relist p50", "CPU / relist", "runs in a child process", "measured relists: pleg 2 (no kubelet baseline"} {
 		if !strings.Contains(out, want) {
 			t.Errorf("output lacks %q:\n%s", want, out)
 		}
 	}
 	if strings.Contains(out, "kubelet v1.37.2  ") {
 		t.Errorf("a kubelet column without --kubelet:\n%s", out)
+	}
+	if fi, err := os.Stat(prof); err != nil || fi.Size() == 0 {
+		t.Errorf("CPU profile: %v", err)
 	}
 }
 
@@ -63,6 +71,8 @@ func TestBenchFlagErrors(t *testing.T) {
 		{"bench", "--output", "yaml"},
 		{"bench", "--scenario", "nope"},
 		{"bench", "--relists", "-1"},
+		{"bench", "--pod-relist-burst", "0"},
+		{"bench", "child", "kubelet"},
 	} {
 		if code := execute(args); code != 2 {
 			t.Errorf("pleg %s: exit code %d, want 2", strings.Join(args, " "), code)

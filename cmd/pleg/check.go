@@ -17,6 +17,7 @@ import (
 
 	"github.com/podlifecycle/pleg"
 	"github.com/podlifecycle/pleg/cruntime/cri"
+	"github.com/podlifecycle/pleg/internal/textfmt"
 )
 
 func init() { register(newCheckCmd) }
@@ -203,7 +204,7 @@ func checkRuntime(ctx context.Context, endpoint string, timeout time.Duration) (
 		return checkProblem, "listing pods failed: " + callCause(err, timeout)
 	}
 	return checkOK, fmt.Sprintf("container runtime %s %s is ready; listed %d %s in %v",
-		name, version, len(pods), pluralWord(len(pods), "pod", "pods"), time.Since(start).Round(time.Millisecond))
+		name, version, len(pods), textfmt.Plural(len(pods), "pod", "pods"), time.Since(start).Round(time.Millisecond))
 }
 
 // callCause describes a failed runtime call, a timeout as such.
@@ -229,11 +230,4 @@ func firstLine(s string) string {
 		s = s[:80] + "…"
 	}
 	return s
-}
-
-func pluralWord(n int, one, many string) string {
-	if n == 1 {
-		return one
-	}
-	return many
 }

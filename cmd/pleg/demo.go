@@ -18,9 +18,10 @@ import (
 
 	"github.com/podlifecycle/pleg"
 	"github.com/podlifecycle/pleg/cruntime/sim"
-	"github.com/podlifecycle/pleg/internal/bench"
 	"github.com/podlifecycle/pleg/internal/dashboard"
 	"github.com/podlifecycle/pleg/internal/httpapi"
+	"github.com/podlifecycle/pleg/internal/stats"
+	"github.com/podlifecycle/pleg/internal/textfmt"
 )
 
 func init() { register(newDemoCmd) }
@@ -266,19 +267,19 @@ func eventLine(e pleg.Event) string {
 		exit = fmt.Sprintf("exit %d", *e.ExitCode)
 	}
 	return fmt.Sprintf("%s  %-16s %-36s %-14s %-13s %s", e.Time.Format("15:04:05.000"), e.Type,
-		e.Pod(), name, shortID(e.ContainerID), exit)
+		e.Pod(), name, textfmt.ShortID(e.ContainerID), exit)
 }
 
 // relistSummary returns the count, p50, p99 and max of recent successful
 // relists.
-func relistSummary(stats []pleg.RelistStat) (n int, p50, p99, max time.Duration) {
+func relistSummary(recent []pleg.RelistStat) (n int, p50, p99, max time.Duration) {
 	var ds []time.Duration
-	for _, s := range stats {
+	for _, s := range recent {
 		if s.Err == "" {
 			ds = append(ds, s.Duration)
 		}
 	}
-	return len(ds), bench.Percentile(ds, .5), bench.Percentile(ds, .99), bench.Percentile(ds, 1)
+	return len(ds), stats.Percentile(ds, .5), stats.Percentile(ds, .99), stats.Percentile(ds, 1)
 }
 
 func (v *demoView) health() string {

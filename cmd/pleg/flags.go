@@ -80,10 +80,45 @@ type runtimeFlags struct {
 	fullInspection       bool
 	events               string
 	listStreaming        string
-	podRelistRate        float64
-	podRelistBurst       int
-	podRelistSpacing     time.Duration
-	earlyRelistGap       time.Duration
+	budget               budgetFlags
+}
+
+// budgetFlags are the hint budget's flags (docs/semantics.md, "Hints and
+// their budget"), of `pleg run`, `pleg watch` and `pleg bench`. Their
+// ranges are checked as they are parsed.
+type budgetFlags struct {
+	podRelistRate    float64
+	podRelistBurst   int
+	podRelistSpacing time.Duration
+	earlyRelistGap   time.Duration
+}
+
+func (f *budgetFlags) addFlags(fs *pflag.FlagSet) {
+	floatVar(fs, &f.podRelistRate, "pod-relist-rate", pleg.DefaultPodRelistRate, 0, 10000,
+		"single-pod relists a second that hints (runtime events) may make (0: no limit)")
+	intVar(fs, &f.podRelistBurst, "pod-relist-burst", pleg.DefaultPodRelistBurst, 1, 10000,
+		"single-pod relists hints may make at once")
+	durationVar(fs, &f.podRelistSpacing, "pod-relist-spacing", pleg.DefaultPodRelistSpacing, time.Millisecond, time.Minute,
+		"after a single-pod relist of a pod that found nothing, the least time before another (0: none)", special[time.Duration]{0, "none"})
+	durationVar(fs, &f.earlyRelistGap, "early-relist-gap", pleg.DefaultEarlyRelistGap, time.Millisecond, time.Hour,
+		"when hints wait for the budget, start the next global relist this long after the last one ended instead of a period after (0: never early)",
+		special[time.Duration]{0, "never early"})
+}
+
+// options returns the budget as the library reads it: there 0 is
+// "default", on the command line "none" (negative for the library).
+func (f *budgetFlags) options() (rate float64, burst int, spacing, early time.Duration) {
+	rate, burst, spacing, early = f.podRelistRate, f.podRelistBurst, f.podRelistSpacing, f.earlyRelistGap
+	if rate == 0 {
+		rate = -1
+	}
+	if spacing == 0 {
+		spacing = -1
+	}
+	if early == 0 {
+		early = -1
+	}
+	return rate, burst, spacing, early
 }
 
 func (f *runtimeFlags) addFlags(fs *pflag.FlagSet) {
@@ -107,16 +142,7 @@ func (f *runtimeFlags) addFlags(fs *pflag.FlagSet) {
 		"fetch the status of every sandbox and container of a changed pod, as the kubelet does (default: only those whose listing changed)")
 	fs.Var(newEnumValue(&f.events, "auto", "auto", "on", "off"), "events",
 		"use the runtime's container events to relist changed pods early: auto (when the runtime streams them), on, off")
-	// The hint budget (docs/semantics.md, "Hints and their budget").
-	floatVar(fs, &f.podRelistRate, "pod-relist-rate", pleg.DefaultPodRelistRate, 0, 10000,
-		"single-pod relists a second that hints (runtime events) may make (0: no limit)")
-	intVar(fs, &f.podRelistBurst, "pod-relist-burst", pleg.DefaultPodRelistBurst, 1, 10000,
-		"single-pod relists hints may make at once")
-	durationVar(fs, &f.podRelistSpacing, "pod-relist-spacing", pleg.DefaultPodRelistSpacing, time.Millisecond, time.Minute,
-		"after a single-pod relist of a pod that found nothing, the least time before another (0: none)", special[time.Duration]{0, "none"})
-	durationVar(fs, &f.earlyRelistGap, "early-relist-gap", pleg.DefaultEarlyRelistGap, time.Millisecond, time.Hour,
-		"when hints wait for the budget, start the next global relist this long after the last one ended instead of a period after (0: never early)",
-		special[time.Duration]{0, "never early"})
+	f.budget.addFlags(fs)
 	fs.Var(newEnumValue(&f.listStreaming, "auto", "auto", "on", "off"), "list-streaming",
 		"list through the runtime's streaming list RPCs (KEP-5825), in batches, so no 16 MiB message limit bounds the node: auto (when the runtime has them), on, off")
 }
@@ -195,19 +221,11 @@ func (f *runtimeFlags) generatorOptions() pleg.Options {
 		PodInspectionTimeout:   f.podInspectionTimeout,
 		FullInspection:         f.fullInspection,
 		Events:                 pleg.EventsMode(f.events),
-		PodRelistRate:          f.podRelistRate,
-		PodRelistBurst:         f.podRelistBurst,
-		PodRelistSpacing:       f.podRelistSpacing,
-		EarlyRelistGap:         f.earlyRelistGap,
 	}
+	o.PodRelistRate, o.PodRelistBurst, o.PodRelistSpacing, o.EarlyRelistGap = f.budget.options()
 	// The library reads 0 as "default"; on the command line it is "none".
-	for _, d := range []*time.Duration{&o.PodInspectionTimeout, &o.PodRelistSpacing, &o.EarlyRelistGap} {
-		if *d == 0 {
-			*d = -1
-		}
-	}
-	if o.PodRelistRate == 0 {
-		o.PodRelistRate = -1
+	if o.PodInspectionTimeout == 0 {
+		o.PodInspectionTimeout = -1
 	}
 	return o
 }

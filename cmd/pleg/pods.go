@@ -16,6 +16,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/podlifecycle/pleg/internal/httpapi"
+	"github.com/podlifecycle/pleg/internal/textfmt"
 )
 
 func init() { register(newPodsCmd) }
@@ -174,7 +175,7 @@ func writePodTable(w io.Writer, rows []podRow, now time.Time, noTrunc bool) erro
 		if r.id != "" {
 			id = r.id
 			if !noTrunc {
-				id = shortID(id)
+				id = textfmt.ShortID(id)
 			}
 		}
 		if !r.created.IsZero() {

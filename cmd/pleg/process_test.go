@@ -8,6 +8,7 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"os"
 	"os/exec"
@@ -15,7 +16,6 @@ import (
 	"reflect"
 	"regexp"
 	"slices"
-	"sort"
 	"strings"
 	"sync"
 	"syscall"
@@ -222,15 +222,6 @@ func serveSim(t *testing.T, cfg sim.Config) *sim.Runtime {
 	return r
 }
 
-func keysOf(m map[string]json.RawMessage) []string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	return keys
-}
-
 // jsonEvent is one line of `pleg watch --output json`.
 type jsonEvent struct {
 	keys          []string
@@ -254,7 +245,7 @@ func parseJSONEvent(t *testing.T, line string) jsonEvent {
 	if err := json.Unmarshal([]byte(line), &e); err != nil {
 		t.Fatal(err)
 	}
-	e.keys = keysOf(raw)
+	e.keys = slices.Sorted(maps.Keys(raw))
 	if _, err := time.Parse(time.RFC3339Nano, e.Time); err != nil {
 		t.Errorf("time %q: %v", e.Time, err)
 	}

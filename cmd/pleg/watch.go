@@ -17,6 +17,7 @@ import (
 	"github.com/podlifecycle/pleg"
 	"github.com/podlifecycle/pleg/api/lifecycle/client"
 	lifecyclev1 "github.com/podlifecycle/pleg/api/lifecycle/v1"
+	"github.com/podlifecycle/pleg/internal/textfmt"
 )
 
 func init() { register(newWatchCmd) }
@@ -221,7 +222,6 @@ const (
 	textTypeWidth   = len("ContainerStarted")
 	textPodWidth    = 40
 	textNameWidth   = 24
-	shortIDLen      = 13 // as crictl
 	sandboxNameText = "(sandbox)"
 )
 
@@ -236,7 +236,7 @@ func textEventPrinter(w io.Writer, e pleg.Event) error {
 	if e.Type == pleg.PodSync {
 		name = "-"
 	}
-	id := shortID(e.ContainerID)
+	id := textfmt.ShortID(e.ContainerID)
 	if id == "" {
 		id = "-"
 	}
@@ -249,15 +249,7 @@ func textEventPrinter(w io.Writer, e pleg.Event) error {
 		textTypeWidth, e.Type,
 		textPodWidth, e.Pod(),
 		textNameWidth, name,
-		shortIDLen, id,
+		textfmt.ShortIDLen, id,
 		code)
 	return err
-}
-
-// shortID cuts a container ID to crictl's 13 characters.
-func shortID(id string) string {
-	if len(id) > shortIDLen {
-		return id[:shortIDLen]
-	}
-	return id
 }

@@ -329,7 +329,7 @@ func (r *Runtime) RecreateSandbox(uid string) (string, error) {
 	}
 	names := slices.Clone(p.names)
 	for _, c := range p.containers {
-		if !containsString(names, c.name) {
+		if !slices.Contains(names, c.name) {
 			names = append(names, c.name)
 		}
 	}

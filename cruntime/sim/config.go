@@ -165,8 +165,6 @@ type Latency struct {
 	PerItem    time.Duration
 }
 
-func (l Latency) zero() bool { return l.Base <= 0 && l.Jitter <= 0 && l.PerItem <= 0 }
-
 func clamp01(f float64) float64 {
 	switch {
 	case f < 0 || f != f: // negative or NaN

@@ -336,8 +336,14 @@ func (r *Runtime) flapLocked(p *pod, turn int) {
 	if turn%2 == 1 {
 		typ = runtimeapi.ContainerEventType_CONTAINER_STARTED_EVENT
 	}
+	r.aboutPodLocked(p, turn/2, typ)
+}
+
+// aboutPodLocked emits an event of type typ about the i-th container of
+// the pod (in turn), or about its sandbox when it has no container.
+func (r *Runtime) aboutPodLocked(p *pod, i int, typ runtimeapi.ContainerEventType) {
 	if n := len(p.containers); n > 0 {
-		c := p.containers[(turn/2)%n]
+		c := p.containers[i%n]
 		r.emitLocked(typ, c.id, c.sandbox)
 		return
 	}
@@ -346,13 +352,35 @@ func (r *Runtime) flapLocked(p *pod, turn int) {
 	}
 }
 
+// StormEvents says what the events of SetEventStorm say about a container.
+type StormEvents int
+
+const (
+	// StormFlap says STOPPED and STARTED in turn (the default).
+	StormFlap StormEvents = iota
+	// StormStarted says STARTED only: of a running container, the state it
+	// is in.
+	StormStarted
+	// StormStopped says STOPPED only: of a running container, a state it
+	// is not in (it keeps running).
+	StormStopped
+)
+
+// SetStormEvents sets what the event storm's events say from now on.
+func (r *Runtime) SetStormEvents(k StormEvents) {
+	r.kmu.Lock()
+	r.stormEvents = k
+	r.kmu.Unlock()
+}
+
 // stormTick is how often the event storm emits its due events.
 const stormTick = 5 * time.Millisecond
 
 // SetEventStorm makes the runtime stream perSecond container events per
 // second of real time, spread over every pod in turn (creation order), as
 // EmitEvents does for one pod: each event says a container of the pod
-// stopped or started, with CreatedAt now, and the model does not change.
+// stopped or started (SetStormEvents says which), with CreatedAt now, and
+// the model does not change.
 // The events are emitted in batches every few milliseconds, as many as are
 // due. perSecond <= 0 stops the storm; Stop ends it.
 func (r *Runtime) SetEventStorm(perSecond int) {
@@ -378,6 +406,9 @@ func (r *Runtime) SetEventStorm(perSecond int) {
 			return
 		}
 		sent += due
+		r.kmu.Lock()
+		kind := r.stormEvents
+		r.kmu.Unlock()
 		r.mu.Lock()
 		defer r.mu.Unlock()
 		for range due {
@@ -386,7 +417,14 @@ func (r *Runtime) SetEventStorm(perSecond int) {
 			}
 			p := r.order[next%len(r.order)]
 			next = (next + 1) % len(r.order)
-			r.flapLocked(p, turn[p])
+			switch kind {
+			case StormStarted:
+				r.aboutPodLocked(p, turn[p], runtimeapi.ContainerEventType_CONTAINER_STARTED_EVENT)
+			case StormStopped:
+				r.aboutPodLocked(p, turn[p], runtimeapi.ContainerEventType_CONTAINER_STOPPED_EVENT)
+			default:
+				r.flapLocked(p, turn[p])
+			}
 			turn[p]++
 		}
 		if len(turn) > 2*len(r.order)+64 { // pods come and go

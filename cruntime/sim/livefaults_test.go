@@ -2,6 +2,7 @@ package sim
 
 import (
 	"context"
+	"maps"
 	"slices"
 	"testing"
 	"time"
@@ -93,10 +94,10 @@ func TestHungLists(t *testing.T) {
 			t.Errorf("%s returned after %v", name, d)
 		}
 	}
-	if got, want := r.PodCalls(hung.UID), map[string]int64{"ListPodSandbox": 2, "ListContainers": 3}; !mapsEqual(got, want) {
+	if got, want := r.PodCalls(hung.UID), map[string]int64{"ListPodSandbox": 2, "ListContainers": 3}; !maps.Equal(got, want) {
 		t.Errorf("PodCalls(hung) = %v, want %v", got, want)
 	}
-	if got, want := r.PodCalls(fine.UID), map[string]int64{"ListPodSandbox": 1, "ListContainers": 1, "ContainerStatus": 1}; !mapsEqual(got, want) {
+	if got, want := r.PodCalls(fine.UID), map[string]int64{"ListPodSandbox": 1, "ListContainers": 1, "ContainerStatus": 1}; !maps.Equal(got, want) {
 		t.Errorf("PodCalls(fine) = %v, want %v", got, want)
 	}
 
@@ -304,6 +305,46 @@ func TestEventStorm(t *testing.T) {
 	}
 }
 
+// The storm says what it is told to about each running container:
+// STOPPED and STARTED in turn, STARTED only, or STOPPED only.
+func TestStormEvents(t *testing.T) {
+	const (
+		started = runtimeapi.ContainerEventType_CONTAINER_STARTED_EVENT
+		stopped = runtimeapi.ContainerEventType_CONTAINER_STOPPED_EVENT
+	)
+	for _, c := range []struct {
+		kind StormEvents
+		want map[runtimeapi.ContainerEventType]int
+	}{
+		{StormFlap, map[runtimeapi.ContainerEventType]int{stopped: 10, started: 10}},
+		{StormStarted, map[runtimeapi.ContainerEventType]int{started: 20}},
+		{StormStopped, map[runtimeapi.ContainerEventType]int{stopped: 20}},
+	} {
+		r, cl := newSim(t, Config{Seed: 4, Pods: 2, ContainersPerPod: 2, EventBuffer: 10000})
+		s := subscribe(t, r, cl, 1)
+		r.SetStormEvents(c.kind)
+		r.SetEventStorm(2000)
+		evs := recvN(t, s, 20)
+		r.SetEventStorm(0)
+		got := map[runtimeapi.ContainerEventType]int{}
+		ids := map[string]bool{}
+		for _, ev := range evs {
+			got[ev.ContainerEventType]++
+			ids[ev.ContainerId] = true
+		}
+		if !maps.Equal(got, c.want) || len(ids) != 4 {
+			t.Errorf("storm %d: events %v about %d containers, want %v about all 4", c.kind, got, len(ids), c.want)
+		}
+		for _, p := range r.Pods() {
+			for _, ct := range p.Containers {
+				if ct.State != runtimeapi.ContainerState_CONTAINER_RUNNING {
+					t.Errorf("storm %d: container %s is %v: the storm changed the model", c.kind, ct.ID, ct.State)
+				}
+			}
+		}
+	}
+}
+
 func TestKeepEvents(t *testing.T) {
 	clk := fakeClock()
 	r, c := newSim(t, Config{Clock: clk, KeepEvents: 5 * time.Minute})
@@ -395,16 +436,4 @@ func TestReplay(t *testing.T) {
 	if ev := recvN(t, s, 1)[0]; ev.CreatedAt != epoch.UnixNano() {
 		t.Errorf("replayed after SetReplay(0): %v", ev)
 	}
-}
-
-func mapsEqual(a, b map[string]int64) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	for k, v := range a {
-		if b[k] != v {
-			return false
-		}
-	}
-	return true
 }

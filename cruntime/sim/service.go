@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"maps"
+	"slices"
 	"time"
 
 	"google.golang.org/grpc"
@@ -550,21 +551,12 @@ func (s *service) CreateContainer(ctx context.Context, req *runtimeapi.CreateCon
 		}
 	}
 	p := sb.pod
-	if !containsString(p.names, md.Name) {
+	if !slices.Contains(p.names, md.Name) {
 		p.names = append(p.names, md.Name)
 	}
 	annotations := maps.Clone(cfg.GetAnnotations())
 	c := r.createContainerLocked(sb, md.Name, md.Attempt, cfg.GetImage().GetImage(), cfg.GetLabels(), annotations)
 	return &runtimeapi.CreateContainerResponse{ContainerId: c.id}, nil
-}
-
-func containsString(list []string, s string) bool {
-	for _, x := range list {
-		if x == s {
-			return true
-		}
-	}
-	return false
 }
 
 func (s *service) StartContainer(ctx context.Context, req *runtimeapi.StartContainerRequest) (*runtimeapi.StartContainerResponse, error) {

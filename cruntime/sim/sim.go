@@ -4,11 +4,12 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"maps"
 	"math/rand/v2"
 	"net"
 	"os"
 	"path/filepath"
-	"sort"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -54,6 +55,7 @@ type Runtime struct {
 	hungChanged    chan struct{}         // closed and replaced when hung or hungLists changes
 	emitters       map[string]*generator // EmitEvents, by pod UID
 	storm          *generator            // SetEventStorm (nil: none)
+	stormEvents    StormEvents           // SetStormEvents
 	keepEvents     time.Duration         // SetKeepEvents
 	replayN        int                   // SetReplay
 	replayAge      time.Duration
@@ -266,7 +268,7 @@ func (r *Runtime) setHungLocked(set map[string]bool, uid string, hung bool) {
 func (r *Runtime) Hung() []string {
 	r.kmu.Lock()
 	defer r.kmu.Unlock()
-	return sortedKeys(r.hung)
+	return slices.Sorted(maps.Keys(r.hung))
 }
 
 // HungLists returns the UIDs of the pods whose filtered list calls hang,
@@ -274,16 +276,7 @@ func (r *Runtime) Hung() []string {
 func (r *Runtime) HungLists() []string {
 	r.kmu.Lock()
 	defer r.kmu.Unlock()
-	return sortedKeys(r.hungLists)
-}
-
-func sortedKeys(m map[string]bool) []string {
-	out := make([]string, 0, len(m))
-	for k := range m {
-		out = append(out, k)
-	}
-	sort.Strings(out)
-	return out
+	return slices.Sorted(maps.Keys(r.hungLists))
 }
 
 // SetRuntimeReady sets the RuntimeReady condition that Status reports; when
@@ -352,21 +345,6 @@ func (r *Runtime) countPodCall(uid, method string) {
 	}
 	m[method]++
 	r.callsMu.Unlock()
-}
-
-// goOwned runs f on a goroutine the runtime owns (Stop waits for it),
-// unless the runtime is stopped.
-func (r *Runtime) goOwned(f func()) {
-	r.smu.Lock()
-	defer r.smu.Unlock()
-	if r.stopped {
-		return
-	}
-	r.wg.Add(1)
-	go func() {
-		defer r.wg.Done()
-		f()
-	}()
 }
 
 // Serving.

@@ -1,18 +1,18 @@
 package bench
 
 import (
-	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
-	"io"
+	"errors"
+	"fmt"
 	"maps"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"runtime/debug"
 	"slices"
+	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -20,9 +20,16 @@ import (
 )
 
 func TestMain(m *testing.M) {
-	// The default runs re-execute this test binary to serve the simulated
-	// runtime.
-	MaybeServeChild()
+	// The runs re-execute this test binary as `<binary> bench child
+	// <role>` to serve the simulated runtime and pleg's generator, as
+	// `pleg bench` re-executes the pleg binary.
+	if len(os.Args) == 4 && os.Args[1] == "bench" && os.Args[2] == "child" {
+		if err := ServeChild(os.Args[3], os.Stdin, os.Stdout); err != nil {
+			fmt.Fprintf(os.Stderr, "bench child %s: %v\n", os.Args[3], err)
+			os.Exit(1)
+		}
+		os.Exit(0)
+	}
 	os.Exit(m.Run())
 }
 
@@ -41,7 +48,7 @@ func TestRunQuickChildProcess(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if rep.Runtime != "child-process" || rep.GOMAXPROCS <= 0 || rep.CPUModel == "" || rep.Date.IsZero() {
+	if len(rep.Notes) == 0 || rep.GOMAXPROCS <= 0 || rep.CPUModel == "" || rep.Date.IsZero() {
 		t.Errorf("report header: %+v", rep)
 	}
 	if len(rep.Scenarios) != 1 {
@@ -164,7 +171,7 @@ func checkRun(t *testing.T, sc Scenario, r *RunResult, relists int) {
 	}
 }
 
-func TestRunHungPodInProcess(t *testing.T) {
+func TestRunHungPod(t *testing.T) {
 	sc := Scenario{
 		Name: "hung", Pods: 6, Containers: 2, HungPods: 1,
 		Relists: 8, KubeletRelists: 2,
@@ -173,17 +180,11 @@ func TestRunHungPodInProcess(t *testing.T) {
 		InspectionTimeout: 100 * time.Millisecond,
 		RelistThreshold:   400 * time.Millisecond,
 	}
-	rep, err := Run(context.Background(), Options{Scenarios: []Scenario{sc}, InProcess: true})
+	rep, err := Run(context.Background(), Options{Scenarios: []Scenario{sc}})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if rep.Runtime != "in-process" {
-		t.Errorf("runtime %q", rep.Runtime)
-	}
 	p := rep.Scenarios[0].PLEG
-	if p.SimCPUPerRelistMs != -1 || p.PeakRSSBytes != -1 {
-		t.Errorf("simulator CPU %v, peak RSS %v reported in process", p.SimCPUPerRelistMs, p.PeakRSSBytes)
-	}
 	// pleg gives up on the pod after the inspection timeout.
 	if p.InspectionTimeouts < 1 {
 		t.Errorf("pleg: %v inspection timeouts", p.InspectionTimeouts)
@@ -215,7 +216,7 @@ func TestWorkloadChangesExactlyN(t *testing.T) {
 	for _, p := range r.Pods() {
 		before[p.UID] = p.ContainerIDs()
 	}
-	uid, err := w.hang()
+	uid, err := w.hang(false, true)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -234,7 +235,7 @@ func TestWorkloadChangesExactlyN(t *testing.T) {
 		}
 		diff := 0
 		for i := range ids {
-			if ids[i] != before[p.UID][i] && !contains(before[p.UID], ids[i]) {
+			if ids[i] != before[p.UID][i] && !slices.Contains(before[p.UID], ids[i]) {
 				diff++
 			}
 		}
@@ -255,94 +256,104 @@ func TestWorkloadChangesExactlyN(t *testing.T) {
 	}
 }
 
-func TestServeChildProtocol(t *testing.T) {
-	// The simulator runs with Go's default GC target, whatever the binary
-	// set for the daemon (checked below).
-	_, gogc := os.LookupEnv("GOGC")
-	defer debug.SetGCPercent(debug.SetGCPercent(25))
-	dir, err := os.MkdirTemp("", "pleg-bench-test-")
+func TestRuntimeChild(t *testing.T) {
+	c, endpoint, err := startRuntime(context.Background(), Options{Seed: 1}, simConfig{Pods: 3, Containers: 2, EventBuffer: 100})
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer os.RemoveAll(dir)
-	inR, inW := io.Pipe()
-	outR, outW := io.Pipe()
-	done := make(chan error, 1)
-	go func() { done <- ServeChild(inR, outW); outW.Close() }()
-	out := bufio.NewReader(outR)
-	defer func() {
-		if got := debug.SetGCPercent(25); !gogc && got != 100 {
-			t.Errorf("the simulator's GC percent is %d, want Go's default 100", got)
-		}
-	}()
-	say := func(line string) string {
+	if !strings.HasPrefix(endpoint, "unix:///") || !strings.HasSuffix(endpoint, "/cri.sock") {
+		t.Errorf("ready %q, want a unix socket endpoint", endpoint)
+	}
+	call := func(line string) string {
 		t.Helper()
-		if _, err := io.WriteString(inW, line+"\n"); err != nil {
-			t.Fatal(err)
-		}
-		got, err := out.ReadString('\n')
+		res, err := c.Call("%s", line)
 		if err != nil {
-			t.Fatal(err)
+			t.Fatalf("%s: %v", line, err)
 		}
-		return strings.TrimSpace(got)
+		return res
 	}
-	cfg, _ := json.Marshal(simConfig{Seed: 1, Pods: 3, Containers: 2, Socket: filepath.Join(dir, "cri.sock")})
-	if got := say(string(cfg)); got != "ready unix://"+filepath.Join(dir, "cri.sock") {
-		t.Fatalf("ready line: %q", got)
-	}
-	for _, c := range []struct{ send, want string }{
-		{"latency 2ms", "ok"},
-		{"change 2", "ok 2"},
-		{"latency nonsense", "error"},
-		{"bogus", "error unknown command"},
-	} {
-		if got := say(c.send); !strings.HasPrefix(got, c.want) {
-			t.Errorf("%q: answer %q, want %q...", c.send, got, c.want)
+	for _, line := range []string{"latency nonsense", "bogus", "storm 10 sideways", "churn 0 1s", "emit x soon"} {
+		if _, err := c.Call("%s", line); err == nil {
+			t.Errorf("%q: no error", line)
 		}
 	}
-	if got := say("hang"); !strings.HasPrefix(got, "ok ") || len(got) < 4 {
+	call("latency 1ms")
+	if got := call("change 2"); got != "2" {
+		t.Errorf("change 2: %q", got)
+	}
+	uid, at, _ := strings.Cut(call("change-one"), " ")
+	if ns, err := strconv.ParseInt(at, 10, 64); err != nil || uid == "" || time.Since(time.Unix(0, ns)) > time.Minute {
+		t.Errorf("change-one: %q %q (%v)", uid, at, err)
+	}
+	if got := call("hang"); got == "" {
 		t.Errorf("hang: %q", got)
 	}
-	if got := say("cpu"); !strings.HasPrefix(got, "ok ") {
-		t.Errorf("cpu: %q", got)
+	if n, err := c.CallInt("cpu"); err != nil || n <= 0 {
+		t.Errorf("cpu: %d, %v", n, err)
 	}
-	// The live scenarios' commands.
-	got := say("hang-live lists")
-	uid, ok := strings.CutPrefix(got, "ok ")
-	if !ok || uid == "" {
-		t.Fatalf("hang-live: %q", got)
+	var calls map[string]int64
+	if err := c.CallJSON(&calls, "calls"); err != nil || len(calls) != 0 {
+		t.Errorf("calls: %v, %v; want none yet", calls, err)
 	}
-	for _, c := range []struct{ send, want string }{
-		{"emit " + uid + " 10ms", "ok"},
-		{"emit " + uid + " 0s", "ok"},
-		{"emit " + uid + " soon", "error"},
-		{"storm 100", "ok"},
-		{"storm 0", "ok"},
-		{"storm many", "error"},
-		{"podcalls " + uid, "ok {"},
-		{"eventstats", `ok {"Emitted":`},
-	} {
-		if got := say(c.send); !strings.HasPrefix(got, c.want) {
-			t.Errorf("%q: answer %q, want %q...", c.send, got, c.want)
+	// The live scenarios' faults. Nobody subscribes: the events are
+	// counted all the same.
+	hung := call("hang-live lists")
+	call("emit " + hung + " 1ms")
+	call("storm 1000 started")
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		var st sim.EventStats
+		if err := c.CallJSON(&st, "eventstats"); err != nil {
+			t.Fatal(err)
 		}
+		if st.Emitted > 10 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("events: %+v", st)
+		}
+		time.Sleep(time.Millisecond)
 	}
-	io.WriteString(inW, "quit\n")
-	if err := <-done; err != nil {
+	call("storm 0")
+	call("emit " + hung + " 0s")
+	if got := call("podcalls " + hung); got != "{}" {
+		t.Errorf("podcalls: %q, want none", got)
+	}
+	call("churn 1 1ms")
+	for deadline := time.Now().Add(30 * time.Second); ; {
+		if n, err := c.CallInt("churned"); err != nil || n >= 3 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the churn changed nothing")
+		}
+		time.Sleep(time.Millisecond)
+	}
+	if err := c.Close(); err != nil {
 		t.Fatal(err)
+	}
+	// The child removed its socket's directory.
+	if _, err := os.Stat(filepath.Dir(strings.TrimPrefix(endpoint, "unix://"))); !os.IsNotExist(err) {
+		t.Errorf("the runtime's directory after quit: %v", err)
 	}
 }
 
+// A child that fails at once: the error says so, with its stderr, and
+// does not hang.
 func TestChildFailureIsReported(t *testing.T) {
-	// A child that exits at once: the error must say so, not hang.
-	_, err := startChild(exec.Command("/bin/sh", "-c", "echo boom >&2; exit 3"), simConfig{Pods: 1})
-	if err == nil || !strings.Contains(err.Error(), "simulated runtime process") {
+	exe := filepath.Join(t.TempDir(), "fails")
+	if err := os.WriteFile(exe, []byte("#!/bin/sh\necho boom >&2\nexit 3\n"), 0o755); err != nil {
+		t.Fatal(err)
+	}
+	_, err := Run(context.Background(), Options{Scenarios: []Scenario{small()}, Quick: true, Executable: exe})
+	if err == nil || !strings.Contains(err.Error(), "simulated runtime") || !strings.Contains(err.Error(), "boom") {
 		t.Fatalf("err = %v", err)
 	}
 }
 
 func TestLookup(t *testing.T) {
 	all, err := Lookup("all")
-	if err != nil || len(all) != 7 {
+	if err != nil || len(all) != 10 {
 		t.Fatalf("all: %d, %v", len(all), err)
 	}
 	two, err := Lookup("500x10, 110x5-hung")
@@ -354,7 +365,8 @@ func TestLookup(t *testing.T) {
 	}
 	// The issue's scenarios.
 	want := map[string][4]int{"66x7": {66, 7, 10, 0}, "500x10": {500, 10, 50, 0}, "1000x10-idle": {1000, 10, 0, 0}, "110x5-idle": {110, 5, 0, 0}, "110x5-hung": {110, 5, 0, 1},
-		"hung-pod-events": {110, 5, 0, 1}, "hint-storm": {500, 5, 0, 0}}
+		"hung-pod-events": {110, 5, 0, 1}, "hint-storm": {500, 5, 0, 0},
+		"events-unchanged": {200, 5, 0, 0}, "events-churn": {200, 5, 0, 0}, "events-isolated": {200, 5, 0, 0}}
 	for _, s := range all {
 		w := want[s.Name]
 		if [4]int{s.Pods, s.Containers, s.Changed, s.HungPods} != w {
@@ -389,25 +401,6 @@ func TestRelistCounts(t *testing.T) {
 		if got := s.relists(c.kubelet, c.quick, c.override); got != c.want {
 			t.Errorf("relists(kubelet %v, quick %v, override %d) = %d, want %d", c.kubelet, c.quick, c.override, got, c.want)
 		}
-	}
-}
-
-func TestPercentile(t *testing.T) {
-	var ds []time.Duration
-	for i := 1; i <= 100; i++ {
-		ds = append(ds, time.Duration(101-i)*time.Millisecond)
-	}
-	if p := Percentile(ds, 0.5); p != 50*time.Millisecond {
-		t.Errorf("p50 = %v", p)
-	}
-	if p := Percentile(ds, 0.99); p != 99*time.Millisecond {
-		t.Errorf("p99 = %v", p)
-	}
-	if p := Percentile(ds[:3], 0.99); p != 100*time.Millisecond {
-		t.Errorf("p99 of 3 = %v", p)
-	}
-	if p := Percentile(nil, 0.5); p != 0 {
-		t.Errorf("p50 of none = %v", p)
 	}
 }
 
@@ -447,7 +440,6 @@ func TestEvaluate(t *testing.T) {
 		{"1000x10-idle", &RunResult{CPUPerRelistMs: 2.1, PeakRSSBytes: 40<<20 + 1}, k, []bool{false, false}},
 		{"110x5-idle", p, k, []bool{true, true}},
 		{"110x5-idle", &RunResult{CPUPerRelistMs: 2, PeakRSSBytes: 20<<20 + 1}, k, []bool{true, false}},
-		{"110x5-idle", &RunResult{CPUPerRelistMs: 2, PeakRSSBytes: -1}, nil, []bool{false, false}},
 		{"110x5-hung", p, nil, []bool{true, true}},
 		{"110x5-hung", &RunResult{RelistP99Ms: 259, PodInspectionTimeoutMs: 250, ListP99Ms: 8}, nil, []bool{false, false}},
 	} {
@@ -502,10 +494,11 @@ func TestLiveScenariosQuick(t *testing.T) {
 		t.Fatalf("%d scenarios, want 2", len(rep.Scenarios))
 	}
 	for _, res := range rep.Scenarios {
-		sc, r := res.Scenario, res.Live
-		if r == nil || res.PLEG != nil || res.Kubelet != nil {
-			t.Fatalf("%s: live %v, pleg %v, kubelet %v", sc.Name, r, res.PLEG, res.Kubelet)
+		sc := res.Scenario
+		if len(res.Live) != 1 || res.PLEG != nil || res.Kubelet != nil {
+			t.Fatalf("%s: live %v, pleg %v, kubelet %v", sc.Name, res.Live, res.PLEG, res.Kubelet)
 		}
+		r := res.Live[0]
 		t.Logf("%s: %d relists in %.0fms, interval p50 %.1fms p99 %.1fms max %.1fms, relist p99 %.1fms, list p99 %.1fms, unhealthy %d of %d, events %d/%d, ListPod %d, skipped %v, hung pod calls %v",
 			sc.Name, r.Relists, r.WindowMs, r.IntervalP50Ms, r.IntervalP99Ms, r.IntervalMaxMs, r.RelistP99Ms, r.ListP99Ms,
 			r.Unhealthy, r.HealthChecks, r.EventsEmitted, r.EventsReceived, r.PodLists, r.Skipped, r.HungCallsWindow)
@@ -541,7 +534,7 @@ func TestLiveScenariosQuick(t *testing.T) {
 		}
 	}
 
-	hung := rep.Scenarios[0].Live
+	hung := rep.Scenarios[0].Live[0]
 	// The fault was exercised, and one call for the pod was out at a
 	// time: its filtered list call, which never returns (the runtime
 	// request timeout is 2 minutes).
@@ -551,7 +544,7 @@ func TestLiveScenariosQuick(t *testing.T) {
 	if hung.InspectionTimeouts < 1 {
 		t.Errorf("hung pod: %v inspection timeouts, want its list call timed out", hung.InspectionTimeouts)
 	}
-	storm := rep.Scenarios[1].Live
+	storm := rep.Scenarios[1].Live[0]
 	if storm.PodLists == 0 || storm.EventsEmitted < 500 {
 		t.Errorf("hint storm: %d events emitted, %d single-pod lists", storm.EventsEmitted, storm.PodLists)
 	}
@@ -577,7 +570,7 @@ func TestLiveScenariosQuick(t *testing.T) {
 		t.Fatal(err)
 	}
 	var back Report
-	if err := json.Unmarshal(js.Bytes(), &back); err != nil || back.Scenarios[0].Live == nil || back.Scenarios[0].Live.Relists != hung.Relists {
+	if err := json.Unmarshal(js.Bytes(), &back); err != nil || len(back.Scenarios[0].Live) != 1 || back.Scenarios[0].Live[0].Relists != hung.Relists {
 		t.Errorf("JSON report does not round-trip (%v): %s", err, js.String())
 	}
 }
@@ -600,70 +593,120 @@ func TestEvaluateLive(t *testing.T) {
 	hung := Scenario{HungPods: 1}
 	r := &LiveResult{Relists: 100, WindowMs: 4000, RelistPeriodMs: 20, PodInspectionTimeoutMs: 1000, ListP99Ms: 20,
 		IntervalP99Ms: 1040, RelistP99Ms: 1020, HealthChecks: 80}
-	ts := evaluateLive(hung, r)
+	ts := evaluateLive(hung, []*LiveResult{r})
 	if len(ts) != 3 || !ts[0].Met || !ts[1].Met || !ts[2].Met {
 		t.Fatalf("at the bounds: %+v", ts)
 	}
 	r.IntervalP99Ms, r.RelistP99Ms, r.Unhealthy, r.EverUnhealthy = 1041, 1021, 1, true
-	for i, tg := range evaluateLive(hung, r) {
+	for i, tg := range evaluateLive(hung, []*LiveResult{r}) {
 		if tg.Met || !tg.Checked {
 			t.Errorf("target %d over its bound: %+v", i, tg)
 		}
 	}
 	// The storm's interval bound: 2 periods plus the relist p99.
 	storm := &LiveResult{Relists: 30, RelistPeriodMs: 100, RelistP99Ms: 50, IntervalP99Ms: 250, PodInspectionTimeoutMs: 1000, HealthChecks: 80}
-	if ts := evaluateLive(Scenario{}, storm); !ts[0].Met {
+	if ts := evaluateLive(Scenario{}, []*LiveResult{storm}); !ts[0].Met {
 		t.Errorf("storm at the bound: %+v", ts[0])
 	}
 	storm.IntervalP99Ms = 251
-	if ts := evaluateLive(Scenario{}, storm); ts[0].Met || !strings.Contains(ts[0].Figure, ">") {
+	if ts := evaluateLive(Scenario{}, []*LiveResult{storm}); ts[0].Met || !strings.Contains(ts[0].Figure, ">") {
 		t.Errorf("storm over the bound: %+v", ts[0])
 	}
 	// No relist at all is never met.
-	if ts := evaluateLive(hung, &LiveResult{IntervalP99Ms: 10, HealthChecks: 80}); ts[0].Met || ts[1].Met {
+	if ts := evaluateLive(hung, []*LiveResult{{IntervalP99Ms: 10, HealthChecks: 80}}); ts[0].Met || ts[1].Met {
 		t.Errorf("no relist: %+v", ts)
 	}
 }
 
-func TestLocalDriverLiveFaults(t *testing.T) {
-	d, err := startLocal(simConfig{Seed: 2, Pods: 3, Containers: 2, EventBuffer: 100})
+// The hint budget's scenarios, on a smaller node for a second or so: what
+// their figures must show however busy the machine is.
+func TestHintBudgetScenarios(t *testing.T) {
+	scs, err := Lookup("events-unchanged,events-churn,events-isolated")
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer d.Close()
-	uid, err := d.HangLive(true)
-	if err != nil {
+	for i := range scs {
+		live := *scs[i].Live
+		scs[i].Live = &live
+		scs[i].Pods = 40
+		live.Window = 700 * time.Millisecond
+		if live.Changes == 0 {
+			live.RelistPeriod = min(live.RelistPeriod, 250*time.Millisecond)
+		}
+	}
+	scs[0].Live.EventStorm = 400
+	scs[1].Live.Churn, scs[1].Latency = 5, 2*time.Millisecond
+	scs[2].Live.Changes, scs[2].Live.ChangeGap = 5, 200*time.Millisecond
+	budget := Budget{PodRelistRate: 4, PodRelistBurst: 2, PodRelistSpacing: 100 * time.Millisecond, EarlyRelistGap: 250 * time.Millisecond}
+	// The scenarios at once, to keep the test short: the figures checked
+	// below are bounds that hold however busy the machine.
+	rep := newReport(Options{Scenarios: scs})
+	rep.Scenarios = make([]ScenarioResult, len(scs))
+	errs := make([]error, len(scs))
+	var wg sync.WaitGroup
+	for i := range scs {
+		wg.Go(func() {
+			r, err := Run(context.Background(), Options{Scenarios: scs[i : i+1], Budget: budget})
+			if errs[i] = err; err == nil {
+				rep.Scenarios[i] = r.Scenarios[0]
+			}
+		})
+	}
+	wg.Wait()
+	if err := errors.Join(errs...); err != nil {
 		t.Fatal(err)
 	}
-	if !slices.Equal(d.r.Hung(), []string{uid}) || !slices.Equal(d.r.HungLists(), []string{uid}) {
-		t.Errorf("hung %v, hung lists %v, want [%s]", d.r.Hung(), d.r.HungLists(), uid)
-	}
-	if err := d.EmitEvents(uid, time.Millisecond); err != nil || !slices.Equal(d.r.Emitting(), []string{uid}) {
-		t.Errorf("EmitEvents: %v, emitting %v", err, d.r.Emitting())
-	}
-	// Nobody subscribes: the events are counted all the same.
-	deadline := time.Now().Add(30 * time.Second)
-	for {
-		st, err := d.EventStats()
-		if err != nil {
-			t.Fatal(err)
+	for _, res := range rep.Scenarios {
+		if len(res.Live) != len(res.Scenario.Live.Runs) || len(res.Targets) == 0 {
+			t.Fatalf("%s: %d runs, %d targets", res.Scenario.Name, len(res.Live), len(res.Targets))
 		}
-		if st.Emitted > 0 {
-			break
+		for _, r := range res.Live {
+			t.Logf("%s %s: %.0f calls/s %v, CPU %.2fms/s, ListPod %d, skipped %v, deferred %v, early %v, delivered %d, delivery p99 %.1fms",
+				res.Scenario.Name, r.Run, r.RuntimeCallsPerSecond, r.RuntimeCalls, r.CPUPerSecondMs, r.PodLists, r.Skipped, r.Deferred, r.EarlyRelists, r.EventsDelivered, r.LatencyP99Ms)
+			if r.Relists == 0 || r.RelistErrors != 0 || r.EverUnhealthy || r.CPUPerSecondMs <= 0 || r.RuntimeCallsPerSecond <= 0 {
+				t.Errorf("%s %s: %d relists (%d failed), unhealthy %v, CPU %v ms/s, %v calls/s", res.Scenario.Name, r.Run,
+					r.Relists, r.RelistErrors, r.EverUnhealthy, r.CPUPerSecondMs, r.RuntimeCallsPerSecond)
+			}
+			if r.Events != (r.EventsReceived > 0) || r.Events != r.StreamConnected {
+				t.Errorf("%s %s: events %v, %d received, stream connected %v", res.Scenario.Name, r.Run, r.Events, r.EventsReceived, r.StreamConnected)
+			}
+			// Hints make single-pod relists within the budget: the rate over
+			// the window, and the burst.
+			if limit := int64(budget.PodRelistRate*r.WindowMs/1000) + int64(budget.PodRelistBurst) + 1; r.PodLists > limit {
+				t.Errorf("%s %s: %d single-pod relists in %.0fms, over the budget's %d", res.Scenario.Name, r.Run, r.PodLists, r.WindowMs, limit)
+			}
 		}
-		if time.Now().After(deadline) {
-			t.Fatal("no event emitted for the hung pod")
-		}
-		time.Sleep(time.Millisecond)
 	}
-	if err := d.EventStorm(100); err != nil {
+	off, started, stopped := rep.Scenarios[0].Live[0], rep.Scenarios[0].Live[1], rep.Scenarios[0].Live[2]
+	// Events that name the state the records show cost nothing; events
+	// that do not are relisted within the budget, the rest deferred.
+	if off.PodLists != 0 || started.PodLists != 0 || started.Skipped["unchanged"] == 0 {
+		t.Errorf("STARTED storm: %d single-pod relists (%d events off), skipped %v", started.PodLists, off.PodLists, started.Skipped)
+	}
+	if stopped.PodLists == 0 || stopped.Deferred["budget"] == 0 {
+		t.Errorf("STOPPED storm: %d single-pod relists, deferred %v", stopped.PodLists, stopped.Deferred)
+	}
+	churnOff, churnOn := rep.Scenarios[1].Live[0], rep.Scenarios[1].Live[1]
+	if churnOff.ChurnedPods == 0 || churnOn.ChurnedPods == 0 || churnOff.EventsDelivered == 0 || churnOn.EventsDelivered == 0 {
+		t.Errorf("churn: pods changed %d / %d, events delivered %d / %d", churnOff.ChurnedPods, churnOn.ChurnedPods, churnOff.EventsDelivered, churnOn.EventsDelivered)
+	}
+	isoOff, isoOn := rep.Scenarios[2].Live[0], rep.Scenarios[2].Live[1]
+	// A change alone is relisted on its own and delivered by its event,
+	// not by the next relist a period (1 s) later.
+	if isoOn.Changes != 5 || isoOff.Changes != 3 || isoOn.PodLists < 5 || isoOff.PodLists != 0 || isoOn.LatencyP50Ms >= isoOn.RelistPeriodMs/2 {
+		t.Errorf("isolated changes: events on %d, %d single-pod relists, p50 %.1fms (period %.0fms); off %d, %d single-pod relists",
+			isoOn.Changes, isoOn.PodLists, isoOn.LatencyP50Ms, isoOn.RelistPeriodMs, isoOff.Changes, isoOff.PodLists)
+	}
+	var text bytes.Buffer
+	if err := rep.WriteText(&text); err != nil {
 		t.Fatal(err)
 	}
-	if err := d.EventStorm(0); err != nil {
-		t.Fatal(err)
-	}
-	if calls, err := d.PodCalls(uid); err != nil || len(calls) != 0 {
-		t.Errorf("PodCalls = %v, %v; want none yet", calls, err)
+	for _, want := range []string{"events off      on: STARTED  ratio", "runtime calls / second (received)", "pleg CPU / second",
+		"pod relist requests deferred: budget", "  delivery p99", "target: runtime calls per second at most 10x events off (on: STOPPED): on ",
+		"target: an isolated change delivered with events on: p99 at most 50ms: p99 "} {
+		if !strings.Contains(text.String(), want) {
+			t.Errorf("text report lacks %q:\n%s", want, text.String())
+		}
 	}
 }
 
@@ -689,11 +732,20 @@ func TestCompareListStreaming(t *testing.T) {
 	if !maps.Equal(s.CallsByOp, u.CallsByOp) || s.EventsPerRelist != u.EventsPerRelist || s.EventsPerRelist == 0 {
 		t.Errorf("streamed %v calls, %v events per relist; unary %v, %v", s.CallsByOp, s.EventsPerRelist, u.CallsByOp, u.EventsPerRelist)
 	}
+	// What the runtime served: one listing per relist, through the
+	// streaming RPCs or the unary calls.
+	if want := map[string]float64{"StreamPodSandboxes": 1, "StreamContainers": 1}; !maps.Equal(s.ListRPCs, want) {
+		t.Errorf("streamed run's list RPCs per relist %v, want %v", s.ListRPCs, want)
+	}
+	if want := map[string]float64{"ListPodSandbox": 1, "ListContainers": 1}; !maps.Equal(u.ListRPCs, want) {
+		t.Errorf("unary run's list RPCs per relist %v, want %v", u.ListRPCs, want)
+	}
 	var b strings.Builder
 	if err := rep.WriteText(&b); err != nil {
 		t.Fatal(err)
 	}
-	if !strings.Contains(b.String(), "pleg's lists streamed (StreamPodSandboxes, StreamContainers) vs unary") {
+	if !strings.Contains(b.String(), "pleg's lists streamed (StreamPodSandboxes, StreamContainers) vs unary") ||
+		!strings.Contains(b.String(), "StreamContainers 1, StreamPodSandboxes 1") {
 		t.Errorf("no comparison in the report:\n%s", b.String())
 	}
 }

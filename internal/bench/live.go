@@ -3,59 +3,42 @@ package bench
 import (
 	"context"
 	"fmt"
-	"slices"
+	"strconv"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"time"
 
-	"github.com/go-logr/logr"
-	"github.com/prometheus/client_golang/prometheus"
-	"k8s.io/apimachinery/pkg/types"
-
-	"github.com/podlifecycle/pleg"
-	"github.com/podlifecycle/pleg/cruntime"
-	"github.com/podlifecycle/pleg/cruntime/cri"
 	"github.com/podlifecycle/pleg/cruntime/sim"
-	"github.com/podlifecycle/pleg/metrics"
+	"github.com/podlifecycle/pleg/internal/lineproto"
+	"github.com/podlifecycle/pleg/internal/stats"
 )
 
 // Live scenarios run a started generator (Generator.Start: the real clock,
-// the relist goroutine, the runtime's event stream on) against the
-// simulated runtime for a fixed wall time, and measure what the relist
-// goroutine did meanwhile: how many global relists, how far apart, how
-// long, whether Healthy ever said false, and what the generator asked the
-// runtime about the hung pod. Unlike the relists driven by hand, they see
-// the single-pod relists that runtime events trigger, which run beside the
-// global relists.
+// the relist goroutine, the runtime's event stream on or off) against the
+// simulated runtime, and measure a window of its life: how many global
+// relists, how far apart, how long, whether Healthy ever said false, what
+// the generator asked the runtime, its CPU time, and how soon a change was
+// delivered. Unlike the relists driven by hand, they see the single-pod
+// relists that runtime events trigger, which run beside the global
+// relists.
 //
 // The kubelet has no single-pod relists (its PLEG ignores runtime events
 // unless the Evented PLEG feature is on, and that one relists no pod on its
-// own), so these scenarios have no kubelet baseline.
+// own), so these scenarios have no kubelet baseline; their baseline is the
+// same generator with the runtime's events off.
 
-// healthEvery is how often a live run calls Healthy (and reads the recent
-// relists, which the generator keeps 300 of).
-const healthEvery = 50 * time.Millisecond
-
-// liveStartLimit bounds the wait for the generator's first global
-// relists and the event stream's connection, before the measured window.
-const liveStartLimit = time.Minute
-
-// liveWarmupRelists is the number of global relists before the window.
-const liveWarmupRelists = 2
-
-// LiveResult holds the figures of a live run. Times are in milliseconds.
+// LiveResult holds the figures of one live run. Times are in milliseconds.
 type LiveResult struct {
+	Run    string `json:"run"`
+	Events bool   `json:"events"`
+
 	WindowMs               float64 `json:"windowMs"`
 	RelistPeriodMs         float64 `json:"relistPeriodMs"`
 	PodInspectionTimeoutMs float64 `json:"podInspectionTimeoutMs"`
 	RequestTimeoutMs       float64 `json:"runtimeRequestTimeoutMs"`
 	RelistThresholdMs      float64 `json:"relistThresholdMs"`
 	MaxParallelInspections int     `json:"maxParallelInspections"`
-	// StartupMs is the time from Start to the end of the warm-up: at
-	// least liveWarmupRelists global relists, the last of which inspected
-	// no pod, with the event stream connected. Not measured.
-	// WarmupRelists is the number of those relists.
+	// StartupMs is the time from Start to the end of the warm-up (see
+	// plegChild.start), not measured; WarmupRelists the relists in it.
 	StartupMs     float64 `json:"startupMs"`
 	WarmupRelists int     `json:"warmupRelists"`
 
@@ -64,16 +47,13 @@ type LiveResult struct {
 	Relists      int `json:"relists"`
 	RelistErrors int `json:"relistErrors"`
 	// Interval figures: the time from one global relist's start to the
-	// next. The window's edges count as intervals too (from the window's
-	// start to the first relist start, from the last one to the window's
-	// end), so a relist goroutine that stops relisting shows as a long
-	// interval rather than as none.
+	// next, the window's edges included (liveIntervals).
 	Intervals     int     `json:"intervals"`
 	IntervalP50Ms float64 `json:"intervalP50Ms"`
 	IntervalP99Ms float64 `json:"intervalP99Ms"`
 	IntervalMaxMs float64 `json:"intervalMaxMs"`
-	// Relist duration figures (RelistStat.Duration) of the window's
-	// relists.
+	// Relist duration figures (RelistStat.Duration: the global relist's
+	// span) of the window's relists.
 	RelistP50Ms float64 `json:"relistP50Ms"`
 	RelistP99Ms float64 `json:"relistP99Ms"`
 	RelistMaxMs float64 `json:"relistMaxMs"`
@@ -83,8 +63,8 @@ type LiveResult struct {
 	ListP50Ms float64 `json:"listP50Ms"`
 	ListP99Ms float64 `json:"listP99Ms"`
 
-	// HealthChecks counts the Healthy calls (every 50ms), Unhealthy those
-	// that said false.
+	// HealthChecks counts the Healthy calls (every healthEvery), Unhealthy
+	// those that said false.
 	HealthChecks    int    `json:"healthChecks"`
 	Unhealthy       int    `json:"unhealthyChecks"`
 	FirstUnhealthy  string `json:"firstUnhealthy,omitempty"`
@@ -93,25 +73,50 @@ type LiveResult struct {
 
 	// Runtime events in the window: emitted by the simulated runtime,
 	// received by the generator, dropped by the runtime because the
-	// generator's stream fell behind.
-	EventsEmitted  int64 `json:"runtimeEventsEmitted"`
-	EventsReceived int64 `json:"runtimeEventsReceived"`
-	EventsDropped  int64 `json:"runtimeEventsDroppedFull"`
-	// Single-pod relist work in the window, from the generator's runtime
-	// client: list calls filtered to one pod (ListPod) and pod status
-	// fetches (PodStatus, including the global relists' inspections).
+	// generator's stream fell behind; and the generator's own events
+	// delivered.
+	EventsEmitted   int64 `json:"runtimeEventsEmitted"`
+	EventsReceived  int64 `json:"runtimeEventsReceived"`
+	EventsDropped   int64 `json:"runtimeEventsDroppedFull"`
+	EventsDelivered int64 `json:"eventsDelivered"`
+	// The generator's calls in the window, from its runtime client: list
+	// calls filtered to one pod (ListPod) and status fetches
+	// (ItemStatuses, the global relists' included).
 	PodLists    int64 `json:"podListCalls"`
 	PodStatuses int64 `json:"podStatusCalls"`
-	// Skipped counts pleg_pod_relist_requests_skipped_total by reason;
-	// QueueDropped pleg_pod_relist_requests_dropped_total;
-	// InspectionTimeouts pleg_pod_inspection_timeouts_total.
+	// RuntimeCalls are the calls the simulated runtime received in the
+	// window, per CRI method; RuntimeCallsPerSecond all of them per second
+	// of the window.
+	RuntimeCalls          map[string]int64 `json:"runtimeCalls"`
+	RuntimeCallsPerSecond float64          `json:"runtimeCallsPerSecond"`
+	// Skipped counts pleg_pod_relist_requests_skipped_total by reason,
+	// Deferred pleg_pod_relist_requests_deferred_total by reason;
+	// EarlyRelists pleg_early_relists_total; QueueDropped
+	// pleg_pod_relist_requests_dropped_total; InspectionTimeouts
+	// pleg_pod_inspection_timeouts_total.
 	Skipped            map[string]float64 `json:"podRelistsSkipped"`
+	Deferred           map[string]float64 `json:"podRelistsDeferred"`
+	EarlyRelists       float64            `json:"earlyRelists"`
 	QueueDropped       float64            `json:"podRelistsQueueDropped"`
 	InspectionTimeouts float64            `json:"podInspectionTimeouts"`
+	// CPUPerSecondMs is the generator's process's CPU time (user +
+	// system) per second of the window, RuntimeCPUPerSecondMs the
+	// simulated runtime's; -1 where not measured.
+	CPUPerSecondMs        float64 `json:"cpuPerSecondMs"`
+	RuntimeCPUPerSecondMs float64 `json:"runtimeCpuPerSecondMs"`
+	// Changes counts the changes made one at a time (LiveSpec.Changes),
+	// and their delivery: from the change in the runtime to the first
+	// event about the pod delivered to the generator's Watch channel.
+	Changes      int     `json:"changes,omitempty"`
+	LatencyP50Ms float64 `json:"deliveryP50Ms,omitempty"`
+	LatencyP99Ms float64 `json:"deliveryP99Ms,omitempty"`
+	LatencyMaxMs float64 `json:"deliveryMaxMs,omitempty"`
+	// ChurnedPods counts the pods the churn changed in the window.
+	ChurnedPods int64 `json:"churnedPods,omitempty"`
 
 	// The hung pod (none: ""): the runtime calls the simulated runtime
 	// received for it, per CRI method, in the window and over the whole
-	// run, and the generator's ListPod and PodStatus calls for it in the
+	// run, and the generator's ListPod and status calls for it in the
 	// window.
 	HungPod           string           `json:"hungPod,omitempty"`
 	HungCallsWindow   map[string]int64 `json:"hungPodCallsWindow,omitempty"`
@@ -121,404 +126,228 @@ type LiveResult struct {
 	HungPodCallsTotal int64            `json:"hungPodRuntimeCallsWindow"`
 }
 
-// liveProbe wraps the CRI client to time the global listings and count the
-// per-pod calls.
-type liveProbe struct {
-	cruntime.Runtime
-	hung atomic.Pointer[types.UID]
-
-	podLists, podStatuses         atomic.Int64
-	hungPodLists, hungPodStatuses atomic.Int64
-
-	mu    sync.Mutex
-	lists []timedCall
+// runtimeSnapshot holds the simulated runtime's counters at one edge of a
+// window.
+type runtimeSnapshot struct {
+	events    sim.EventStats
+	calls     map[string]int64
+	hungCalls map[string]int64
+	cpu       int64
+	churned   int64
 }
 
-type timedCall struct {
-	start time.Time
-	d     time.Duration
-}
-
-func (p *liveProbe) ListPods(ctx context.Context) ([]*cruntime.Pod, error) {
-	start := time.Now()
-	pods, err := p.Runtime.ListPods(ctx)
-	d := time.Since(start)
-	p.mu.Lock()
-	p.lists = append(p.lists, timedCall{start, d})
-	p.mu.Unlock()
-	return pods, err
-}
-
-func (p *liveProbe) setHung(uid types.UID) { p.hung.Store(&uid) }
-
-func (p *liveProbe) isHung(uid types.UID) bool {
-	h := p.hung.Load()
-	return h != nil && *h == uid
-}
-
-func (p *liveProbe) ListPod(ctx context.Context, uid types.UID) (*cruntime.Pod, error) {
-	p.podLists.Add(1)
-	if p.isHung(uid) {
-		p.hungPodLists.Add(1)
+func snapshot(r *lineproto.Child, hung string, churn bool) (s runtimeSnapshot, err error) {
+	if err = r.CallJSON(&s.events, "eventstats"); err != nil {
+		return s, err
 	}
-	return p.Runtime.ListPod(ctx, uid)
-}
-
-func (p *liveProbe) ItemStatuses(ctx context.Context, pod *cruntime.Pod, sbs, cts []*cruntime.Container) ([]*cruntime.SandboxStatus, []*cruntime.ContainerStatus, error) {
-	p.countStatus(pod)
-	return p.Runtime.ItemStatuses(ctx, pod, sbs, cts)
-}
-
-// countStatus counts a pod status fetch, whole or of the changed items.
-func (p *liveProbe) countStatus(pod *cruntime.Pod) {
-	p.podStatuses.Add(1)
-	if pod != nil && p.isHung(pod.UID) {
-		p.hungPodStatuses.Add(1)
+	if err = r.CallJSON(&s.calls, "calls"); err != nil {
+		return s, err
 	}
-}
-
-// asRuntime returns the probe as the generator's runtime.
-func (p *liveProbe) asRuntime() cruntime.Runtime { return p }
-
-// listsIn returns the durations of the listings that started in [from, to].
-func (p *liveProbe) listsIn(from, to time.Time) []time.Duration {
-	p.mu.Lock()
-	defer p.mu.Unlock()
-	var out []time.Duration
-	for _, l := range p.lists {
-		if !l.start.Before(from) && !l.start.After(to) {
-			out = append(out, l.d)
+	if hung != "" {
+		if err = r.CallJSON(&s.hungCalls, "podcalls %s", hung); err != nil {
+			return s, err
 		}
 	}
-	return out
+	if churn {
+		if s.churned, err = r.CallInt("churned"); err != nil {
+			return s, err
+		}
+	}
+	s.cpu, err = r.CallInt("cpu")
+	return s, err
 }
 
-// liveSnapshot holds the counters read at each edge of the window.
-type liveSnapshot struct {
-	events      sim.EventStats
-	received    int64
-	podLists    int64
-	podStatuses int64
-	hungLists   int64
-	hungStatus  int64
-	hungCalls   map[string]int64
-	skipped     map[string]float64
-	dropped     float64
-	timeouts    float64
-}
-
-// runLive runs one live scenario.
-func runLive(ctx context.Context, o Options, sc Scenario) (_ *LiveResult, err error) {
+// runLive runs one run of a live scenario, against a fresh simulated
+// runtime and generator.
+func runLive(ctx context.Context, o Options, sc Scenario, run LiveRun) (_ *LiveResult, err error) {
 	spec := sc.Live
-	drv, err := startDriver(o, simConfig{Seed: o.Seed, Pods: sc.Pods, Containers: sc.Containers, EventBuffer: 10000})
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	rt, endpoint, err := startRuntime(ctx, o, simConfig{Pods: sc.Pods, Containers: sc.Containers, EventBuffer: 10000})
 	if err != nil {
 		return nil, err
 	}
-	defer func() {
-		if cerr := drv.Close(); err == nil && cerr != nil {
-			err = cerr
-		}
-	}()
+	defer closeWith(rt, &err)
 	if sc.Latency > 0 {
-		if err := drv.SetLatency(sc.Latency); err != nil {
+		if _, err := rt.Call("latency %v", sc.Latency); err != nil {
 			return nil, err
 		}
 	}
-
-	reg := prometheus.NewRegistry()
-	m := metrics.New(reg)
-	client, err := cri.Dial(drv.Endpoint(), cri.WithTimeout(sc.RequestTimeout), cri.WithMetrics(m), cri.WithLogger(logr.Discard()))
-	if err != nil {
-		return nil, err
-	}
-	defer client.Close()
-	pr := &liveProbe{Runtime: client}
-	alg := plegColumn(sc, o.MaxParallelInspections)
-	g, err := pleg.New(pleg.Options{
-		Runtime:                pr.asRuntime(),
-		EventSource:            client,
-		Events:                 pleg.EventsOn,
-		Metrics:                m,
-		RelistPeriod:           spec.RelistPeriod,
-		RelistThreshold:        sc.RelistThreshold,
-		PodInspectionTimeout:   alg.inspectionTimeout,
-		MaxParallelInspections: alg.parallel,
+	col := plegColumn(sc, o.MaxParallelInspections)
+	gen, err := startPLEG(ctx, o, plegConfig{
+		Endpoint: endpoint, RequestTimeout: sc.RequestTimeout, Parallel: col.parallel,
+		InspectionTimeout: col.inspectionTimeout, RelistPeriod: spec.RelistPeriod, RelistThreshold: sc.RelistThreshold,
+		Events: run.Events, Budget: o.Budget,
 	})
 	if err != nil {
 		return nil, err
 	}
-	res := &LiveResult{
-		RelistPeriodMs:         ms(spec.RelistPeriod),
-		PodInspectionTimeoutMs: ms(alg.inspectionTimeout),
-		RequestTimeoutMs:       ms(sc.RequestTimeout),
-		RelistThresholdMs:      ms(g.RelistThreshold()),
-		MaxParallelInspections: alg.parallel,
+	defer closeWith(gen, &err)
+	var start liveStart
+	if err := gen.CallJSON(&start, "start"); err != nil {
+		return nil, err
 	}
-	started := time.Now()
-	g.Start()
-	// Stop cancels the calls still out (the hung pod's), so it returns
-	// at once.
-	defer g.Stop()
 
-	// Not measured: the first global relist (it inspects every pod), the
-	// second (the first whose health timestamp is not the startup's), and
-	// the event stream's connection. On a busy machine some of the first
-	// relist's inspections time out and the next relist inspects those
-	// pods again, each for up to the pod inspection timeout: a relist
-	// that lasts seconds, and Healthy() measures from its start. So, as
-	// for the relists driven by hand (warmupRelists), warm-up goes on
-	// until a relist has nothing left to inspect: the window starts in
-	// the steady state it measures, not in the startup's tail (CI saw a
-	// window start 6 s after the last relist's start, with a 3 s
-	// threshold, while the window's own relists came every 0.5 s).
-	limit := time.Now().Add(liveStartLimit)
-	for {
-		recent := g.RecentRelists()
-		if len(recent) >= liveWarmupRelists && g.EventStream().State == pleg.StreamConnected {
-			if last := recent[len(recent)-1]; last.Err == "" && last.Inspected == 0 {
-				res.WarmupRelists = len(recent)
-				break
-			}
-		}
-		if time.Now().After(limit) {
-			return nil, fmt.Errorf("no global relist that inspected nothing and connected event stream within %v (relists %d, stream %+v)",
-				liveStartLimit, len(recent), g.EventStream())
-		}
-		select {
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		case <-time.After(5 * time.Millisecond):
-		}
-	}
-	res.StartupMs = ms(time.Since(started))
-
-	// The storm starts with the window, as the hung pod's fault does
-	// below. Started before the generator, it streamed while the first
-	// relist inspected every pod: under load the generator then received
-	// the window's events seconds late, each older than the last global
-	// relist and so skipped as stale, and the window made no single-pod
-	// relist at all, which is what this scenario measures.
+	// The faults start with the window. A storm started before the
+	// generator streamed while the first relist inspected every pod: under
+	// load the generator then received the window's events seconds late,
+	// each older than the last global relist and so skipped as stale. The
+	// pod hangs after the first relist inspected it, so that the
+	// generator's first call for it is a single-pod relist's filtered
+	// list, which a runtime event triggers. (Had it hung before, the first
+	// relist's status call would still be out, abandoned, and no filtered
+	// list call would be made for it.)
 	if spec.EventStorm > 0 {
-		if err := drv.EventStorm(spec.EventStorm); err != nil {
+		if _, err := rt.Call("storm %d %s", spec.EventStorm, run.Storm); err != nil {
 			return nil, err
 		}
 	}
-
-	// The pod hangs now, after the first relist inspected it: so the
-	// generator's first call for it is a single-pod relist's filtered
-	// list (hung too with HangLists), which a runtime event triggers. (Had
-	// it hung before, the first relist's status call would still be out,
-	// abandoned, and no filtered list call would be made for it.)
 	var hung string
 	if sc.HungPods > 0 {
-		if hung, err = drv.HangLive(spec.HangLists); err != nil {
+		lists := ""
+		if spec.HangLists {
+			lists = " lists"
+		}
+		if hung, err = rt.Call("hang-live%s", lists); err != nil {
 			return nil, err
 		}
-		pr.setHung(types.UID(hung))
-		res.HungPod = hung
+		if _, err := gen.Call("hung %s", hung); err != nil {
+			return nil, err
+		}
 		if spec.HungPodEvents > 0 {
-			if err := drv.EmitEvents(hung, spec.HungPodEvents); err != nil {
+			if _, err := rt.Call("emit %s %v", hung, spec.HungPodEvents); err != nil {
 				return nil, err
 			}
 		}
 	}
-
-	snap := func() (liveSnapshot, error) {
-		s := liveSnapshot{
-			received:    g.EventStream().Events,
-			podLists:    pr.podLists.Load(),
-			podStatuses: pr.podStatuses.Load(),
-			hungLists:   pr.hungPodLists.Load(),
-			hungStatus:  pr.hungPodStatuses.Load(),
-		}
-		var err error
-		if s.events, err = drv.EventStats(); err != nil {
-			return s, err
-		}
-		if hung != "" {
-			if s.hungCalls, err = drv.PodCalls(hung); err != nil {
-				return s, err
-			}
-		}
-		s.skipped, s.dropped, s.timeouts = liveCounters(reg)
-		return s, nil
-	}
-
-	seen := map[time.Time]pleg.RelistStat{}
-	collect := func() {
-		for _, st := range g.RecentRelists() {
-			seen[st.Start] = st
+	if spec.Churn > 0 {
+		if _, err := rt.Call("churn %d %v", spec.Churn, spec.ChurnEvery); err != nil {
+			return nil, err
 		}
 	}
-	s0, err := snap()
+
+	s0, err := snapshot(rt, hung, spec.Churn > 0)
 	if err != nil {
 		return nil, err
 	}
-	window := spec.window(o.Quick)
-	t0 := time.Now()
-	end := t0.Add(window)
-	connected := true
-	tick := time.NewTicker(healthEvery)
-	defer tick.Stop()
-	for time.Now().Before(end) {
-		select {
-		case <-ctx.Done():
-			return nil, ctx.Err()
-		case <-tick.C:
-		}
-		ok, herr := g.Healthy()
-		res.HealthChecks++
-		if !ok {
-			res.Unhealthy++
-			if res.FirstUnhealthy == "" {
-				res.FirstUnhealthy = fmt.Sprintf("after %v: %v", time.Since(t0).Round(time.Millisecond), herr)
+	if _, err := gen.Call("begin"); err != nil {
+		return nil, err
+	}
+	var lat []time.Duration
+	if n := spec.changes(o.Quick, run.Events); spec.Changes > 0 {
+		for range n {
+			d, err := deliverOne(rt, gen)
+			if err != nil {
+				return nil, err
+			}
+			lat = append(lat, d)
+			if err := sleep(ctx, spec.ChangeGap); err != nil {
+				return nil, err
 			}
 		}
-		if g.EventStream().State != pleg.StreamConnected {
-			connected = false
-		}
-		collect()
+	} else if err := sleep(ctx, spec.window(o.Quick)); err != nil {
+		return nil, err
 	}
-	t1 := time.Now()
-	collect()
-	s1, err := snap()
+	var r LiveResult
+	if err := gen.CallJSON(&r, "end"); err != nil {
+		return nil, err
+	}
+	s1, err := snapshot(rt, hung, spec.Churn > 0)
 	if err != nil {
 		return nil, err
 	}
-	res.WindowMs = ms(t1.Sub(t0))
-	res.EverUnhealthy = res.Unhealthy > 0
-	res.StreamConnected = connected
 
-	var starts []time.Time
-	var durs []time.Duration
-	for _, st := range seen {
-		if st.Start.Before(t0) || st.Start.After(t1) {
-			continue
-		}
-		starts = append(starts, st.Start)
-		durs = append(durs, st.Duration)
-		if st.Err != "" {
-			res.RelistErrors++
-		}
+	r.Run, r.Events = run.Name, run.Events
+	r.StartupMs, r.WarmupRelists = start.StartupMs, start.WarmupRelists
+	r.EventsEmitted = s1.events.Emitted - s0.events.Emitted
+	r.EventsDropped = s1.events.DroppedFull - s0.events.DroppedFull
+	r.RuntimeCalls = delta(s0.calls, s1.calls)
+	seconds := r.WindowMs / 1000
+	for _, v := range r.RuntimeCalls {
+		r.RuntimeCallsPerSecond += float64(v) / seconds
 	}
-	slices.SortFunc(starts, func(a, b time.Time) int { return a.Compare(b) })
-	res.Relists = len(starts)
-	intervals := liveIntervals(t0, t1, starts)
-	res.Intervals = len(intervals)
-	res.IntervalP50Ms = ms(Percentile(intervals, 0.50))
-	res.IntervalP99Ms = ms(Percentile(intervals, 0.99))
-	res.IntervalMaxMs = ms(slices.Max(intervals))
-	if len(durs) > 0 {
-		res.RelistP50Ms = ms(Percentile(durs, 0.50))
-		res.RelistP99Ms = ms(Percentile(durs, 0.99))
-		res.RelistMaxMs = ms(slices.Max(durs))
+	r.RuntimeCPUPerSecondMs = -1
+	if cpuMeasured {
+		r.RuntimeCPUPerSecondMs = ms(time.Duration(s1.cpu-s0.cpu)) / seconds
 	}
-	lists := pr.listsIn(t0, t1)
-	res.ListP50Ms = ms(Percentile(lists, 0.50))
-	res.ListP99Ms = ms(Percentile(lists, 0.99))
-
-	res.EventsEmitted = s1.events.Emitted - s0.events.Emitted
-	res.EventsDropped = s1.events.DroppedFull - s0.events.DroppedFull
-	res.EventsReceived = s1.received - s0.received
-	res.PodLists = s1.podLists - s0.podLists
-	res.PodStatuses = s1.podStatuses - s0.podStatuses
-	res.Skipped = map[string]float64{}
-	for k, v := range s1.skipped {
-		if d := v - s0.skipped[k]; d > 0 {
-			res.Skipped[k] = d
-		}
+	r.ChurnedPods = s1.churned - s0.churned
+	if len(lat) > 0 {
+		r.Changes = len(lat)
+		r.LatencyP50Ms = ms(stats.Percentile(lat, 0.50))
+		r.LatencyP99Ms = ms(stats.Percentile(lat, 0.99))
+		r.LatencyMaxMs = ms(stats.Percentile(lat, 1))
 	}
-	res.QueueDropped = s1.dropped - s0.dropped
-	res.InspectionTimeouts = s1.timeouts - s0.timeouts
 	if hung != "" {
-		res.HungPodLists = s1.hungLists - s0.hungLists
-		res.HungPodStatuses = s1.hungStatus - s0.hungStatus
-		res.HungCallsRun = s1.hungCalls
-		res.HungCallsWindow = map[string]int64{}
-		for k, v := range s1.hungCalls {
-			if d := v - s0.hungCalls[k]; d > 0 {
-				res.HungCallsWindow[k] = d
-				res.HungPodCallsTotal += d
-			}
+		r.HungPod = hung
+		r.HungCallsRun = s1.hungCalls
+		r.HungCallsWindow = delta(s0.hungCalls, s1.hungCalls)
+		for _, v := range r.HungCallsWindow {
+			r.HungPodCallsTotal += v
 		}
 	}
-	return res, nil
+	return &r, nil
 }
 
-// liveIntervals returns the times from each relist start to the next, with
-// the window's edges as the first and last bounds.
-func liveIntervals(t0, t1 time.Time, starts []time.Time) []time.Duration {
-	prev := t0
-	out := make([]time.Duration, 0, len(starts)+1)
-	for _, s := range starts {
-		out = append(out, s.Sub(prev))
-		prev = s
-	}
-	return append(out, t1.Sub(prev))
-}
-
-// liveCounters reads the single-pod relist counters from the registry.
-func liveCounters(g prometheus.Gatherer) (skipped map[string]float64, dropped, timeouts float64) {
-	skipped = map[string]float64{}
-	mfs, err := g.Gather()
+// deliverOne changes one pod and returns how long the generator took to
+// deliver an event about it.
+func deliverOne(rt, gen *lineproto.Child) (time.Duration, error) {
+	changed, err := rt.Call("change-one")
 	if err != nil {
-		return skipped, 0, 0
+		return 0, err
 	}
-	for _, mf := range mfs {
-		switch mf.GetName() {
-		case "pleg_pod_relist_requests_skipped_total":
-			for _, mt := range mf.GetMetric() {
-				for _, l := range mt.GetLabel() {
-					if l.GetName() == "reason" {
-						skipped[l.GetValue()] += mt.GetCounter().GetValue()
-					}
-				}
-			}
-		case "pleg_pod_relist_requests_dropped_total":
-			for _, mt := range mf.GetMetric() {
-				dropped += mt.GetCounter().GetValue()
-			}
-		case "pleg_pod_inspection_timeouts_total":
-			for _, mt := range mf.GetMetric() {
-				timeouts += mt.GetCounter().GetValue()
-			}
-		}
+	uid, at, _ := strings.Cut(changed, " ")
+	t0, err := strconv.ParseInt(at, 10, 64)
+	if err != nil {
+		return 0, fmt.Errorf("change-one: %q: %w", changed, err)
 	}
-	return skipped, dropped, timeouts
+	t1, err := gen.CallInt("await %s %d", uid, t0)
+	if err != nil {
+		return 0, err
+	}
+	return time.Duration(t1 - t0), nil
 }
 
-// liveDescription is the Description of a live scenario.
-func (s Scenario) liveDescription() string {
-	l := s.Live
-	var b strings.Builder
-	fmt.Fprintf(&b, "%d pods x %d containers", s.Pods, s.Containers)
-	if s.HungPods > 0 {
-		what := "status calls"
-		if l.HangLists {
-			what = "status calls and filtered list calls"
-		}
-		if s.HungPods == 1 {
-			fmt.Fprintf(&b, ", 1 pod whose %s hang from the window's start", what)
-		} else {
-			fmt.Fprintf(&b, ", %d pods whose %s hang from the window's start", s.HungPods, what)
-		}
-		if l.HungPodEvents > 0 {
-			fmt.Fprintf(&b, ", a runtime event for it every %v", l.HungPodEvents)
-		}
+func sleep(ctx context.Context, d time.Duration) error {
+	t := time.NewTimer(d)
+	defer t.Stop()
+	select {
+	case <-t.C:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
 	}
-	if l.EventStorm > 0 {
-		fmt.Fprintf(&b, ", %s runtime events per second spread over every pod", groupThousands(int64(l.EventStorm)))
-	}
-	if s.Latency > 0 {
-		fmt.Fprintf(&b, ", %v per runtime call", s.Latency)
-	}
-	fmt.Fprintf(&b, "; a started generator, relist period %v", l.RelistPeriod)
-	return b.String()
 }
 
 // evaluateLive checks the targets of a live scenario.
-func evaluateLive(sc Scenario, r *LiveResult) []Target {
-	var ts []Target
+func evaluateLive(sc Scenario, runs []*LiveResult) []Target {
+	switch sc.Name {
+	case "events-unchanged":
+		var ts []Target
+		for _, on := range runs[1:] {
+			ts = append(ts,
+				liveRatio("runtime calls per second at most 10x events off ("+on.Run+")", runs[0], on, 10, fmtCount,
+					func(r *LiveResult) float64 { return r.RuntimeCallsPerSecond }),
+				liveRatio("pleg's CPU per second at most 10x events off ("+on.Run+")", runs[0], on, 10, fmtMs,
+					func(r *LiveResult) float64 { return r.CPUPerSecondMs }))
+		}
+		return ts
+	case "events-churn":
+		off, on := runs[0], runs[1]
+		return []Target{
+			liveRatio("the global relist's span (p50) at most 1.1x events off", off, on, 1.1, fmtMs,
+				func(r *LiveResult) float64 { return r.RelistP50Ms }),
+			liveRatio("runtime calls per second at most 1.5x events off", off, on, 1.5, fmtCount,
+				func(r *LiveResult) float64 { return r.RuntimeCallsPerSecond }),
+		}
+	case "events-isolated":
+		on := runs[len(runs)-1]
+		return []Target{{
+			Goal: "an isolated change delivered with events on: p99 at most 50ms", Checked: on.Changes > 0,
+			Met:    on.Changes > 0 && on.LatencyP99Ms <= 50,
+			Figure: fmt.Sprintf("p99 %s over %d changes (events off: %s)", fmtMs(on.LatencyP99Ms), on.Changes, fmtMs(runs[0].LatencyP99Ms)),
+		}}
+	}
+	r := runs[0]
 	// Relists come every period.
 	var bound float64
 	var how string
@@ -529,49 +358,55 @@ func evaluateLive(sc Scenario, r *LiveResult) []Target {
 		bound = 2*r.RelistPeriodMs + r.RelistP99Ms
 		how = fmt.Sprintf("2 x period %s + relist p99 %s", fmtMs(r.RelistPeriodMs), fmtMs(r.RelistP99Ms))
 	}
-	t := Target{
+	met := r.Relists > 0 && r.IntervalP99Ms <= bound
+	intervals := Target{
 		Goal:    "global relists keep coming every period: relist interval p99 (start to start, the window's edges included) at most " + how,
-		Checked: true,
-		Met:     r.Relists > 0 && r.IntervalP99Ms <= bound,
+		Checked: true, Met: met,
+		Figure: fmt.Sprintf("p99 %s %s %s; %d relists in %s, longest interval %s",
+			fmtMs(r.IntervalP99Ms), cmp(met), fmtMs(bound), r.Relists, fmtMs(r.WindowMs), fmtMs(r.IntervalMaxMs)),
 	}
-	cmp := "<="
-	if !t.Met {
-		cmp = ">"
-	}
-	t.Figure = fmt.Sprintf("p99 %s %s %s; %d relists in %s, longest interval %s",
-		fmtMs(r.IntervalP99Ms), cmp, fmtMs(bound), r.Relists, fmtMs(r.WindowMs), fmtMs(r.IntervalMaxMs))
-	ts = append(ts, t)
-
 	// A relist waits for no pod longer than the inspection timeout.
 	rb := r.PodInspectionTimeoutMs + r.ListP99Ms
-	t = Target{
+	met = r.Relists > 0 && r.RelistP99Ms <= rb
+	span := Target{
 		Goal:    "relist p99 at most the pod inspection timeout plus one list round trip",
-		Checked: r.Relists > 0,
-		Met:     r.Relists > 0 && r.RelistP99Ms <= rb,
+		Checked: r.Relists > 0, Met: met,
+		Figure: fmt.Sprintf("p99 %s %s %s + %s (list p99) = %s", fmtMs(r.RelistP99Ms), cmp(met), fmtMs(r.PodInspectionTimeoutMs), fmtMs(r.ListP99Ms), fmtMs(rb)),
 	}
-	cmp = "<="
-	if !t.Met {
-		cmp = ">"
-	}
-	t.Figure = fmt.Sprintf("p99 %s %s %s + %s (list p99) = %s", fmtMs(r.RelistP99Ms), cmp, fmtMs(r.PodInspectionTimeoutMs), fmtMs(r.ListP99Ms), fmtMs(rb))
 	if r.Relists == 0 {
-		t.Figure = "no relist in the window"
+		span.Figure = "no relist in the window"
 	}
-	ts = append(ts, t)
-
-	ts = append(ts, Target{
+	first := ""
+	if r.FirstUnhealthy != "" {
+		first = "; first: " + r.FirstUnhealthy
+	}
+	health := Target{
 		Goal:    "Healthy() never false",
-		Checked: true,
-		Met:     !r.EverUnhealthy && r.HealthChecks > 0,
+		Checked: true, Met: !r.EverUnhealthy && r.HealthChecks > 0,
 		Figure: fmt.Sprintf("false %d of %d checks (every %v, relist threshold %s)%s",
-			r.Unhealthy, r.HealthChecks, healthEvery, fmtMs(r.RelistThresholdMs), firstUnhealthy(r)),
-	})
-	return ts
+			r.Unhealthy, r.HealthChecks, healthEvery, fmtMs(r.RelistThresholdMs), first),
+	}
+	return []Target{intervals, span, health}
 }
 
-func firstUnhealthy(r *LiveResult) string {
-	if r.FirstUnhealthy == "" {
-		return ""
+// liveRatio checks f(on) <= limit x f(off).
+func liveRatio(goal string, off, on *LiveResult, limit float64, format func(float64) string, f func(*LiveResult) float64) Target {
+	t := Target{Goal: goal}
+	o, n := f(off), f(on)
+	if o <= 0 || n < 0 {
+		t.Figure = fmt.Sprintf("events off %s, on %s: not measured", format(o), format(n))
+		return t
 	}
-	return "; first: " + r.FirstUnhealthy
+	r := n / o
+	t.Checked, t.Met = true, r <= limit
+	t.Figure = fmt.Sprintf("on %s / off %s = %.2fx %s %gx", format(n), format(o), r, cmp(t.Met), limit)
+	return t
+}
+
+// cmp is how a figure compares with its bound.
+func cmp(met bool) string {
+	if met {
+		return "<="
+	}
+	return ">"
 }

@@ -5,9 +5,11 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
+	"maps"
 	"os"
 	goruntime "runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"time"
 	"unicode/utf8"
@@ -22,9 +24,6 @@ type Report struct {
 	CPUModel   string    `json:"cpuModel"`
 	NumCPU     int       `json:"numCPU"`
 	GOMAXPROCS int       `json:"gomaxprocs"`
-	// Runtime says where the simulated runtime ran: "child-process" or
-	// "in-process".
-	Runtime string `json:"simulatedRuntime"`
 	// Notes say what the figures include and how the run was driven.
 	Notes     []string         `json:"notes"`
 	Scenarios []ScenarioResult `json:"scenarios"`
@@ -42,10 +41,10 @@ type ScenarioResult struct {
 	// compares list streaming (Options.CompareListStreaming; PLEG then
 	// streams).
 	PLEGUnary *RunResult `json:"plegUnary,omitempty"`
-	// Live holds the figures of a live scenario (instead of PLEG and
-	// Kubelet).
-	Live    *LiveResult `json:"live,omitempty"`
-	Targets []Target    `json:"targets,omitempty"`
+	// Live holds the runs of a live scenario (instead of PLEG and
+	// Kubelet), the baseline first.
+	Live    []*LiveResult `json:"live,omitempty"`
+	Targets []Target      `json:"targets,omitempty"`
 }
 
 // RunResult holds the figures of one run (one algorithm). Times are in
@@ -77,6 +76,11 @@ type RunResult struct {
 	// client's own counters), CallsByOp by operation_type.
 	CallsPerRelist float64            `json:"runtimeCallsPerRelist"`
 	CallsByOp      map[string]float64 `json:"runtimeCallsPerRelistByOp"`
+	// ListRPCs is the list calls the simulated runtime received per
+	// measured relist, by CRI method (ListPodSandbox and ListContainers,
+	// or the streamed StreamPodSandboxes and StreamContainers): which of
+	// them the generator listed through.
+	ListRPCs map[string]float64 `json:"listRpcsPerRelist,omitempty"`
 	// PodsInspectedPerRelist counts pod status fetches that reached the
 	// runtime client (for the kubelet: its PodSandboxStatus calls, one per
 	// inspected simulated pod); InspectedMin and InspectedMax bound it per
@@ -114,8 +118,7 @@ type RunResult struct {
 	ListFloorCPUMs float64 `json:"bareListCallsCpuMs"`
 	ListBytes      int     `json:"listReplyBytes"`
 	// PeakRSSBytes is the generator process's peak resident set size
-	// (VmHWM) at the end of the run, warm-up included; -1 when the
-	// generator ran in the bench's own process (Options.InProcess).
+	// (VmHWM) at the end of the run, warm-up included.
 	PeakRSSBytes int64 `json:"peakRssBytes"`
 	// ResidentFileBytes is the part of pleg's resident set mapped from
 	// files at the end of the run (RssFile): the binary's pages, shared
@@ -181,12 +184,8 @@ func withFloor(t Target, p *RunResult, k float64) Target {
 
 // rssTarget checks pleg's peak RSS against a bound.
 func rssTarget(p *RunResult, limit float64) Target {
-	t := Target{Goal: fmt.Sprintf("pleg's peak RSS at most %s", fmtBytes(limit))}
-	if p.PeakRSSBytes < 0 {
-		t.Figure = "not measured (pleg ran in the bench's process: --in-process)"
-		return t
-	}
-	t.Checked, t.Met = true, float64(p.PeakRSSBytes) <= limit
+	t := Target{Goal: fmt.Sprintf("pleg's peak RSS at most %s", fmtBytes(limit)), Checked: true}
+	t.Met = float64(p.PeakRSSBytes) <= limit
 	t.Figure = fmtBytes(float64(p.PeakRSSBytes))
 	if p.ResidentFileBytes > 0 {
 		t.Figure += fmt.Sprintf(", of which the binary's pages %s at the end", fmtBytes(float64(p.ResidentFileBytes)))
@@ -253,15 +252,7 @@ func newReport(o Options) *Report {
 		CPUModel:   cpuModel(),
 		NumCPU:     goruntime.NumCPU(),
 		GOMAXPROCS: goruntime.GOMAXPROCS(0),
-		Runtime:    "child-process",
-	}
-	if o.InProcess {
-		r.Runtime = "in-process"
-		r.Notes = append(r.Notes,
-			"The simulated CRI runtime (cruntime/sim, real gRPC on a unix socket) and pleg's generator serve from this process: pleg's CPU time and allocations include the simulator's server work, and its peak RSS is not measured.")
-	} else {
-		r.Notes = append(r.Notes,
-			"The simulated CRI runtime (cruntime/sim, real gRPC on a unix socket) runs in a child process, and each generator in a process of its own: CPU time, allocations and peak RSS are that process's own (generator, CRI client, Go runtime and GC), CPU and allocations measured around each relist; the simulator's CPU is shown apart.")
+		Notes:      []string{"The simulated CRI runtime (cruntime/sim, real gRPC on a unix socket) runs in a child process, and each generator in a process of its own: CPU time, allocations and peak RSS are that process's own (generator, CRI client, Go runtime and GC), CPU and allocations measured around each relist; the simulator's CPU is shown apart."},
 	}
 	driven, live := false, false
 	for _, sc := range o.Scenarios {
@@ -279,7 +270,7 @@ func newReport(o Options) *Report {
 	}
 	if live {
 		r.Notes = append(r.Notes,
-			"Live scenarios (hung-pod-events, hint-storm) run a started generator (Generator.Start: real clock, relist goroutine, runtime events on) for a fixed wall time, after its first relists; the relist figures are those of Generator.RecentRelists whose start falls in the window, read every "+healthEvery.String()+" together with Healthy(). Percentiles are nearest-rank. They have no kubelet baseline: the kubelet makes no single-pod relists from runtime events.")
+			"Live scenarios run a started generator (Generator.Start: real clock, relist goroutine) for a wall-time window after its warm-up; the relist figures are those of Generator.RecentRelists whose start falls in the window, Healthy() is checked every "+healthEvery.String()+", runtime calls are those the simulated runtime received, CPU is per second of the window. Percentiles are nearest-rank. They have no kubelet baseline (the kubelet makes no single-pod relists from runtime events): where a scenario has several runs, the first is its baseline and ratio = run / baseline.")
 	}
 	return r
 }
@@ -338,138 +329,97 @@ func writeScenario(w io.Writer, s ScenarioResult) {
 		line += fmt.Sprintf("; %s between relists", fmtMs(ms(s.Scenario.Pause)))
 	}
 	fmt.Fprintln(w, line)
-	relists := fmt.Sprintf("   measured relists: pleg %d", p.Relists)
+	runs, heads, ratios := []*RunResult{p}, []string{"pleg"}, map[int][2]int(nil)
 	if b != nil {
-		relists += fmt.Sprintf(", kubelet %d", b.Relists)
-	}
-	if b == nil {
-		relists += " (no kubelet baseline: --kubelet names the kubelet-relist program)"
-	}
-	fmt.Fprintln(w, relists)
-
-	t := &table{}
-	if b != nil {
-		t.add("metric", "pleg", "kubelet v1.37.2", "ratio")
+		runs, heads, ratios = append(runs, b), append(heads, "kubelet v1.37.2"), map[int][2]int{1: {0, 1}}
+		fmt.Fprintf(w, "   measured relists: pleg %d, kubelet %d\n", p.Relists, b.Relists)
 	} else {
-		t.add("metric", "pleg")
+		fmt.Fprintf(w, "   measured relists: pleg %d (no kubelet baseline: --kubelet names the kubelet-relist program)\n", p.Relists)
 	}
-	row := func(name string, pv, bv float64, f func(float64) string, ratio bool) {
-		if b == nil {
-			t.add(name, f(pv))
-			return
-		}
-		r := "-"
-		if ratio && bv > 0 && pv >= 0 {
-			r = fmt.Sprintf("%.2f", pv/bv)
-		}
-		t.add(name, f(pv), f(bv), r)
+
+	// Every run, the unary lists' included: their checks and warnings.
+	all := slices.Clip(runs)
+	if u := s.PLEGUnary; u != nil {
+		all = append(all, u)
 	}
-	get := func(f func(*RunResult) float64) (float64, float64) {
-		if b == nil {
-			return f(p), 0
-		}
-		return f(p), f(b)
-	}
-	pv, bv := get(func(r *RunResult) float64 { return r.RelistP50Ms })
-	row("relist p50", pv, bv, fmtMs, true)
-	pv, bv = get(func(r *RunResult) float64 { return r.RelistP99Ms })
-	row("relist p99", pv, bv, fmtMs, true)
-	pv, bv = get(func(r *RunResult) float64 { return r.ListP50Ms })
-	row("  list round trip p50", pv, bv, fmtMs, true)
-	pv, bv = get(func(r *RunResult) float64 { return r.CallsPerRelist })
-	row("runtime calls / relist", pv, bv, fmtCount, true)
+
+	f := newFigures(heads, ratios)
+	get := func(g func(*RunResult) float64) []float64 { return each(runs, g) }
+	f.row("relist p50", fmtMs, true, get(func(r *RunResult) float64 { return r.RelistP50Ms }))
+	f.row("relist p99", fmtMs, true, get(func(r *RunResult) float64 { return r.RelistP99Ms }))
+	f.row("  list round trip p50", fmtMs, true, get(func(r *RunResult) float64 { return r.ListP50Ms }))
+	f.row("runtime calls / relist", fmtCount, true, get(func(r *RunResult) float64 { return r.CallsPerRelist }))
 	for _, op := range []string{"list_podsandbox", "list_containers", "podsandbox_status", "container_status"} {
-		pv, bv = get(func(r *RunResult) float64 { return r.CallsByOp[op] })
-		if pv > 0 || bv > 0 {
-			row("  "+op, pv, bv, fmtCount, true)
+		if v := get(func(r *RunResult) float64 { return r.CallsByOp[op] }); anyPositive(v) {
+			f.row("  "+op, fmtCount, true, v)
 		}
 	}
-	pv, bv = get(func(r *RunResult) float64 { return r.PodsInspectedPerRelist })
-	row("pods inspected / relist", pv, bv, fmtCount, true)
-	pv, bv = get(func(r *RunResult) float64 { return r.EventsPerRelist })
-	row("events / relist", pv, bv, fmtCount, true)
-	pv, bv = get(func(r *RunResult) float64 { return r.DiscardedEvents })
-	if pv > 0 || bv > 0 {
-		row("events discarded (channel full)", pv, bv, fmtCount, false)
+	f.row("pods inspected / relist", fmtCount, true, get(func(r *RunResult) float64 { return r.PodsInspectedPerRelist }))
+	f.row("events / relist", fmtCount, true, get(func(r *RunResult) float64 { return r.EventsPerRelist }))
+	if v := get(func(r *RunResult) float64 { return r.DiscardedEvents }); anyPositive(v) {
+		f.row("events discarded (channel full)", fmtCount, false, v)
 	}
-	pv, bv = get(func(r *RunResult) float64 { return r.CPUPerRelistMs })
-	row("CPU / relist", pv, bv, fmtMs, true)
+	f.row("CPU / relist", fmtMs, true, get(func(r *RunResult) float64 { return r.CPUPerRelistMs }))
 	if p.ListFloorCPUMs >= 0 {
-		name := fmt.Sprintf("  the bare list calls (%s)", fmtBytes(float64(p.ListBytes)))
+		name, v := fmt.Sprintf("  the bare list calls (%s)", fmtBytes(float64(p.ListBytes))), fmtMs(p.ListFloorCPUMs)
 		if b == nil {
-			t.add(name, fmtMs(p.ListFloorCPUMs))
+			f.text(name, v)
 		} else {
 			r := "-"
 			if b.CPUPerRelistMs > 0 {
 				r = fmt.Sprintf("%.2f", p.ListFloorCPUMs/b.CPUPerRelistMs)
 			}
-			t.add(name, fmtMs(p.ListFloorCPUMs), "-", r)
+			f.text(name, v, "-", r)
 		}
 	}
-	pv, bv = get(func(r *RunResult) float64 { return r.AllocsPerRelist })
-	row("allocations / relist", pv, bv, fmtCount, true)
-	pv, bv = get(func(r *RunResult) float64 { return r.AllocBytesPerRelist })
-	row("bytes allocated / relist", pv, bv, fmtBytes, true)
-	pv, bv = get(func(r *RunResult) float64 { return float64(r.PeakRSSBytes) })
-	row("peak RSS (VmHWM)", pv, bv, fmtRSS, true)
+	f.row("allocations / relist", fmtCount, true, get(func(r *RunResult) float64 { return r.AllocsPerRelist }))
+	f.row("bytes allocated / relist", fmtBytes, true, get(func(r *RunResult) float64 { return r.AllocBytesPerRelist }))
+	f.row("peak RSS (VmHWM)", fmtBytes, true, get(func(r *RunResult) float64 { return float64(r.PeakRSSBytes) }))
 	if p.ResidentFileBytes >= 0 {
-		name, v := "  the binary's pages (RssFile, at the end)", fmtRSS(float64(p.ResidentFileBytes))
-		if b == nil {
-			t.add(name, v)
-		} else {
-			t.add(name, v, "-", "-")
-		}
+		f.text("  the binary's pages (RssFile, at the end)", fmtBytes(float64(p.ResidentFileBytes)), "-", "-")
 	}
 	if p.SimCPUPerRelistMs >= 0 {
-		pv, bv = get(func(r *RunResult) float64 { return r.SimCPUPerRelistMs })
-		row("(simulator CPU / relist)", pv, bv, fmtMs, false)
+		f.row("(simulator CPU / relist)", fmtMs, false, get(func(r *RunResult) float64 { return r.SimCPUPerRelistMs }))
 	}
-	pv, bv = get(func(r *RunResult) float64 { return r.InspectionTimeouts })
-	if pv > 0 || bv > 0 {
-		row("pod inspection timeouts", pv, bv, fmtCount, false)
+	if v := get(func(r *RunResult) float64 { return r.InspectionTimeouts }); anyPositive(v) {
+		f.row("pod inspection timeouts", fmtCount, false, v)
 	}
 	if p.Health != nil {
-		pv, bv = get(func(r *RunResult) float64 {
+		f.row("longest without a relist", fmtMs, true, get(func(r *RunResult) float64 {
 			if r.Health == nil {
 				return -1
 			}
 			return r.Health.LongestWithoutMs
-		})
-		row("longest without a relist", pv, bv, fmtMs, true)
-		unhealthy := func(h *HealthResult) string {
-			if h == nil {
-				return "-"
+		}))
+		unhealthy, whole := []string{}, []string{}
+		for _, r := range runs {
+			unhealthy, whole = append(unhealthy, "-"), append(whole, "-")
+			if h := r.Health; h != nil {
+				unhealthy[len(unhealthy)-1] = fmt.Sprintf("%d of %d", h.UnhealthySamples, h.Samples)
+				whole[len(whole)-1] = yesNo(h.HealthyThroughout)
 			}
-			return fmt.Sprintf("%d of %d", h.UnhealthySamples, h.Samples)
 		}
-		if b != nil {
-			t.add("Healthy() false (checks)", unhealthy(p.Health), unhealthy(b.Health), "-")
-			t.add("healthy the whole time", fmtHealth(p.Health), fmtHealth(b.Health), "-")
-		} else {
-			t.add("Healthy() false (checks)", unhealthy(p.Health))
-			t.add("healthy the whole time", fmtHealth(p.Health))
-		}
+		f.text("Healthy() false (checks)", append(unhealthy, "-")...)
+		f.text("healthy the whole time", append(whole, "-")...)
 	}
-	t.write(w, "   ")
+	f.t.write(w, "   ")
 	if u := s.PLEGUnary; u != nil {
 		writeStreamVsUnary(w, p, u)
 	}
 
 	if s.Scenario.Changed > 0 {
-		check := func(r *RunResult) string {
+		var checks []string
+		for _, r := range all {
 			if r.InspectedAsChanged {
-				return fmt.Sprintf("%s: every relist inspected exactly %d pods", r.Algorithm, s.Scenario.Changed)
+				checks = append(checks, fmt.Sprintf("%s: every relist inspected exactly %d pods", r.Algorithm, s.Scenario.Changed))
+			} else {
+				checks = append(checks, fmt.Sprintf("%s: WARNING: relists inspected %d to %d pods, want %d", r.Algorithm, r.InspectedMin, r.InspectedMax, s.Scenario.Changed))
 			}
-			return fmt.Sprintf("%s: WARNING: relists inspected %d to %d pods, want %d", r.Algorithm, r.InspectedMin, r.InspectedMax, s.Scenario.Changed)
 		}
-		c := check(p)
-		if b != nil {
-			c += "; " + check(b)
-		}
-		fmt.Fprintf(w, "   check: %s\n", c)
+		fmt.Fprintf(w, "   check: %s\n", strings.Join(checks, "; "))
 	}
-	for _, r := range []*RunResult{p, b, s.PLEGUnary} {
-		if r != nil && r.RelistErrors > 0 {
+	for _, r := range all {
+		if r.RelistErrors > 0 {
 			fmt.Fprintf(w, "   WARNING: %s: %d relists failed to list\n", r.Algorithm, r.RelistErrors)
 		}
 	}
@@ -489,50 +439,176 @@ func writeTargets(w io.Writer, targets []Target) {
 	}
 }
 
-// writeLive writes the table of a live scenario.
+// writeLive writes the table of a live scenario: one column per run, and
+// each run after the first beside its ratio to the first.
 func writeLive(w io.Writer, s ScenarioResult) {
-	r := s.Live
+	runs, r0 := s.Live, s.Live[0]
 	fmt.Fprintf(w, "\n== %s: %s\n", s.Scenario.Name, s.Description)
-	fmt.Fprintf(w, "   live: Generator.Start (real clock, relist goroutine, runtime events on) measured for %s after its first %d relists (startup %s, not measured)\n",
-		fmtMs(r.WindowMs), r.WarmupRelists, fmtMs(r.StartupMs))
+	fmt.Fprintf(w, "   live: Generator.Start (real clock, relist goroutine) measured for %s after its first %d relists (startup %s, not measured)\n",
+		fmtMs(r0.WindowMs), r0.WarmupRelists, fmtMs(r0.StartupMs))
 	fmt.Fprintf(w, "   relist period %s; pod inspection timeout %s; runtime request timeout %s; relist threshold %s; MaxParallelInspections %d\n",
-		fmtMs(r.RelistPeriodMs), fmtMs(r.PodInspectionTimeoutMs), fmtMs(r.RequestTimeoutMs), fmtMs(r.RelistThresholdMs), r.MaxParallelInspections)
+		fmtMs(r0.RelistPeriodMs), fmtMs(r0.PodInspectionTimeoutMs), fmtMs(r0.RequestTimeoutMs), fmtMs(r0.RelistThresholdMs), r0.MaxParallelInspections)
 	fmt.Fprintln(w, "   kubelet: not applicable: the kubelet makes no single-pod relists from runtime events, so it has no baseline here")
-	t := &table{}
-	t.add("metric", "pleg")
-	t.add("global relists in the window", fmt.Sprintf("%d (%d failed)", r.Relists, r.RelistErrors))
-	t.add("relist interval p50 (start to start)", fmtMs(r.IntervalP50Ms))
-	t.add("relist interval p99", fmtMs(r.IntervalP99Ms))
-	t.add("relist interval max", fmtMs(r.IntervalMaxMs))
-	t.add("relist p50", fmtMs(r.RelistP50Ms))
-	t.add("relist p99", fmtMs(r.RelistP99Ms))
-	t.add("relist max", fmtMs(r.RelistMaxMs))
-	t.add("  list round trip p50 / p99", fmtMs(r.ListP50Ms)+" / "+fmtMs(r.ListP99Ms))
-	t.add(fmt.Sprintf("Healthy() false (checks every %v)", healthEvery), fmt.Sprintf("%d of %d", r.Unhealthy, r.HealthChecks))
-	t.add("event stream connected throughout", yesNo(r.StreamConnected))
-	t.add("runtime events emitted / received", fmtCount(float64(r.EventsEmitted))+" / "+fmtCount(float64(r.EventsReceived)))
-	if r.EventsDropped > 0 {
-		t.add("  dropped by the runtime (stream behind)", fmtCount(float64(r.EventsDropped)))
+	var heads []string
+	ratios := map[int][2]int{}
+	for i, r := range runs {
+		heads = append(heads, r.Run)
+		if i > 0 {
+			ratios[i] = [2]int{i, 0}
+		}
 	}
-	t.add("single-pod lists (ListPod)", fmtCount(float64(r.PodLists)))
-	t.add("pod status fetches (PodStatus)", fmtCount(float64(r.PodStatuses)))
-	for _, reason := range sortedKeys(r.Skipped) {
-		t.add("pod relist requests skipped: "+reason, fmtCount(r.Skipped[reason]))
+	f := newFigures(heads, ratios)
+	get := func(g func(*LiveResult) float64) []float64 { return each(runs, g) }
+	texts := func(g func(*LiveResult) string) []string {
+		var out []string
+		for i, r := range runs {
+			out = append(out, g(r))
+			if i > 0 {
+				out = append(out, "-")
+			}
+		}
+		return out
 	}
-	if r.QueueDropped > 0 {
-		t.add("pod relist requests dropped (queue full)", fmtCount(r.QueueDropped))
+	f.text("global relists in the window", texts(func(r *LiveResult) string { return fmt.Sprintf("%d (%d failed)", r.Relists, r.RelistErrors) })...)
+	f.row("relist interval p50 (start to start)", fmtMs, true, get(func(r *LiveResult) float64 { return r.IntervalP50Ms }))
+	f.row("relist interval p99", fmtMs, true, get(func(r *LiveResult) float64 { return r.IntervalP99Ms }))
+	f.row("relist interval max", fmtMs, true, get(func(r *LiveResult) float64 { return r.IntervalMaxMs }))
+	f.row("relist p50", fmtMs, true, get(func(r *LiveResult) float64 { return r.RelistP50Ms }))
+	f.row("relist p99", fmtMs, true, get(func(r *LiveResult) float64 { return r.RelistP99Ms }))
+	f.row("relist max", fmtMs, true, get(func(r *LiveResult) float64 { return r.RelistMaxMs }))
+	f.text("  list round trip p50 / p99", texts(func(r *LiveResult) string { return fmtMs(r.ListP50Ms) + " / " + fmtMs(r.ListP99Ms) })...)
+	f.text(fmt.Sprintf("Healthy() false (checks every %v)", healthEvery), texts(func(r *LiveResult) string { return fmt.Sprintf("%d of %d", r.Unhealthy, r.HealthChecks) })...)
+	f.text("event stream connected throughout", texts(func(r *LiveResult) string {
+		if !r.Events {
+			return "off"
+		}
+		return yesNo(r.StreamConnected)
+	})...)
+	f.text("runtime events emitted / received", texts(func(r *LiveResult) string {
+		return fmtCount(float64(r.EventsEmitted)) + " / " + fmtCount(float64(r.EventsReceived))
+	})...)
+	if v := get(func(r *LiveResult) float64 { return float64(r.EventsDropped) }); anyPositive(v) {
+		f.row("  dropped by the runtime (stream behind)", fmtCount, false, v)
 	}
-	t.add("pod inspection timeouts", fmtCount(r.InspectionTimeouts))
-	if r.HungPod != "" {
-		t.add("hung pod: ListPod / PodStatus by pleg", fmt.Sprintf("%d / %d", r.HungPodLists, r.HungPodStatuses))
-		t.add("hung pod: runtime calls received (window)", fmtCalls(r.HungCallsWindow))
-		t.add("hung pod: runtime calls received (whole run)", fmtCalls(r.HungCallsRun))
+	if v := get(func(r *LiveResult) float64 { return float64(r.EventsDelivered) }); anyPositive(v) {
+		f.row("pleg events delivered", fmtCount, true, v)
 	}
-	t.write(w, "   ")
-	if r.HungPod != "" {
-		fmt.Fprintf(w, "   hung pod %s\n", r.HungPod)
+	f.row("runtime calls / second (received)", fmtCount, true, get(func(r *LiveResult) float64 { return r.RuntimeCallsPerSecond }))
+	for _, m := range []string{"ListPodSandbox", "ListContainers", "PodSandboxStatus", "ContainerStatus"} {
+		if v := get(func(r *LiveResult) float64 { return float64(r.RuntimeCalls[m]) / (r.WindowMs / 1000) }); anyPositive(v) {
+			f.row("  "+m, fmtCount, true, v)
+		}
+	}
+	if v := get(func(r *LiveResult) float64 { return r.CPUPerSecondMs }); anyPositive(v) {
+		f.row("pleg CPU / second", fmtMs, true, v)
+		f.row("(simulator CPU / second)", fmtMs, true, get(func(r *LiveResult) float64 { return r.RuntimeCPUPerSecondMs }))
+	}
+	f.row("single-pod lists (ListPod)", fmtCount, true, get(func(r *LiveResult) float64 { return float64(r.PodLists) }))
+	f.row("pod status fetches (ItemStatuses)", fmtCount, true, get(func(r *LiveResult) float64 { return float64(r.PodStatuses) }))
+	for _, what := range []struct {
+		name string
+		m    func(*LiveResult) map[string]float64
+	}{
+		{"pod relist requests skipped: ", func(r *LiveResult) map[string]float64 { return r.Skipped }},
+		{"pod relist requests deferred: ", func(r *LiveResult) map[string]float64 { return r.Deferred }},
+	} {
+		reasons := map[string]bool{}
+		for _, r := range runs {
+			for k := range what.m(r) {
+				reasons[k] = true
+			}
+		}
+		for _, reason := range slices.Sorted(maps.Keys(reasons)) {
+			f.row(what.name+reason, fmtCount, true, get(func(r *LiveResult) float64 { return what.m(r)[reason] }))
+		}
+	}
+	if v := get(func(r *LiveResult) float64 { return r.EarlyRelists }); anyPositive(v) {
+		f.row("early global relists", fmtCount, true, v)
+	}
+	if v := get(func(r *LiveResult) float64 { return r.QueueDropped }); anyPositive(v) {
+		f.row("pod relist requests dropped (queue full)", fmtCount, true, v)
+	}
+	f.row("pod inspection timeouts", fmtCount, true, get(func(r *LiveResult) float64 { return r.InspectionTimeouts }))
+	if v := get(func(r *LiveResult) float64 { return float64(r.ChurnedPods) }); anyPositive(v) {
+		f.row("pods changed by the churn", fmtCount, true, v)
+	}
+	if r0.Changes > 0 {
+		f.text("changes delivered", texts(func(r *LiveResult) string { return strconv.Itoa(r.Changes) })...)
+		f.row("  delivery p50 (change to event)", fmtMs, true, get(func(r *LiveResult) float64 { return r.LatencyP50Ms }))
+		f.row("  delivery p99", fmtMs, true, get(func(r *LiveResult) float64 { return r.LatencyP99Ms }))
+		f.row("  delivery max", fmtMs, true, get(func(r *LiveResult) float64 { return r.LatencyMaxMs }))
+	}
+	if r0.HungPod != "" {
+		f.text("hung pod: ListPod / ItemStatuses by pleg", texts(func(r *LiveResult) string { return fmt.Sprintf("%d / %d", r.HungPodLists, r.HungPodStatuses) })...)
+		f.text("hung pod: runtime calls received (window)", texts(func(r *LiveResult) string { return fmtCalls(r.HungCallsWindow) })...)
+		f.text("hung pod: runtime calls received (whole run)", texts(func(r *LiveResult) string { return fmtCalls(r.HungCallsRun) })...)
+	}
+	f.t.write(w, "   ")
+	if r0.HungPod != "" {
+		fmt.Fprintf(w, "   hung pod %s\n", r0.HungPod)
 	}
 	writeTargets(w, s.Targets)
+}
+
+// each returns a figure of every run.
+func each[R any](runs []R, figure func(R) float64) []float64 {
+	out := make([]float64, 0, len(runs))
+	for _, r := range runs {
+		out = append(out, figure(r))
+	}
+	return out
+}
+
+// anyPositive reports whether some figure is positive.
+func anyPositive(vals []float64) bool {
+	return slices.ContainsFunc(vals, func(v float64) bool { return v > 0 })
+}
+
+// figures lays out the figures of several runs side by side: a column per
+// run, and after run i, when ratios has i, a column with the ratio of the
+// figures of the two runs it names (numerator, denominator).
+type figures struct {
+	t      *table
+	ratios map[int][2]int
+}
+
+func newFigures(heads []string, ratios map[int][2]int) *figures {
+	f := &figures{t: &table{}, ratios: ratios}
+	row := []string{"metric"}
+	for i, h := range heads {
+		row = append(row, h)
+		if _, ok := ratios[i]; ok {
+			row = append(row, "ratio")
+		}
+	}
+	f.t.add(row...)
+	return f
+}
+
+// row adds a figure of every run, formatted by format; ratio says whether
+// the ratio columns show it.
+func (f *figures) row(name string, format func(float64) string, ratio bool, vals []float64) {
+	row := []string{name}
+	for i, v := range vals {
+		row = append(row, format(v))
+		if nd, ok := f.ratios[i]; ok {
+			r := "-"
+			if num, den := vals[nd[0]], vals[nd[1]]; ratio && den > 0 && num >= 0 {
+				r = fmt.Sprintf("%.2f", num/den)
+			}
+			row = append(row, r)
+		}
+	}
+	f.t.add(row...)
+}
+
+// text adds a row of cells as they are, ratio columns included: as many
+// as the columns, or only the first when there is one run.
+func (f *figures) text(name string, cells ...string) {
+	if len(f.ratios) == 0 {
+		cells = cells[:1]
+	}
+	f.t.add(append([]string{name}, cells...)...)
 }
 
 func yesNo(b bool) string {
@@ -542,19 +618,10 @@ func yesNo(b bool) string {
 	return "no"
 }
 
-func sortedKeys[V any](m map[string]V) []string {
-	out := make([]string, 0, len(m))
-	for k := range m {
-		out = append(out, k)
-	}
-	slices.Sort(out)
-	return out
-}
-
 // fmtCalls writes calls per CRI method, "none" when there are none.
 func fmtCalls(calls map[string]int64) string {
 	var parts []string
-	for _, k := range sortedKeys(calls) {
+	for _, k := range slices.Sorted(maps.Keys(calls)) {
 		if calls[k] > 0 {
 			parts = append(parts, fmt.Sprintf("%s %d", k, calls[k]))
 		}
@@ -602,24 +669,6 @@ func fmtBytes(v float64) string {
 		return fmt.Sprintf("%.1f KiB", v/(1<<10))
 	}
 	return fmt.Sprintf("%.0f B", v)
-}
-
-// fmtRSS writes a peak RSS; negative: not measured.
-func fmtRSS(v float64) string {
-	if v < 0 {
-		return "n/a"
-	}
-	return fmtBytes(v)
-}
-
-func fmtHealth(h *HealthResult) string {
-	if h == nil {
-		return "-"
-	}
-	if h.HealthyThroughout {
-		return "yes"
-	}
-	return "no"
 }
 
 func groupThousands(n int64) string {
@@ -673,21 +722,28 @@ func (t *table) write(w io.Writer, indent string) {
 // those with unary lists (u), same scenario, same run.
 func writeStreamVsUnary(w io.Writer, s, u *RunResult) {
 	fmt.Fprintf(w, "   pleg's lists streamed (StreamPodSandboxes, StreamContainers) vs unary (ListPodSandbox, ListContainers); measured relists %d and %d:\n", s.Relists, u.Relists)
-	t := &table{}
-	t.add("metric", "streamed", "unary", "ratio")
-	row := func(name string, sv, uv float64, f func(float64) string) {
-		r := "-"
-		if uv > 0 && sv >= 0 {
-			r = fmt.Sprintf("%.2f", sv/uv)
-		}
-		t.add(name, f(sv), f(uv), r)
+	f := newFigures([]string{"streamed", "unary"}, map[int][2]int{1: {0, 1}})
+	runs := []*RunResult{s, u}
+	get := func(g func(*RunResult) float64) []float64 { return each(runs, g) }
+	f.row("relist p50", fmtMs, true, get(func(r *RunResult) float64 { return r.RelistP50Ms }))
+	f.row("  list round trip p50", fmtMs, true, get(func(r *RunResult) float64 { return r.ListP50Ms }))
+	f.row("CPU / relist", fmtMs, true, get(func(r *RunResult) float64 { return r.CPUPerRelistMs }))
+	f.row("allocations / relist", fmtCount, true, get(func(r *RunResult) float64 { return r.AllocsPerRelist }))
+	f.row("bytes allocated / relist", fmtBytes, true, get(func(r *RunResult) float64 { return r.AllocBytesPerRelist }))
+	f.row("peak RSS (VmHWM)", fmtBytes, true, get(func(r *RunResult) float64 { return float64(r.PeakRSSBytes) }))
+	f.row("events / relist", fmtCount, true, get(func(r *RunResult) float64 { return r.EventsPerRelist }))
+	f.text("list RPCs / relist", fmtPerMethod(s.ListRPCs), fmtPerMethod(u.ListRPCs), "-")
+	f.t.write(w, "   ")
+}
+
+// fmtPerMethod writes figures per CRI method, "none" when there are none.
+func fmtPerMethod(m map[string]float64) string {
+	var parts []string
+	for _, k := range slices.Sorted(maps.Keys(m)) {
+		parts = append(parts, k+" "+fmtCount(m[k]))
 	}
-	row("relist p50", s.RelistP50Ms, u.RelistP50Ms, fmtMs)
-	row("  list round trip p50", s.ListP50Ms, u.ListP50Ms, fmtMs)
-	row("CPU / relist", s.CPUPerRelistMs, u.CPUPerRelistMs, fmtMs)
-	row("allocations / relist", s.AllocsPerRelist, u.AllocsPerRelist, fmtCount)
-	row("bytes allocated / relist", s.AllocBytesPerRelist, u.AllocBytesPerRelist, fmtBytes)
-	row("peak RSS (VmHWM)", float64(s.PeakRSSBytes), float64(u.PeakRSSBytes), fmtRSS)
-	row("events / relist", s.EventsPerRelist, u.EventsPerRelist, fmtCount)
-	t.write(w, "   ")
+	if len(parts) == 0 {
+		return "none"
+	}
+	return strings.Join(parts, ", ")
 }

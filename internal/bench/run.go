@@ -5,18 +5,14 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"math"
+	"os"
 	"os/exec"
 	"slices"
-	"sync"
-	"sync/atomic"
 	"time"
 
-	"github.com/prometheus/client_golang/prometheus"
-	"k8s.io/apimachinery/pkg/types"
-
 	"github.com/podlifecycle/pleg"
-	"github.com/podlifecycle/pleg/cruntime"
+	"github.com/podlifecycle/pleg/internal/lineproto"
+	"github.com/podlifecycle/pleg/internal/stats"
 )
 
 // Options configure a benchmark run.
@@ -33,22 +29,28 @@ type Options struct {
 	// scenarios' short windows (for tests and smoke runs).
 	Quick bool
 	// Relists, when positive, overrides the number of measured relists of
-	// every run (kubelet runs with a hung pod use at most 5). Live
-	// scenarios run for a wall time instead.
+	// every run driven by hand (kubelet runs with a hung pod use at most
+	// 5).
 	Relists int
 	// MaxParallelInspections is pleg's inspection bound (0: the library's
 	// default).
 	MaxParallelInspections int
-	// InProcess serves the simulated runtime from this process and runs
-	// pleg's generator in this process too; its CPU time and allocations
-	// then include the simulator's work, and its peak RSS is not measured.
-	// Otherwise pleg's generator runs in a child process of its own (this
-	// binary re-executed, see MaybeServeChild), like the kubelet's.
-	InProcess bool
-	// ChildCommand returns the command that serves the simulated runtime
-	// in a child process (see MaybeServeChild); DefaultChildCommand when
-	// nil.
-	ChildCommand func() (*exec.Cmd, error)
+	// Budget is the hint budget of the live scenarios' generators (zero
+	// fields: the library's defaults).
+	Budget Budget
+	// Executable is the pleg binary run as `<Executable> bench child
+	// <role>` to serve the simulated runtime and pleg's generator in
+	// processes of their own (see ServeChild); the running binary when
+	// empty.
+	Executable string
+	// GCPercent is the garbage collector's target in pleg's process (the
+	// daemon's, so that its peak RSS is the daemon's; 0: GOGC or Go's
+	// default). The simulated runtime keeps Go's default.
+	GCPercent int
+	// CPUProfile, when set, is the file pleg's process writes a CPU
+	// profile of its life to; each run writes it anew, the last one's
+	// stays.
+	CPUProfile string
 	// Seed seeds the simulated runtime (0: 1).
 	Seed uint64
 	// CompareListStreaming runs pleg's column twice in every scenario
@@ -60,6 +62,61 @@ type Options struct {
 	CompareListStreaming bool
 	// Progress, if not nil, receives one line per run as it starts.
 	Progress io.Writer
+}
+
+// The roles of a run's children (ServeChild).
+const (
+	roleRuntime = "runtime"
+	rolePLEG    = "pleg"
+)
+
+// ServeChild serves one child of a benchmark run on in and out, over the
+// protocol of proto.go: role "runtime" the simulated runtime, "pleg" pleg's
+// generator. `pleg bench child <role>` runs it, and so do this package's
+// test binaries (their TestMain) when the bench starts them as children.
+func ServeChild(role string, in io.Reader, out io.Writer) error {
+	switch role {
+	case roleRuntime:
+		return serveRuntime(in, out)
+	case rolePLEG:
+		return servePLEG(in, out)
+	}
+	return fmt.Errorf("unknown role %q (want %s or %s)", role, roleRuntime, rolePLEG)
+}
+
+// startChild starts one of the run's children, `<Executable> bench child
+// <role>`, bounded by ctx.
+func startChild(ctx context.Context, o Options, role, what string, config any) (*lineproto.Child, string, error) {
+	exe := o.Executable
+	if exe == "" {
+		var err error
+		if exe, err = os.Executable(); err != nil {
+			return nil, "", fmt.Errorf("finding the running binary to run the %s: %w", what, err)
+		}
+	}
+	return lineproto.Start(what, exec.CommandContext(ctx, exe, "bench", "child", role), config)
+}
+
+// startRuntime starts the simulated runtime; it answers ready with its
+// endpoint.
+func startRuntime(ctx context.Context, o Options, cfg simConfig) (*lineproto.Child, string, error) {
+	cfg.Seed = o.Seed
+	return startChild(ctx, o, roleRuntime, "simulated runtime", cfg)
+}
+
+// startPLEG starts pleg's generator.
+func startPLEG(ctx context.Context, o Options, cfg plegConfig) (*lineproto.Child, error) {
+	cfg.GCPercent, cfg.CPUProfile = o.GCPercent, o.CPUProfile
+	c, _, err := startChild(ctx, o, rolePLEG, "pleg's generator", cfg)
+	return c, err
+}
+
+// closeWith closes c at the end of a function returning *err, keeping the
+// first error.
+func closeWith(c *lineproto.Child, err *error) {
+	if cerr := c.Close(); *err == nil {
+		*err = cerr
+	}
 }
 
 // Run runs the scenarios and returns the report.
@@ -74,15 +131,17 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	for _, sc := range o.Scenarios {
 		res := ScenarioResult{Scenario: sc, Description: sc.Description()}
 		if sc.Live != nil {
-			if o.Progress != nil {
-				fmt.Fprintf(o.Progress, "pleg bench: %s: live, %v...\n", sc.Name, sc.Live.window(o.Quick))
+			for _, run := range sc.Live.runs() {
+				if o.Progress != nil {
+					fmt.Fprintf(o.Progress, "pleg bench: %s: live, %s...\n", sc.Name, run.Name)
+				}
+				r, err := runLive(ctx, o, sc, run)
+				if err != nil {
+					return nil, fmt.Errorf("scenario %s (%s): %w", sc.Name, run.Name, err)
+				}
+				res.Live = append(res.Live, r)
 			}
-			live, err := runLive(ctx, o, sc)
-			if err != nil {
-				return nil, fmt.Errorf("scenario %s (live): %w", sc.Name, err)
-			}
-			res.Live = live
-			res.Targets = evaluateLive(sc, live)
+			res.Targets = evaluateLive(sc, res.Live)
 			rep.Scenarios = append(rep.Scenarios, res)
 			continue
 		}
@@ -120,7 +179,7 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	return rep, nil
 }
 
-// column is one generator a scenario runs with.
+// column is one generator a scenario driven by hand runs with.
 type column struct {
 	// kubelet: the kubelet's own relist (Options.Kubelet), one pod after
 	// another, each waited for as long as the runtime request timeout
@@ -154,87 +213,6 @@ func (c column) name() string {
 	return "pleg"
 }
 
-// probe wraps the CRI client to time the listings and count the pods
-// inspected (status fetches that reached the runtime client).
-type probe struct {
-	cruntime.Runtime
-	inspected atomic.Int64
-	mu        sync.Mutex
-	lastList  time.Duration
-}
-
-func (p *probe) ListPods(ctx context.Context) ([]*cruntime.Pod, error) {
-	start := time.Now()
-	pods, err := p.Runtime.ListPods(ctx)
-	d := time.Since(start)
-	p.mu.Lock()
-	p.lastList = d
-	p.mu.Unlock()
-	return pods, err
-}
-
-func (p *probe) ItemStatuses(ctx context.Context, pod *cruntime.Pod, sbs, cts []*cruntime.Container) ([]*cruntime.SandboxStatus, []*cruntime.ContainerStatus, error) {
-	p.inspected.Add(1)
-	return p.Runtime.ItemStatuses(ctx, pod, sbs, cts)
-}
-
-func (p *probe) ListPod(ctx context.Context, uid types.UID) (*cruntime.Pod, error) {
-	return p.Runtime.ListPod(ctx, uid)
-}
-
-// asRuntime returns the probe as the generator's runtime.
-func (p *probe) asRuntime() cruntime.Runtime { return p }
-
-func startDriver(o Options, cfg simConfig) (driver, error) {
-	if o.InProcess {
-		return startLocal(cfg)
-	}
-	newCmd := o.ChildCommand
-	if newCmd == nil {
-		newCmd = DefaultChildCommand
-	}
-	cmd, err := newCmd()
-	if err != nil {
-		return nil, err
-	}
-	return startChild(cmd, cfg)
-}
-
-// startRelisterFor starts the column's generator against endpoint. ctx
-// bounds a child process's life.
-func startRelisterFor(ctx context.Context, o Options, sc Scenario, col column, endpoint string) (relister, error) {
-	if col.kubelet {
-		return startRelister(ctx, "kubelet", kubeletCommand(o.Kubelet, endpoint, sc.RequestTimeout), false)
-	}
-	cfg := plegConfig{
-		Endpoint: endpoint, RequestTimeout: sc.RequestTimeout, Parallel: col.parallel,
-		InspectionTimeout: col.inspectionTimeout, RelistThreshold: sc.RelistThreshold,
-		ListStreaming: col.listStreaming,
-	}
-	if o.InProcess {
-		return newPLEGRelister(cfg)
-	}
-	cmd, err := plegChildCommand(cfg)
-	if err != nil {
-		return nil, err
-	}
-	return startRelister(ctx, "pleg", cmd, cfg.RelistThreshold > 0)
-}
-
-// floorer measures the transport's floor under a relist: the listing's
-// two calls with the replies discarded undecoded. pleg's relisters do; the
-// floor is measured in idle scenarios, where the listing is all a relist
-// does.
-type floorer interface {
-	floor(ctx context.Context, n int) (*floorResult, error)
-}
-
-// residentFiler reports the resident pages a relister's process maps from
-// files (its binary's, mostly): pleg's child process does.
-type residentFiler interface {
-	residentFile() (int64, error)
-}
-
 // warmupRelists are run before the measured ones, without call latency:
 // the first inspects every pod, the second finds nothing to do. On a busy
 // machine a pod inspection can time out in the first and be retried in
@@ -258,30 +236,38 @@ func inspectedBy(r *relistResult) int64 {
 // runOne measures relists relists of one scenario with one column, against
 // a fresh simulated runtime.
 func runOne(ctx context.Context, o Options, sc Scenario, col column, relists int) (_ *RunResult, err error) {
-	drv, err := startDriver(o, simConfig{Seed: o.Seed, Pods: sc.Pods, Containers: sc.Containers})
-	if err != nil {
-		return nil, err
-	}
-	defer func() {
-		if cerr := drv.Close(); err == nil && cerr != nil {
-			err = cerr
-		}
-	}()
-	cctx, cancel := context.WithCancel(ctx)
+	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	rl, err := startRelisterFor(cctx, o, sc, col, drv.Endpoint())
+	rt, endpoint, err := startRuntime(ctx, o, simConfig{Pods: sc.Pods, Containers: sc.Containers})
 	if err != nil {
 		return nil, err
 	}
-	defer func() {
-		if cerr := rl.close(); err == nil && cerr != nil {
-			err = cerr
-		}
-	}()
+	defer closeWith(rt, &err)
+	var gen *lineproto.Child
+	if col.kubelet {
+		gen, _, err = lineproto.Start("kubelet relister", exec.CommandContext(ctx, o.Kubelet,
+			"--endpoint", endpoint, "--runtime-request-timeout", sc.RequestTimeout.String()), nil)
+	} else {
+		// Driven by hand, the generator never waits a period; the
+		// options must hold all the same (the threshold above it).
+		gen, err = startPLEG(ctx, o, plegConfig{
+			Endpoint: endpoint, RequestTimeout: sc.RequestTimeout, Parallel: col.parallel,
+			InspectionTimeout: col.inspectionTimeout, RelistThreshold: sc.RelistThreshold, RelistPeriod: sc.Pause,
+			ListStreaming: col.listStreaming,
+		})
+	}
+	if err != nil {
+		return nil, err
+	}
+	defer closeWith(gen, &err)
+	relist := func() (*relistResult, error) {
+		var r relistResult
+		return &r, gen.CallJSON(&r, "relist")
+	}
 
 	var warm int64
 	for i := 1; ; i++ {
-		r, err := rl.relist(ctx)
+		r, err := relist()
 		if err != nil {
 			return nil, fmt.Errorf("warm-up relist: %w", err)
 		}
@@ -299,14 +285,28 @@ func runOne(ctx context.Context, o Options, sc Scenario, col column, relists int
 		return nil, fmt.Errorf("warm-up relists inspected %d pods, want at least %d", warm, sc.Pods)
 	}
 	if sc.Latency > 0 {
-		if err := drv.SetLatency(sc.Latency); err != nil {
+		if _, err := rt.Call("latency %v", sc.Latency); err != nil {
 			return nil, err
 		}
 	}
 	for range sc.HungPods {
-		if _, err := drv.Hang(); err != nil {
+		if _, err := rt.Call("hang"); err != nil {
 			return nil, err
 		}
+	}
+	watches := !col.kubelet && sc.RelistThreshold > 0
+	if watches {
+		if _, err := gen.Call("watch"); err != nil {
+			return nil, err
+		}
+	}
+	simCPU0, err := rt.CallInt("cpu")
+	if err != nil {
+		return nil, err
+	}
+	var calls0 map[string]int64
+	if err := rt.CallJSON(&calls0, "calls"); err != nil {
+		return nil, err
 	}
 
 	res := &RunResult{
@@ -319,39 +319,29 @@ func runOne(ctx context.Context, o Options, sc Scenario, col column, relists int
 	if col.inspectionTimeout < 0 {
 		res.PodInspectionTimeoutMs = -1
 	}
-
-	if err := rl.watchHealth(); err != nil {
-		return nil, err
-	}
-	simCPU0, err := drv.CPU()
-	if err != nil {
-		return nil, err
-	}
 	var (
-		durs, lists     []time.Duration
-		cpu             time.Duration
-		mallocs, bytes  uint64
-		inspected       []int64
-		beyondList      time.Duration
-		eventsTotal     int
-		discarded       float64
-		calls           = map[string]float64{}
-		wantInspections = int64(sc.Changed)
+		durs, lists    []time.Duration
+		cpu            time.Duration
+		mallocs, bytes uint64
+		inspected      []int64
+		beyondList     time.Duration
+		events         int
+		calls          = map[string]float64{}
 	)
 	for i := range relists {
 		if err := ctx.Err(); err != nil {
 			return nil, err
 		}
 		if sc.Changed > 0 {
-			n, err := drv.Change(sc.Changed)
+			n, err := rt.CallInt("change %d", sc.Changed)
 			if err != nil {
 				return nil, err
 			}
-			if n != sc.Changed {
+			if n != int64(sc.Changed) {
 				return nil, fmt.Errorf("changed %d pods, want %d", n, sc.Changed)
 			}
 		}
-		r, err := rl.relist(ctx)
+		r, err := relist()
 		if err != nil {
 			return nil, err
 		}
@@ -369,8 +359,8 @@ func runOne(ctx context.Context, o Options, sc Scenario, col column, relists int
 		mallocs += r.Mallocs
 		bytes += r.AllocBytes
 		inspected = append(inspected, inspectedBy(r))
-		eventsTotal += r.Events
-		discarded += r.Discarded
+		events += r.Events
+		res.DiscardedEvents += r.Discarded
 		res.InspectionTimeouts += r.Timeouts
 		for op, v := range r.Calls {
 			calls[op] += v
@@ -384,45 +374,55 @@ func runOne(ctx context.Context, o Options, sc Scenario, col column, relists int
 		}
 	}
 
-	if res.Health, err = rl.health(); err != nil {
-		return nil, err
-	}
-	if res.PeakRSSBytes, err = rl.peakRSS(); err != nil {
-		return nil, err
-	}
-	res.ResidentFileBytes = -1
-	if rf, ok := rl.(residentFiler); ok && !col.kubelet {
-		if res.ResidentFileBytes, err = rf.residentFile(); err != nil {
+	if watches {
+		if err := gen.CallJSON(&res.Health, "health"); err != nil {
 			return nil, err
 		}
 	}
-	simCPU1, err := drv.CPU()
+	if res.PeakRSSBytes, err = gen.CallInt("rss"); err != nil {
+		return nil, err
+	}
+	res.ResidentFileBytes, res.ListFloorCPUMs, res.ListBytes = -1, -1, -1
+	if !col.kubelet {
+		if res.ResidentFileBytes, err = gen.CallInt("rssfile"); err != nil {
+			return nil, err
+		}
+	}
+	simCPU1, err := rt.CallInt("cpu")
 	if err != nil {
 		return nil, err
 	}
-	res.ListFloorCPUMs, res.ListBytes = -1, -1
-	if fl, ok := rl.(floorer); ok && !col.kubelet && sc.Changed == 0 && sc.HungPods == 0 && cpuMeasured {
+	var calls1 map[string]int64
+	if err := rt.CallJSON(&calls1, "calls"); err != nil {
+		return nil, err
+	}
+	if !col.kubelet && sc.Changed == 0 && sc.HungPods == 0 && cpuMeasured {
 		// After the relists, so that the simulator's CPU above is theirs.
-		f, err := fl.floor(ctx, relists)
-		if err != nil {
+		var f floorResult
+		if err := gen.CallJSON(&f, "floor %d", relists); err != nil {
 			return nil, err
 		}
 		res.ListFloorCPUMs, res.ListBytes = ms(time.Duration(f.CPUNs)), f.Bytes
 	}
 
 	n := float64(relists)
-	res.RelistMs = make([]float64, len(durs))
-	for i, d := range durs {
-		res.RelistMs[i] = ms(d)
+	for _, d := range durs {
+		res.RelistMs = append(res.RelistMs, ms(d))
 	}
-	res.RelistP50Ms = ms(Percentile(durs, 0.50))
-	res.RelistP99Ms = ms(Percentile(durs, 0.99))
+	res.RelistP50Ms = ms(stats.Percentile(durs, 0.50))
+	res.RelistP99Ms = ms(stats.Percentile(durs, 0.99))
 	res.RelistMaxMs = ms(slices.Max(durs))
 	res.ListP50Ms, res.ListP99Ms, res.MaxBeyondListMs = -1, -1, -1
 	if len(lists) > 0 {
-		res.ListP50Ms = ms(Percentile(lists, 0.50))
-		res.ListP99Ms = ms(Percentile(lists, 0.99))
+		res.ListP50Ms = ms(stats.Percentile(lists, 0.50))
+		res.ListP99Ms = ms(stats.Percentile(lists, 0.99))
 		res.MaxBeyondListMs = ms(beyondList)
+	}
+	res.ListRPCs = map[string]float64{}
+	for _, m := range listMethods {
+		if d := calls1[m] - calls0[m]; d > 0 {
+			res.ListRPCs[m] = float64(d) / n
+		}
 	}
 	res.CallsByOp = map[string]float64{}
 	for op, v := range calls {
@@ -430,18 +430,16 @@ func runOne(ctx context.Context, o Options, sc Scenario, col column, relists int
 		res.CallsPerRelist += v / n
 	}
 	var sum int64
-	res.InspectedMin, res.InspectedMax = inspected[0], inspected[0]
 	for _, v := range inspected {
 		sum += v
-		res.InspectedMin = min(res.InspectedMin, v)
-		res.InspectedMax = max(res.InspectedMax, v)
 	}
+	res.InspectedMin, res.InspectedMax = slices.Min(inspected), slices.Max(inspected)
 	res.PodsInspectedPerRelist = float64(sum) / n
 	if sc.HungPods == 0 {
-		res.InspectedAsChanged = res.InspectedMin == wantInspections && res.InspectedMax == wantInspections
+		want := int64(sc.Changed)
+		res.InspectedAsChanged = res.InspectedMin == want && res.InspectedMax == want
 	}
-	res.EventsPerRelist = float64(eventsTotal) / n
-	res.DiscardedEvents = discarded
+	res.EventsPerRelist = float64(events) / n
 	res.CPUPerRelistMs = -1
 	if cpuMeasured {
 		res.CPUPerRelistMs = ms(cpu) / n
@@ -450,105 +448,14 @@ func runOne(ctx context.Context, o Options, sc Scenario, col column, relists int
 	res.AllocBytesPerRelist = float64(bytes) / n
 	res.SimCPUPerRelistMs = -1
 	if simCPU0 >= 0 && cpuMeasured {
-		res.SimCPUPerRelistMs = ms(simCPU1-simCPU0) / n
+		res.SimCPUPerRelistMs = ms(time.Duration(simCPU1-simCPU0)) / n
 	}
 	return res, nil
 }
 
-// counterSnapshot holds the counters the bench reads from the registry.
-type counterSnapshot struct {
-	ops      map[string]float64 // kubelet_runtime_operations_total by operation_type
-	timeouts float64            // pleg_pod_inspection_timeouts_total, all labels
-}
-
-func counters(g prometheus.Gatherer) counterSnapshot {
-	s := counterSnapshot{ops: map[string]float64{}}
-	mfs, err := g.Gather()
-	if err != nil {
-		return s
-	}
-	for _, mf := range mfs {
-		switch mf.GetName() {
-		case "kubelet_runtime_operations_total":
-			for _, mt := range mf.GetMetric() {
-				for _, l := range mt.GetLabel() {
-					if l.GetName() == "operation_type" {
-						s.ops[l.GetValue()] += mt.GetCounter().GetValue()
-					}
-				}
-			}
-		case "pleg_pod_inspection_timeouts_total":
-			for _, mt := range mf.GetMetric() {
-				s.timeouts += mt.GetCounter().GetValue()
-			}
-		}
-	}
-	return s
-}
-
-// healthWatch checks health without a poller (a goroutine waking every
-// few milliseconds would add its own CPU time to the figures): it calls
-// Healthy right before and right after every relist, and computes from the
-// health timestamp (Generator.LastRelist) the longest time the generator
-// went without a successful relist start, up to the moment each listing
-// returned (when the timestamp moves) and to the end of the run. Healthy
-// is false exactly when that time exceeds the threshold.
-type healthWatch struct {
-	g         *pleg.Generator
-	threshold time.Duration
-	samples   int
-	unhealthy int
-	firstErr  string
-	prev      time.Time // health timestamp so far
-	stalest   time.Duration
-}
-
-func newHealthWatch(g *pleg.Generator, threshold time.Duration) *healthWatch {
-	return &healthWatch{g: g, threshold: threshold, prev: g.LastRelist()}
-}
-
-func (h *healthWatch) check() {
-	ok, err := h.g.Healthy()
-	h.samples++
-	if !ok {
-		h.unhealthy++
-		if h.firstErr == "" && err != nil {
-			h.firstErr = err.Error()
-		}
-	}
-}
-
-// relisted notes a relist whose listing took list.
-func (h *healthWatch) relisted(list time.Duration) {
-	last := h.g.LastRelist()
-	if last.After(h.prev) {
-		h.stalest = max(h.stalest, last.Add(list).Sub(h.prev))
-		h.prev = last
-	}
-}
-
-func (h *healthWatch) result() *HealthResult {
-	h.stalest = max(h.stalest, time.Since(h.prev))
-	return &HealthResult{
-		ThresholdMs:       ms(h.threshold),
-		Samples:           h.samples,
-		UnhealthySamples:  h.unhealthy,
-		LongestWithoutMs:  ms(h.stalest),
-		HealthyThroughout: h.unhealthy == 0 && h.stalest <= h.threshold,
-		FirstError:        h.firstErr,
-	}
-}
-
-// Percentile returns the nearest-rank percentile p (0 < p <= 1) of ds.
-func Percentile(ds []time.Duration, p float64) time.Duration {
-	if len(ds) == 0 {
-		return 0
-	}
-	s := slices.Clone(ds)
-	slices.Sort(s)
-	i := int(math.Ceil(p*float64(len(s)))) - 1
-	return s[max(0, min(i, len(s)-1))]
-}
+// listMethods are the CRI methods that list a node's sandboxes and
+// containers: unary and streamed (KEP-5825).
+var listMethods = []string{"ListPodSandbox", "ListContainers", "StreamPodSandboxes", "StreamContainers"}
 
 func ms(d time.Duration) float64 { return float64(d) / float64(time.Millisecond) }
 

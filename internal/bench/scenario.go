@@ -8,29 +8,30 @@
 //
 // Relists are driven by hand (pleg.Generator.Relist on an unstarted
 // generator, GenericPLEG.Relist in the kubelet's program), one after
-// another, so each one is timed exactly. Each generator runs in a process
-// of its own and measures itself (CPU time, allocations, peak RSS), so the
-// figures of each column are that process's own. Between two
-// relists the bench changes exactly Scenario.Changed pods in the simulated
-// runtime (see workload.changePod), outside the measured window.
+// another, so each one is timed exactly. Between two relists the bench
+// changes exactly Scenario.Changed pods in the simulated runtime (see
+// workload.changePod), outside the measured window.
 //
 // Live scenarios (Scenario.Live, live.go) instead start the generator and
-// watch its relist goroutine for a fixed wall time while the simulated
-// runtime streams events (for a hung pod, or a storm over every pod): what
-// single-pod relists, which only a started generator makes, do to the
-// global relists and to health. They have no kubelet baseline.
+// measure it over a wall-time window while the simulated runtime streams
+// events (for a hung pod, or a storm over every pod) or pods change: what
+// single-pod relists, which only a started generator makes, cost the
+// runtime and do to the global relists, to health and to delivery; each
+// run with the runtime's events on and, as the baseline, off.
 //
-// By default the simulated runtime runs in a child process (the pleg
-// binary re-executed with ChildEnv set, see MaybeServeChild), and so does
-// pleg's generator (RelisterEnv). With Options.InProcess both serve from
-// this process instead, and the simulator's work is included in pleg's
-// figures.
+// The simulated runtime and each generator run in processes of their own
+// (`pleg bench child runtime|pleg`, see ServeChild; the kubelet's is its
+// own program), driven over one line protocol (internal/lineproto), so the CPU time,
+// allocations and peak RSS reported are each one's own.
 package bench
 
 import (
 	"fmt"
+	"slices"
 	"strings"
 	"time"
+
+	"github.com/podlifecycle/pleg/internal/textfmt"
 )
 
 // Scenario is one node shape and workload to measure.
@@ -80,9 +81,9 @@ type Scenario struct {
 // LiveSpec is what a live scenario adds to a Scenario.
 type LiveSpec struct {
 	// Window is the measured wall time (Quick in quick mode), after the
-	// generator's warm-up: its first two global relists, more until one
-	// inspects no pod, and the event stream's connection.
-	Window time.Duration `json:"window"`
+	// generator's warm-up (see plegChild.start). Scenarios that make
+	// Changes have no fixed window: it lasts as long as they do.
+	Window time.Duration `json:"window,omitempty"`
 	Quick  time.Duration `json:"-"`
 	// RelistPeriod is the generator's relist period.
 	RelistPeriod time.Duration `json:"relistPeriod"`
@@ -94,8 +95,54 @@ type LiveSpec struct {
 	HungPodEvents time.Duration `json:"hungPodEvents,omitempty"`
 	// EventStorm, when positive, makes the runtime stream this many
 	// events per second, spread over every pod in turn, from the
-	// window's start.
+	// window's start; LiveRun.Storm says what they say.
 	EventStorm int `json:"eventStormPerSecond,omitempty"`
+	// Churn, when positive, changes this many pods every ChurnEvery from
+	// the window's start (each change streams its events).
+	Churn      int           `json:"churn,omitempty"`
+	ChurnEvery time.Duration `json:"churnEvery,omitempty"`
+	// Changes, when positive, changes one pod at a time this many times
+	// (QuickChanges in quick mode; a fifth with events off, whose
+	// deliveries wait for the relist period), each ChangeGap after the
+	// last was delivered, and measures each change's delivery: from the
+	// change in the runtime to the generator's event about the pod.
+	Changes      int           `json:"changes,omitempty"`
+	QuickChanges int           `json:"-"`
+	ChangeGap    time.Duration `json:"changeGap,omitempty"`
+	// Runs are the runs of the scenario, each against a fresh runtime and
+	// generator; the first is the baseline of the others. Nil: one run
+	// with events on.
+	Runs []LiveRun `json:"runs,omitempty"`
+}
+
+// LiveRun is one run of a live scenario.
+type LiveRun struct {
+	Name string `json:"name"`
+	// Events turns the runtime's event stream on as hints.
+	Events bool `json:"events"`
+	// Storm is what the event storm says about each running container:
+	// "" STOPPED and STARTED in turn, "started" or "stopped" only.
+	Storm string `json:"storm,omitempty"`
+}
+
+// runs returns the runs of a live scenario.
+func (l *LiveSpec) runs() []LiveRun {
+	if len(l.Runs) == 0 {
+		return []LiveRun{{Name: "pleg", Events: true}}
+	}
+	return l.Runs
+}
+
+// changes returns the number of changes of a run.
+func (l *LiveSpec) changes(quick, events bool) int {
+	n := l.Changes
+	if quick && l.QuickChanges > 0 {
+		n = l.QuickChanges
+	}
+	if !events {
+		n = max(n/5, 3)
+	}
+	return n
 }
 
 // window returns the measured wall time of a live run.
@@ -219,6 +266,46 @@ func Scenarios() []Scenario {
 				EventStorm:   3000,
 			},
 		},
+		// The hint budget's goals (issue 18), events on against off.
+		{
+			// Runtime events that change nothing: STARTED for running
+			// containers (events that name the state the records show are
+			// skipped), and STOPPED for containers still running (no rule
+			// can skip them: each is a single-pod relist, within the
+			// budget).
+			Name: "events-unchanged", Pods: 200, Containers: 5,
+			RequestTimeout: 10 * time.Second, RelistThreshold: 10 * time.Second,
+			Live: &LiveSpec{
+				Window: 12 * time.Second, Quick: 4 * time.Second,
+				RelistPeriod: time.Second,
+				EventStorm:   1000,
+				Runs: []LiveRun{{Name: "events off"}, {Name: "on: STARTED", Events: true, Storm: "started"},
+					{Name: "on: STOPPED", Events: true, Storm: "stopped"}},
+			},
+		},
+		{
+			// Churn with every change also streamed as events: the hints
+			// race the global relist for the same pods.
+			Name: "events-churn", Pods: 200, Containers: 5, Latency: 20 * time.Millisecond,
+			RequestTimeout: 10 * time.Second, RelistThreshold: 10 * time.Second,
+			Live: &LiveSpec{
+				Window: 12 * time.Second, Quick: 4 * time.Second,
+				RelistPeriod: 100 * time.Millisecond,
+				Churn:        50, ChurnEvery: 100 * time.Millisecond,
+				Runs: []LiveRun{{Name: "events off"}, {Name: "events on", Events: true}},
+			},
+		},
+		{
+			// One pod changes at a time: the budget must not delay a
+			// change that comes alone.
+			Name: "events-isolated", Pods: 200, Containers: 5, Latency: time.Millisecond,
+			RequestTimeout: 10 * time.Second, RelistThreshold: 10 * time.Second,
+			Live: &LiveSpec{
+				RelistPeriod: time.Second,
+				Changes:      40, QuickChanges: 8, ChangeGap: 500 * time.Millisecond,
+				Runs: []LiveRun{{Name: "events off"}, {Name: "events on", Events: true}},
+			},
+		},
 	}
 }
 
@@ -232,17 +319,11 @@ func Lookup(spec string) ([]Scenario, error) {
 	var out []Scenario
 	for _, name := range strings.Split(spec, ",") {
 		name = strings.TrimSpace(name)
-		found := false
-		for _, s := range all {
-			if s.Name == name {
-				out = append(out, s)
-				found = true
-				break
-			}
-		}
-		if !found {
+		i := slices.IndexFunc(all, func(s Scenario) bool { return s.Name == name })
+		if i < 0 {
 			return nil, fmt.Errorf("unknown scenario %q (want all or one of %s)", name, strings.Join(Names(), ", "))
 		}
+		out = append(out, all[i])
 	}
 	return out, nil
 }
@@ -254,4 +335,38 @@ func Names() []string {
 		out = append(out, s.Name)
 	}
 	return out
+}
+
+// liveDescription is the Description of a live scenario.
+func (s Scenario) liveDescription() string {
+	l := s.Live
+	var b strings.Builder
+	fmt.Fprintf(&b, "%d pods x %d containers", s.Pods, s.Containers)
+	if s.HungPods > 0 {
+		what := "status calls"
+		if l.HangLists {
+			what = "status calls and filtered list calls"
+		}
+		fmt.Fprintf(&b, ", %d %s whose %s hang from the window's start", s.HungPods, textfmt.Plural(s.HungPods, "pod", "pods"), what)
+		if l.HungPodEvents > 0 {
+			fmt.Fprintf(&b, ", a runtime event for it every %v", l.HungPodEvents)
+		}
+	}
+	if l.EventStorm > 0 {
+		fmt.Fprintf(&b, ", %s runtime events per second spread over every pod", groupThousands(int64(l.EventStorm)))
+		if slices.ContainsFunc(l.Runs, func(r LiveRun) bool { return r.Storm != "" }) {
+			b.WriteString(", each about a running container that keeps running")
+		}
+	}
+	if l.Churn > 0 {
+		fmt.Fprintf(&b, ", %d pods changed every %v (each change streamed as runtime events)", l.Churn, l.ChurnEvery)
+	}
+	if l.Changes > 0 {
+		fmt.Fprintf(&b, ", one pod changed at a time, %v after the last change was delivered (%d changes; a fifth with events off)", l.ChangeGap, l.Changes)
+	}
+	if s.Latency > 0 {
+		fmt.Fprintf(&b, ", %v per runtime call", s.Latency)
+	}
+	fmt.Fprintf(&b, "; a started generator, relist period %v", l.RelistPeriod)
+	return b.String()
 }

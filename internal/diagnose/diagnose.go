@@ -59,6 +59,7 @@ import (
 	"time"
 
 	"github.com/podlifecycle/pleg/cruntime"
+	"github.com/podlifecycle/pleg/internal/textfmt"
 	"github.com/podlifecycle/pleg/metrics"
 )
 
@@ -264,7 +265,7 @@ func (p PodReport) Ref() string {
 	if p.Name == "" {
 		return p.UID
 	}
-	return p.Namespace + "/" + p.Name
+	return textfmt.PodRef(p.Namespace, p.Name)
 }
 
 // Estimate is the kubelet's relist time, as estimated.

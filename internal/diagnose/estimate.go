@@ -4,6 +4,8 @@ import (
 	"fmt"
 	"strings"
 	"time"
+
+	"github.com/podlifecycle/pleg/internal/textfmt"
 )
 
 // estimate fills in the estimate, the health, the cause and the verdict.
@@ -107,10 +109,10 @@ func (d *diagnoser) relistVerdict(r *Report) (*Cause, string) {
 		msg := fmt.Sprintf("%s for pod %s hangs (the kubelet waits the %v runtime request timeout for it, twice per relist)",
 			c.Call, p.Ref(), d.opts.RequestTimeout)
 		if n := len(hungPods) - 1; n > 0 {
-			msg += fmt.Sprintf("; %d more %s: %s", n, plural(n, "pod hangs", "pods hang"), podList(hungPods[1:]))
+			msg += fmt.Sprintf("; %d more %s: %s", n, textfmt.Plural(n, "pod hangs", "pods hang"), podList(hungPods[1:]))
 		}
 		if len(errPods) > 0 {
-			msg += fmt.Sprintf("; %d %s: %s", len(errPods), plural(len(errPods), "pod fails", "pods fail"), podList(errPods))
+			msg += fmt.Sprintf("; %d %s: %s", len(errPods), textfmt.Plural(len(errPods), "pod fails", "pods fail"), podList(errPods))
 		}
 		return podCause(p), head + link + msg
 	case len(errPods) > 0:
@@ -118,7 +120,7 @@ func (d *diagnoser) relistVerdict(r *Report) (*Cause, string) {
 		c := p.FailedCall
 		msg := fmt.Sprintf("%s for pod %s fails: %s", c.Call, p.Ref(), c.Error)
 		if n := len(errPods) - 1; n > 0 {
-			msg += fmt.Sprintf("; %d more %s: %s", n, plural(n, "pod fails", "pods fail"), podList(errPods[1:]))
+			msg += fmt.Sprintf("; %d more %s: %s", n, textfmt.Plural(n, "pod fails", "pods fail"), podList(errPods[1:]))
 		}
 		return podCause(p), head + link + msg
 	case r.Healthy:
@@ -138,7 +140,7 @@ func (d *diagnoser) relistVerdict(r *Report) (*Cause, string) {
 			fmt.Sprintf("%s because %s takes ~%v", head, c.Call, Round(seconds(c.KubeletSeconds)))
 	}
 	msg := fmt.Sprintf("%s because inspecting %d %s one after another takes ~%v", head, inspected,
-		plural(inspected, "pod", "pods"), Round(seconds(e.InspectionSeconds)))
+		textfmt.Plural(inspected, "pod", "pods"), Round(seconds(e.InspectionSeconds)))
 	var cause *Cause
 	if len(r.Pods) > 0 && r.Pods[0].SlowestCall != nil {
 		p := r.Pods[0]
@@ -173,13 +175,6 @@ func podList(pods []PodReport) string {
 		names = append(names, p.Ref())
 	}
 	return strings.Join(names, ", ")
-}
-
-func plural(n int, one, many string) string {
-	if n == 1 {
-		return one
-	}
-	return many
 }
 
 func seconds(s float64) time.Duration { return time.Duration(s * float64(time.Second)) }

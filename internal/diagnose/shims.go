@@ -16,6 +16,7 @@ import (
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/podlifecycle/pleg/cruntime"
+	"github.com/podlifecycle/pleg/internal/textfmt"
 )
 
 // Why the shim probe was made (ShimProbe.Reason).
@@ -325,15 +326,6 @@ type RawCRI interface {
 	RuntimeService() runtimeapi.RuntimeServiceClient
 }
 
-// shortID shortens a sandbox ID the way crictl prints it (crictl accepts
-// the prefix).
-func shortID(id string) string {
-	if len(id) > 13 {
-		return id[:13]
-	}
-	return id
-}
-
 // shimNote is the verdict's account of the stuck shims ("" when there are
 // none).
 func shimNote(stuck []StuckShim) string {
@@ -341,7 +333,7 @@ func shimNote(stuck []StuckShim) string {
 	case 0:
 		return ""
 	case 1:
-		return fmt.Sprintf("the shim of pod %s does not answer (crictl inspectp %s hangs)", stuck[0].Pod, shortID(stuck[0].SandboxID))
+		return fmt.Sprintf("the shim of pod %s does not answer (crictl inspectp %s hangs)", stuck[0].Pod, textfmt.ShortID(stuck[0].SandboxID))
 	}
 	names := make([]string, 0, 4)
 	for i, s := range stuck {
@@ -349,7 +341,7 @@ func shimNote(stuck []StuckShim) string {
 			names = append(names, fmt.Sprintf("and %d more", len(stuck)-3))
 			break
 		}
-		names = append(names, fmt.Sprintf("%s (%s)", s.Pod, shortID(s.SandboxID)))
+		names = append(names, fmt.Sprintf("%s (%s)", s.Pod, textfmt.ShortID(s.SandboxID)))
 	}
 	return fmt.Sprintf("the shims of %d pods do not answer (crictl inspectp hangs): %s", len(stuck), strings.Join(names, ", "))
 }

@@ -5,6 +5,8 @@ import (
 	"io"
 	"strings"
 	"text/tabwriter"
+
+	"github.com/podlifecycle/pleg/internal/textfmt"
 )
 
 // TextOptions configure WriteText.
@@ -53,9 +55,9 @@ func WriteText(w io.Writer, r *Report, o TextOptions) error {
 	}
 	fmt.Fprintf(tw, "Runtime:\t%s\n", rt)
 	cn := r.Counts
-	fmt.Fprintf(tw, "Node:\t%d %s: %d %s%s, %d %s%s\n", cn.Pods, plural(cn.Pods, "pod", "pods"),
-		cn.Sandboxes, plural(cn.Sandboxes, "sandbox", "sandboxes"), states(cn.SandboxStates),
-		cn.Containers, plural(cn.Containers, "container", "containers"), states(cn.ContainerStates))
+	fmt.Fprintf(tw, "Node:\t%d %s: %d %s%s, %d %s%s\n", cn.Pods, textfmt.Plural(cn.Pods, "pod", "pods"),
+		cn.Sandboxes, textfmt.Plural(cn.Sandboxes, "sandbox", "sandboxes"), states(cn.SandboxStates),
+		cn.Containers, textfmt.Plural(cn.Containers, "container", "containers"), states(cn.ContainerStates))
 	var lc []string
 	for _, c := range r.List.Calls {
 		s := fmt.Sprintf("%s %v", c.Call, Round(seconds(c.Seconds)))
@@ -100,7 +102,7 @@ func WriteText(w io.Writer, r *Report, o TextOptions) error {
 		}
 		if len(rest) > 0 {
 			fmt.Fprintf(&b, "(%d more %s answered, each costing at most %v; --output json lists every pod)\n",
-				len(rest), plural(len(rest), "pod", "pods"), Round(seconds(rest[0].KubeletSeconds)))
+				len(rest), textfmt.Plural(len(rest), "pod", "pods"), Round(seconds(rest[0].KubeletSeconds)))
 		}
 	}
 
@@ -151,9 +153,9 @@ func WriteText(w io.Writer, r *Report, o TextOptions) error {
 				n++
 			}
 		}
-		fmt.Fprintf(tw, "  inspection of %d %s\t%v\n", n, plural(n, "pod", "pods"), Round(seconds(e.InspectionSeconds)))
+		fmt.Fprintf(tw, "  inspection of %d %s\t%v\n", n, textfmt.Plural(n, "pod", "pods"), Round(seconds(e.InspectionSeconds)))
 		if e.FailingPods > 0 {
-			fmt.Fprintf(tw, "  reinspection of %d failing %s\t%v\n", e.FailingPods, plural(e.FailingPods, "pod", "pods"),
+			fmt.Fprintf(tw, "  reinspection of %d failing %s\t%v\n", e.FailingPods, textfmt.Plural(e.FailingPods, "pod", "pods"),
 				Round(seconds(e.ReinspectionSeconds)))
 		}
 	}
@@ -181,7 +183,7 @@ func shimLine(r *Report) string {
 	if sp.Sandboxes == 0 && sp.Error != "" {
 		return fmt.Sprintf("%s: not made: %s", head, sp.Error)
 	}
-	parts := []string{fmt.Sprintf("%d %s do not answer", sp.Stuck, plural(sp.Stuck, "shim", "shims")),
+	parts := []string{fmt.Sprintf("%d %s do not answer", sp.Stuck, textfmt.Plural(sp.Stuck, "shim", "shims")),
 		fmt.Sprintf("%d answered", sp.Answered)}
 	if sp.Stuck == 1 {
 		parts[0] = "1 shim does not answer"
@@ -192,7 +194,7 @@ func shimLine(r *Report) string {
 	if sp.Skipped > 0 {
 		parts = append(parts, fmt.Sprintf("%d not probed in time", sp.Skipped))
 	}
-	return fmt.Sprintf("%s: %d %s: %s", head, sp.Sandboxes, plural(sp.Sandboxes, "sandbox", "sandboxes"), strings.Join(parts, ", "))
+	return fmt.Sprintf("%s: %d %s: %s", head, sp.Sandboxes, textfmt.Plural(sp.Sandboxes, "sandbox", "sandboxes"), strings.Join(parts, ", "))
 }
 
 // states formats counts by state: " (3 running, 1 exited)".

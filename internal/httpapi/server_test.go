@@ -6,11 +6,12 @@ import (
 	"encoding/json"
 	"errors"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"reflect"
-	"sort"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -223,16 +224,16 @@ func TestPods(t *testing.T) {
 	for _, p := range raw.Pods {
 		var uid string
 		_ = json.Unmarshal(p["podUID"], &uid)
-		if keys := sortedKeys(p); !reflect.DeepEqual(keys, wantKeys[uid]) {
+		if keys := slices.Sorted(maps.Keys(p)); !reflect.DeepEqual(keys, wantKeys[uid]) {
 			t.Errorf("pod %s keys = %v, want %v", uid, keys, wantKeys[uid])
 		}
 	}
 	var ctr []map[string]json.RawMessage
 	_ = json.Unmarshal(raw.Pods[1]["containers"], &ctr)
-	if keys, want := sortedKeys(ctr[0]), []string{"attempt", "exitCode", "finishedAt", "id", "image", "name", "reason", "startedAt", "state"}; !reflect.DeepEqual(keys, want) {
+	if keys, want := slices.Sorted(maps.Keys(ctr[0])), []string{"attempt", "exitCode", "finishedAt", "id", "image", "name", "reason", "startedAt", "state"}; !reflect.DeepEqual(keys, want) {
 		t.Errorf("exited container keys = %v, want %v", keys, want)
 	}
-	if keys, want := sortedKeys(ctr[1]), []string{"attempt", "id", "image", "name", "startedAt", "state"}; !reflect.DeepEqual(keys, want) {
+	if keys, want := slices.Sorted(maps.Keys(ctr[1])), []string{"attempt", "id", "image", "name", "startedAt", "state"}; !reflect.DeepEqual(keys, want) {
 		t.Errorf("running container keys = %v, want %v", keys, want)
 	}
 }
@@ -246,15 +247,6 @@ func TestPodsEmpty(t *testing.T) {
 	if strings.TrimSpace(body) != "{\n  \"pods\": []\n}" {
 		t.Errorf("body = %q, want an empty pods list and no timestamp", body)
 	}
-}
-
-func sortedKeys[V any](m map[string]V) []string {
-	keys := make([]string, 0, len(m))
-	for k := range m {
-		keys = append(keys, k)
-	}
-	sort.Strings(keys)
-	return keys
 }
 
 func TestMetrics(t *testing.T) {

@@ -16,6 +16,7 @@ import (
 	"time"
 
 	"github.com/podlifecycle/pleg"
+	"github.com/podlifecycle/pleg/internal/stats"
 )
 
 // kubeletFastPathLine is the kubelet's log line (V(4)) for a single-pod
@@ -142,12 +143,12 @@ func TestKubeletEventedSideBySide(t *testing.T) {
 	s.checkCache(t, names[0])
 	s.checkHealth(t)
 	measure(t, "kubelet-evented-side-by-side: ContainerDied after the container finished, %d exits (%d kubelet events checked): kubelet v1.37.2 EventedPLEG p50=%s max=%s, pleg p50=%s max=%s, pleg minus kubelet p50=%s min=%s max=%s (negative: pleg first)",
-		len(exits), n, ms(percentile(kubeLat, 50)), ms(slices.Max(kubeLat)), ms(percentile(plegLat, 50)), ms(slices.Max(plegLat)),
-		ms(percentile(diff, 50)), ms(slices.Min(diff)), ms(slices.Max(diff)))
+		len(exits), n, ms(stats.Percentile(kubeLat, 0.50)), ms(slices.Max(kubeLat)), ms(stats.Percentile(plegLat, 0.50)), ms(slices.Max(plegLat)),
+		ms(stats.Percentile(diff, 0.50)), ms(slices.Min(diff)), ms(slices.Max(diff)))
 	// Both follow the same event from the same containerd: what the
 	// runtime and the machine's load add (tens to hundreds of ms) is in
 	// both. pleg's hints must not be slower than the kubelet's fast path.
-	if p := percentile(diff, 50); p > 100*time.Millisecond {
+	if p := stats.Percentile(diff, 0.50); p > 100*time.Millisecond {
 		t.Errorf("pleg delivered ContainerDied %s (p50) after the kubelet's evented PLEG, want at most 100 ms", ms(p))
 	}
 }

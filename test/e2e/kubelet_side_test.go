@@ -9,6 +9,7 @@ import (
 	"errors"
 	"fmt"
 	"io/fs"
+	"maps"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -26,6 +27,7 @@ import (
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/podlifecycle/pleg"
+	"github.com/podlifecycle/pleg/internal/stats"
 )
 
 // kubeletEvent is a lifecycle event the kubelet's PLEG produced: from a
@@ -657,7 +659,7 @@ func TestKubeletSideBySide(t *testing.T) {
 		k.WaitRelists(t, 2, 30*time.Second)
 		s.latencies = s.latencies[:0]
 		n := s.checkEvents(t, names...)
-		p50, pmax, pmin := percentile(s.latencies, 50), slices.Max(s.latencies), slices.Min(s.latencies)
+		p50, pmax, pmin := stats.Percentile(s.latencies, 0.50), slices.Max(s.latencies), slices.Min(s.latencies)
 		measure(t, "kubelet-side-by-side: pleg delivery minus the kubelet's PLEG (its log) over %d events of %d pods: p50=%s min=%s max=%s (negative: pleg first)",
 			n, len(names), ms(p50), ms(pmin), ms(pmax))
 	})
@@ -701,7 +703,7 @@ func harm(t testing.TB, without, with relistWindow) {
 	maxStart := func(w relistWindow) time.Duration { return slices.Max(w.starts) }
 	measure(t, "kubelet-harm: kubelet relist mean without pleg %s (%d relists), with pleg %s (%d relists); static pod start p50/max without %s/%s, with %s/%s",
 		ms(without.mean()), without.count, ms(with.mean()), with.count,
-		ms(percentile(without.starts, 50)), ms(maxStart(without)), ms(percentile(with.starts, 50)), ms(maxStart(with)))
+		ms(stats.Percentile(without.starts, 0.50)), ms(maxStart(without)), ms(stats.Percentile(with.starts, 0.50)), ms(maxStart(with)))
 	if without.count == 0 || with.count == 0 {
 		t.Fatalf("the kubelet relisted %d and %d times in the windows", without.count, with.count)
 	}
@@ -762,7 +764,7 @@ func compareMetricFamilies(t testing.TB, kube, mine map[string]*dto.MetricFamily
 		kubeOps = labelValues(mf, "operation_type")
 	}
 	var compared []string
-	for _, n := range sortedKeys(names) {
+	for _, n := range slices.Sorted(maps.Keys(names)) {
 		k, m := kube[n], mine[n]
 		switch {
 		case k == nil:
@@ -789,7 +791,7 @@ func compareMetricFamilies(t testing.TB, kube, mine map[string]*dto.MetricFamily
 		}
 		for v := range labelValues(m, "operation_type") {
 			if !kubeOps[v] && v != "get_container_events" {
-				t.Errorf("%s: pleg reports operation_type=%q, which the kubelet (calling %v) does not", n, v, sortedKeys(kubeOps))
+				t.Errorf("%s: pleg reports operation_type=%q, which the kubelet (calling %v) does not", n, v, slices.Sorted(maps.Keys(kubeOps)))
 			}
 		}
 	}
@@ -807,7 +809,7 @@ func labelNames(mf *dto.MetricFamily) []string {
 			set[l.GetName()] = true
 		}
 	}
-	return sortedKeys(set)
+	return slices.Sorted(maps.Keys(set))
 }
 
 // labelValues returns the values label takes in a family.

@@ -39,7 +39,6 @@ import (
 	"os/exec"
 	"path/filepath"
 	"regexp"
-	"sort"
 	"strconv"
 	"strings"
 	"sync"
@@ -919,16 +918,6 @@ func (k *kubelet) checkHostPaths() error {
 		}
 	}
 	return errors.Join(errs...)
-}
-
-// sortedKeys returns m's keys, sorted.
-func sortedKeys[V any](m map[string]V) []string {
-	out := make([]string, 0, len(m))
-	for k := range m {
-		out = append(out, k)
-	}
-	sort.Strings(out)
-	return out
 }
 
 // TestKubeletStaticPod runs the real kubelet with one static pod: /pods

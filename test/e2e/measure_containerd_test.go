@@ -1,11 +1,9 @@
 package e2e
 
 import (
-	"bufio"
 	"context"
-	"encoding/json"
+	"errors"
 	"fmt"
-	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -21,6 +19,7 @@ import (
 
 	"github.com/podlifecycle/pleg"
 	"github.com/podlifecycle/pleg/cruntime/cri"
+	"github.com/podlifecycle/pleg/internal/lineproto"
 	"github.com/podlifecycle/pleg/metrics"
 )
 
@@ -359,81 +358,32 @@ func startPLEGRelist(t *testing.T) func() (float64, int, error) {
 
 // startKubeletRelist starts the kubelet-relist program on the suite's
 // containerd and returns a relist function; the program is stopped at the
-// end of t (killed if it does not quit).
+// end of t (killed if it does not quit), and killed by a relist that does
+// not answer within a minute.
 func startKubeletRelist(t *testing.T, bin string) func() (float64, int, error) {
 	ctx, cancel := context.WithCancel(context.Background())
-	cmd := exec.CommandContext(ctx, bin, "--endpoint", CRIEndpoint(), "--runtime-request-timeout", "10s")
-	stderr := &lockedBuffer{}
-	cmd.Stderr = stderr
-	in, err := cmd.StdinPipe()
+	c, _, err := lineproto.Start("kubelet-relist", exec.CommandContext(ctx, bin, "--endpoint", CRIEndpoint(), "--runtime-request-timeout", "10s"), nil)
 	if err != nil {
-		t.Fatal(err)
-	}
-	outPipe, err := cmd.StdoutPipe()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := cmd.Start(); err != nil {
 		cancel()
 		t.Fatal(err)
 	}
 	t.Cleanup(func() {
-		io.WriteString(in, "quit\n")
-		in.Close()
-		done := make(chan struct{})
-		go func() { cmd.Wait(); close(done) }()
-		select {
-		case <-done:
-		case <-time.After(10 * time.Second):
-			cancel() // kills it
-			<-done
-		}
+		c.Close()
 		cancel()
 	})
-	out := bufio.NewReader(outPipe)
-	read := func() (string, error) {
-		type line struct {
-			s   string
-			err error
-		}
-		ch := make(chan line, 1)
-		go func() { s, err := out.ReadString('\n'); ch <- line{s, err} }()
-		select {
-		case l := <-ch:
-			if l.err != nil {
-				return "", fmt.Errorf("kubelet-relist: %v (stderr: %s)", l.err, stderr.String())
-			}
-			return strings.TrimSpace(l.s), nil
-		case <-time.After(time.Minute):
-			cancel() // the read returns once the process is gone
-			return "", fmt.Errorf("kubelet-relist: no answer in 1m (stderr: %s)", stderr.String())
-		}
-	}
-	if l, err := read(); err != nil || l != "ready" {
-		t.Fatalf("kubelet-relist start: %q %v", l, err)
-	}
 	return func() (float64, int, error) {
-		if _, err := io.WriteString(in, "relist\n"); err != nil {
-			return 0, 0, err
-		}
-		l, err := read()
-		if err != nil {
-			return 0, 0, err
-		}
-		js, ok := strings.CutPrefix(l, "ok ")
-		if !ok {
-			return 0, 0, fmt.Errorf("kubelet-relist: %q", l)
-		}
+		stop := time.AfterFunc(time.Minute, cancel)
+		defer stop.Stop()
 		var r struct {
 			Calls      map[string]float64 `json:"calls"`
 			Events     int                `json:"events"`
 			ListFailed bool               `json:"listFailed"`
 		}
-		if err := json.Unmarshal([]byte(js), &r); err != nil {
+		if err := c.CallJSON(&r, "relist"); err != nil {
 			return 0, 0, err
 		}
 		if r.ListFailed {
-			return 0, 0, fmt.Errorf("kubelet-relist: the listing failed (stderr: %s)", stderr.String())
+			return 0, 0, errors.New("kubelet-relist: the listing failed")
 		}
 		var calls float64
 		for _, v := range r.Calls {
@@ -441,26 +391,4 @@ func startKubeletRelist(t *testing.T, bin string) func() (float64, int, error) {
 		}
 		return calls, r.Events, nil
 	}
-}
-
-// lockedBuffer collects a process's stderr (exec copies it from a
-// goroutine) and can be read meanwhile.
-type lockedBuffer struct {
-	mu sync.Mutex
-	b  strings.Builder
-}
-
-func (l *lockedBuffer) Write(p []byte) (int, error) {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	if l.b.Len() > 64<<10 {
-		return len(p), nil // enough to explain a failure; a chatty child holds no more
-	}
-	return l.b.Write(p)
-}
-
-func (l *lockedBuffer) String() string {
-	l.mu.Lock()
-	defer l.mu.Unlock()
-	return l.b.String()
 }

@@ -16,6 +16,7 @@ import (
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/podlifecycle/pleg"
+	"github.com/podlifecycle/pleg/internal/stats"
 )
 
 // raceEnabled is set by measure_race_test.go under -race.
@@ -159,7 +160,7 @@ func testMeasurePodStartLatency(t *testing.T, e *env) {
 			ds   []time.Duration
 		}{{"cri_call_return", r.fromReturn}, {basisName, r.fromRuntime}} {
 			measure(t, "pod_start_to_started_p50=%s p99=%s max=%s min=%s n=%d generator=%s relist_period=1s basis=%s",
-				ms(percentile(basis.ds, 50)), ms(percentile(basis.ds, 99)), ms(percentile(basis.ds, 100)), ms(percentile(basis.ds, 0)),
+				ms(stats.Percentile(basis.ds, 0.50)), ms(stats.Percentile(basis.ds, 0.99)), ms(stats.Percentile(basis.ds, 1)), ms(stats.Percentile(basis.ds, 0)),
 				len(basis.ds), v.name, basis.name)
 		}
 	}
@@ -202,11 +203,11 @@ func testMeasurePodStartLatency(t *testing.T, e *env) {
 	if s := on.g.EventStream(); s.State != pleg.StreamConnected || s.Events == 0 {
 		t.Errorf("events-on: event stream %+v", s)
 	}
-	onP50, offP50 := percentile(results["events-on"].fromRuntime, 50), percentile(results["events-off"].fromRuntime, 50)
+	onP50, offP50 := stats.Percentile(results["events-on"].fromRuntime, 0.50), stats.Percentile(results["events-off"].fromRuntime, 0.50)
 	if onP50 >= offP50 {
 		t.Errorf("events-on p50 %v is not below events-off p50 %v: the event path did not speed delivery up", onP50, offP50)
 	}
-	p99 := percentile(results["events-on"].fromRuntime, 99)
+	p99 := stats.Percentile(results["events-on"].fromRuntime, 0.99)
 	if e.sharedEvents() {
 		return // the 50 ms target is for a stream of our own
 	}
@@ -264,31 +265,31 @@ func testMeasureRelist50Pods(t *testing.T, _ *env) {
 		failed                              int
 		err                                 string
 	}
-	report := func(view string, parallel int, stats []stat) {
+	report := func(view string, parallel int, recent []stat) {
 		t.Helper()
-		if len(stats) < 1+steadyN {
-			t.Fatalf("%s: %d relists", view, len(stats))
+		if len(recent) < 1+steadyN {
+			t.Fatalf("%s: %d relists", view, len(recent))
 		}
-		first := stats[0]
+		first := recent[0]
 		if first.err != "" || first.pods != nPods || first.containers != nPods*(1+nContainers) ||
 			first.inspected != nPods || first.failed != 0 || first.events != nPods*(1+nContainers) {
 			t.Errorf("%s parallel=%d: first relist %+v, want %d pods, %d containers, %d inspected, %d events",
 				view, parallel, first, nPods, nPods*(1+nContainers), nPods, nPods*(1+nContainers))
 		}
 		var steady []time.Duration
-		for _, s := range stats[1 : 1+steadyN] {
+		for _, s := range recent[1 : 1+steadyN] {
 			if s.err != "" || s.inspected != 0 || s.pods != nPods {
 				t.Errorf("%s parallel=%d: steady relist %+v, want %d pods and nothing inspected", view, parallel, s, nPods)
 			}
 			steady = append(steady, s.d)
 		}
 		var all []string
-		for _, s := range stats[:1+steadyN] {
+		for _, s := range recent[:1+steadyN] {
 			all = append(all, ms(s.d))
 		}
 		t.Logf("%s parallel=%d: relist durations %v", view, parallel, all)
 		measure(t, "relist_50pods_first=%s steady_p50=%s steady_p99=%s n=%d max_parallel_inspections=%d view=%s",
-			ms(first.d), ms(percentile(steady, 50)), ms(percentile(steady, 99)), len(steady), parallel, view)
+			ms(first.d), ms(stats.Percentile(steady, 0.50)), ms(stats.Percentile(steady, 0.99)), len(steady), parallel, view)
 	}
 
 	for _, parallel := range []int{8, 1} {
@@ -301,12 +302,12 @@ func testMeasureRelist50Pods(t *testing.T, _ *env) {
 			return nil
 		})
 		v.g.Stop()
-		var stats []stat
+		var recent []stat
 		for _, s := range v.g.RecentRelists() {
-			stats = append(stats, stat{d: s.Duration, pods: s.Pods, containers: s.Containers,
+			recent = append(recent, stat{d: s.Duration, pods: s.Pods, containers: s.Containers,
 				inspected: s.Inspected, events: s.Events, failed: s.Failed, err: s.Err})
 		}
-		report("library", parallel, stats)
+		report("library", parallel, recent)
 		if n := len(v.log.counts(pleg.ContainerStarted)); n != nPods*(1+nContainers) {
 			t.Errorf("%s: ContainerStarted for %d IDs, want %d", v.name, n, nPods*(1+nContainers))
 		}
@@ -326,11 +327,11 @@ func testMeasureRelist50Pods(t *testing.T, _ *env) {
 			return nil
 		})
 		d.stop(t)
-		var stats []stat
+		var recent []stat
 		for _, s := range body.Relists {
-			stats = append(stats, stat{d: time.Duration(s.DurationSeconds * float64(time.Second)), pods: s.Pods,
+			recent = append(recent, stat{d: time.Duration(s.DurationSeconds * float64(time.Second)), pods: s.Pods,
 				containers: s.Containers, inspected: s.Inspected, events: s.Events, failed: s.Failed, err: s.Error})
 		}
-		report("pleg-run", parallel, stats)
+		report("pleg-run", parallel, recent)
 	}
 }

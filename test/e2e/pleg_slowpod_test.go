@@ -45,6 +45,7 @@ import (
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/podlifecycle/pleg"
+	"github.com/podlifecycle/pleg/internal/stats"
 )
 
 // TestDiagnoseHungShim stops the shim of one pod ("slow", containers web
@@ -197,8 +198,8 @@ func TestDiagnoseHungShim(t *testing.T) {
 			t.Errorf("shim stopped: relist failed: %s", r.Error)
 		}
 	}
-	t.Logf("shim stopped: %d relists, p50 %s p99 %s max %s", len(p1), ms(percentile(durations(p1), 50)),
-		ms(percentile(durations(p1), 99)), ms(percentile(durations(p1), 100)))
+	t.Logf("shim stopped: %d relists, p50 %s p99 %s max %s", len(p1), ms(stats.Percentile(durations(p1), 0.50)),
+		ms(stats.Percentile(durations(p1), 0.99)), ms(stats.Percentile(durations(p1), 1)))
 	if bad := hz.non200Since(phase1); len(bad) > 0 {
 		t.Errorf("shim stopped: /healthz not 200: %v", bad)
 	}
@@ -335,7 +336,7 @@ func TestDiagnoseHungShim(t *testing.T) {
 		return nil
 	})
 	t.Logf("update outstanding: %d relists since, all failed, p50 %s p99 %s; pleg_pod_inspection_timeouts_total %v",
-		len(p2), ms(percentile(durations(p2), 50)), ms(percentile(durations(p2), 99)),
+		len(p2), ms(stats.Percentile(durations(p2), 0.50)), ms(stats.Percentile(durations(p2), 0.99)),
 		metrics.sum("pleg_pod_inspection_timeouts_total", ""))
 	if _, ok := daemon.log.find(pleg.ContainerDied, web); ok {
 		t.Errorf("daemon reported web dead while containerd still had it running")

@@ -1086,16 +1086,5 @@ func inParallel(t testing.TB, n, workers int, fn func(tb testing.TB, i int)) {
 	}
 }
 
-// percentile returns the p-th percentile (nearest rank) of ds.
-func percentile(ds []time.Duration, p float64) time.Duration {
-	if len(ds) == 0 {
-		return 0
-	}
-	s := slices.Clone(ds)
-	slices.Sort(s)
-	rank := int(p/100*float64(len(s))+0.999999) - 1
-	return s[max(0, min(rank, len(s)-1))]
-}
-
 // ms formats a duration in milliseconds with 0.1 ms precision.
 func ms(d time.Duration) string { return fmt.Sprintf("%.1fms", float64(d)/float64(time.Millisecond)) }
