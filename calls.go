@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/podlifecycle/pleg/internal/textfmt"
 	"sync"
 	"time"
 
@@ -197,5 +198,5 @@ func podRef(p *cruntime.Pod) string {
 	if p == nil {
 		return ""
 	}
-	return p.Namespace + "/" + p.Name
+	return textfmt.PodRef(p.Namespace, p.Name)
 }

@@ -2,6 +2,7 @@ package pleg
 
 import (
 	"encoding/json"
+	"github.com/podlifecycle/pleg/internal/textfmt"
 	"time"
 
 	"k8s.io/apimachinery/pkg/types"
@@ -95,4 +96,4 @@ func (e *Event) UnmarshalJSON(b []byte) error {
 }
 
 // Pod returns "namespace/name", the form the kubelet logs pods in.
-func (e Event) Pod() string { return e.PodNamespace + "/" + e.PodName }
+func (e Event) Pod() string { return textfmt.PodRef(e.PodNamespace, e.PodName) }

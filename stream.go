@@ -3,6 +3,7 @@ package pleg
 import (
 	"context"
 	"errors"
+	"github.com/podlifecycle/pleg/internal/textfmt"
 	"io"
 	"math/rand/v2"
 	"sync"
@@ -92,7 +93,7 @@ func (g *Generator) onRuntimeEvent(e cruntime.Event) {
 		g.log.V(4).Info("Runtime event without a pod; leaving it to the relist", "containerID", e.ContainerID, "type", e.Type.String())
 		return
 	}
-	g.log.V(4).Info("Runtime event", "podUID", e.PodUID, "pod", e.PodNamespace+"/"+e.PodName, "containerID", e.ContainerID, "type", e.Type.String())
+	g.log.V(4).Info("Runtime event", "podUID", e.PodUID, "pod", textfmt.PodRef(e.PodNamespace, e.PodName), "containerID", e.ContainerID, "type", e.Type.String())
 	at := e.CreatedAt
 	if at.IsZero() {
 		at = now
