@@ -9,7 +9,8 @@
 # Before every run it removes:
 #   - the Debian packages the suites install (runc, chromium, prometheus and the
 #     packages only they pulled in, via autoremove);
-#   - .cache/e2e (containerd, test images) - the clone has none;
+#   - .cache/e2e (containerd, test images) and .cache/node - the clone has
+#     none; npm's own cache is an empty directory for each run;
 #   - unless --warm-go: the Go build and module caches, by pointing GOCACHE
 #     and GOMODCACHE at empty directories (a new machine has neither).
 # Each run's full log is kept in the work directory (printed at the end);
@@ -77,7 +78,9 @@ for i in $(seq 1 "$runs"); do
 	git clone -q --no-hardlinks "$repo" "$clone"
 	# CI clones main with shared/ beside it.
 	[[ -d $repo/../shared ]] && ln -s "$(cd "$repo/../shared" && pwd)" "$work/run$i/shared"
-	envs=(CI=true)
+	# npm's cache too: the Node client's packages come from the registry.
+	mkdir -p "$work/run$i/npmcache"
+	envs=(CI=true npm_config_cache="$work/run$i/npmcache")
 	if ((!warm_go)); then
 		mkdir -p "$work/run$i/gocache" "$work/run$i/gomodcache"
 		envs+=(GOCACHE="$work/run$i/gocache" GOMODCACHE="$work/run$i/gomodcache")
