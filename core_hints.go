@@ -100,6 +100,12 @@ func (c *core) onHint(in hintIn) {
 	if at.IsZero() {
 		at = c.stepNow
 	}
+	if in.event {
+		// Even a covered event says what it saw: the listing that covers
+		// it may already show a later state (the container started, and
+		// was killed before that listing).
+		c.observe(in.uid, in.container, in.eventType)
+	}
 	if covered(at, c.lastRelist) {
 		reason := SkipCovered
 		if in.event {
@@ -115,7 +121,6 @@ func (c *core) onHint(in hintIn) {
 	h := pendingHint{first: at, last: at}
 	if in.event {
 		h.latency = at
-		c.observe(in.uid, in.container, in.eventType)
 	}
 	c.addHint(in.uid, h)
 }
@@ -139,10 +144,10 @@ func (c *core) observe(uid types.UID, id string, t cruntime.EventType) {
 	default:
 		return
 	}
-	if id == "" {
-		return
+	r := c.records[uid]
+	if id == "" || r == nil {
+		return // an event cannot make up a pod either
 	}
-	r := c.record(uid)
 	if r.observed == nil {
 		r.observed = make(map[string]cruntime.State)
 	}

@@ -112,7 +112,12 @@ func (c *core) onListed(in listed) {
 	for uid, r := range c.records {
 		if r.needsInspection() {
 			todo = append(todo, uid)
-		} else if r.current == nil {
+			continue
+		}
+		// Unchanged: what events saw is moot, the listing agrees with
+		// what was delivered.
+		r.observed = nil
+		if r.current == nil {
 			c.forget(uid)
 		}
 	}

@@ -46,7 +46,11 @@ func testPLEGLifecycle(t *testing.T, e *env) {
 	case e.sharedEvents():
 		evPeriod = time.Second
 	}
-	libEv := startLib(t, "lib(events)", pleg.Options{RelistPeriod: evPeriod, Events: pleg.EventsOn})
+	// lib(events) proves that events alone deliver every change: no hint
+	// budget, which folds hints that wait for it into early global
+	// relists.
+	libEv := startLib(t, "lib(events)", pleg.Options{RelistPeriod: evPeriod, Events: pleg.EventsOn,
+		PodRelistRate: -1, EarlyRelistGap: -1})
 	libRl := startLib(t, "lib(relist)", pleg.Options{RelistPeriod: 100 * time.Millisecond, Events: pleg.EventsOff})
 	watch := startWatch(t, "watch(events)", "--events", "on", "--relist-period", evPeriod.String(), "-v=2")
 	daemon := startDaemon(t, "daemon", "--relist-period", "100ms", "-v=2")
