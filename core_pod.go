@@ -180,7 +180,7 @@ func (c *core) apply(uid types.UID, r *record, forRelist bool, reqSeq uint64, st
 	if mid := withObserved(r.old, r.current, r.observed); mid != nil {
 		events = append(Diff(uid, r.old, mid), Diff(uid, mid, r.current)...)
 	}
-	r.observed = nil
+	pruneObserved(r)
 	pod := r.pod()
 	if len(events) == 0 {
 		if !reinspected {
@@ -282,17 +282,7 @@ func withObserved(old, current *cruntime.Pod, observed map[string]cruntime.State
 	if len(observed) == 0 || current == nil {
 		return nil
 	}
-	rank := func(s state) int {
-		switch s {
-		case stateUnknown:
-			return 1
-		case stateRunning:
-			return 2
-		case stateExited:
-			return 3
-		}
-		return 0 // non-existent
-	}
+	rank := lifecycleRank
 	var mid *cruntime.Pod
 	for _, c := range current.Containers {
 		seen, ok := observed[c.ID]
@@ -324,6 +314,35 @@ func withObserved(old, current *cruntime.Pod, observed map[string]cruntime.State
 		}
 	}
 	return mid
+}
+
+// lifecycleRank orders a container's states along its life: not there
+// yet, created (or unknown), running, exited.
+func lifecycleRank(s state) int {
+	switch s {
+	case stateUnknown:
+		return 1
+	case stateRunning:
+		return 2
+	case stateExited:
+		return 3
+	}
+	return 0 // non-existent
+}
+
+// pruneObserved forgets what runtime events saw that r's listing has
+// reached (or whose container it no longer lists): only a state the
+// listing has yet to show can still come before one it shows.
+func pruneObserved(r *record) {
+	for id, seen := range r.observed {
+		st, _, _ := find(r.current, id)
+		if st == stateNonExistent || lifecycleRank(st) >= lifecycleRank(stateOf(seen)) {
+			delete(r.observed, id)
+		}
+	}
+	if len(r.observed) == 0 {
+		r.observed = nil
+	}
 }
 
 // placeholderStatus is the status cached for a pod whose inspection

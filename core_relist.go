@@ -114,9 +114,10 @@ func (c *core) onListed(in listed) {
 			todo = append(todo, uid)
 			continue
 		}
-		// Unchanged: what events saw is moot, the listing agrees with
-		// what was delivered.
-		r.observed = nil
+		// Unchanged: what events saw that the listing shows is moot;
+		// what it does not show yet (the listing is older than the
+		// event) stays.
+		pruneObserved(r)
 		if r.current == nil {
 			c.forget(uid)
 		}
