@@ -133,7 +133,8 @@ const maxObserved = 16
 // listing has moved past that state (a container that started and was
 // killed before the relist that the event triggered could list it), the
 // outcome delivers the state the event saw before the listed one
-// (core_pod.go, withObserved).
+// (core_pod.go, withObserved). Of several events about one container, the
+// earliest state counts: only a state before the listed one can be missing.
 func (c *core) observe(uid types.UID, id string, t cruntime.EventType) {
 	var st cruntime.State
 	switch t {
@@ -151,7 +152,13 @@ func (c *core) observe(uid types.UID, id string, t cruntime.EventType) {
 	if r.observed == nil {
 		r.observed = make(map[string]cruntime.State)
 	}
-	if _, ok := r.observed[id]; ok || len(r.observed) < maxObserved {
+	prev, ok := r.observed[id]
+	switch {
+	case ok && lifecycleRank(stateOf(prev)) <= lifecycleRank(stateOf(st)):
+		// Keep the earliest state: STARTED then STOPPED before any
+		// listing means the container was running, which the exited
+		// listing alone would lose.
+	case ok || len(r.observed) < maxObserved:
 		r.observed[id] = st
 	}
 }
