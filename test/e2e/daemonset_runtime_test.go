@@ -30,10 +30,6 @@ import (
 // following deploy/README.md's "Running as non-root" would.
 const kubeletSocketGID = 2000
 
-// nonRootPatchPath is the patch that runs the DaemonSet's pleg as the
-// image's non-root user with the socket's group.
-const nonRootPatchPath = "deploy/kubernetes/pleg-nonroot-patch.yaml"
-
 // relistEntry is one relist of pleg's /api/v1/relists, with its times.
 type relistEntry struct {
 	Start           time.Time `json:"start"`
@@ -325,102 +321,6 @@ func runtimeRestartUnderDaemonSet(t *testing.T, k *kubelet, c k8sContainer, pleg
 	t.Logf("containerd down %v; pleg relisting %v after it answered; %d events delivered", outage.Round(time.Millisecond), reconnect.Round(time.Millisecond), len(events.all()))
 }
 
-// nonRootPatch is deploy/kubernetes/pleg-nonroot-patch.yaml.
-type nonRootPatch struct {
-	doc       map[string]any // the whole patch
-	container k8sContainer   // its one container
-}
-
-func loadNonRootPatch(repoRoot string) (*nonRootPatch, error) {
-	type doc struct {
-		Spec struct {
-			Template struct {
-				Spec k8sPodSpec `yaml:"spec"`
-			} `yaml:"template"`
-		} `yaml:"spec"`
-	}
-	maps, docs, err := manifestDocs[doc](filepath.Join(repoRoot, nonRootPatchPath))
-	if err != nil {
-		return nil, err
-	}
-	if len(docs) != 1 || len(docs[0].Spec.Template.Spec.Containers) != 1 {
-		return nil, fmt.Errorf("%s: want one document patching one container", nonRootPatchPath)
-	}
-	return &nonRootPatch{doc: maps[0], container: docs[0].Spec.Template.Spec.Containers[0]}, nil
-}
-
-// apply merges the patch's pod template into a pod (a static pod made by
-// daemonSet.staticPod) as `kubectl patch` merges it into the DaemonSet:
-// maps merge key by key, containers by name, other lists are replaced;
-// then supplementalGroups is set to the socket's group, the value the
-// operator puts there.
-func (np *nonRootPatch) apply(pod map[string]any, socketGID int) (map[string]any, error) {
-	tmpl, err := dig[map[string]any](np.doc, "spec", "template")
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", nonRootPatchPath, err)
-	}
-	out := deepCopy(pod).(map[string]any)
-	if err := strategicMerge(out, tmpl); err != nil {
-		return nil, fmt.Errorf("%s: %w", nonRootPatchPath, err)
-	}
-	psc, err := dig[map[string]any](out, "spec", "securityContext")
-	if err != nil {
-		return nil, fmt.Errorf("%s: %w", nonRootPatchPath, err)
-	}
-	if _, ok := psc["supplementalGroups"]; !ok {
-		return nil, fmt.Errorf("%s: no supplementalGroups", nonRootPatchPath)
-	}
-	psc["supplementalGroups"] = []any{socketGID}
-	return out, nil
-}
-
-// strategicMerge merges src into dst the way a strategic merge patch does
-// for what pod specs hold: maps key by key, lists of containers by name,
-// anything else replaced.
-func strategicMerge(dst, src map[string]any) error {
-	for k, sv := range src {
-		switch s := sv.(type) {
-		case map[string]any:
-			d, ok := dst[k].(map[string]any)
-			if !ok {
-				dst[k] = deepCopy(s)
-				continue
-			}
-			if err := strategicMerge(d, s); err != nil {
-				return err
-			}
-		case []any:
-			d, ok := dst[k].([]any)
-			if !ok || (k != "containers" && k != "initContainers") {
-				dst[k] = deepCopy(s)
-				continue
-			}
-			for _, item := range s {
-				im, _ := item.(map[string]any)
-				name, _ := im["name"].(string)
-				if name == "" {
-					return fmt.Errorf("an item of %s without a name", k)
-				}
-				merged := false
-				for _, di := range d {
-					if dm, _ := di.(map[string]any); dm["name"] == name {
-						if err := strategicMerge(dm, im); err != nil {
-							return err
-						}
-						merged = true
-					}
-				}
-				if !merged {
-					return fmt.Errorf("the patch's %s %q is not in the pod", k, name)
-				}
-			}
-		default:
-			dst[k] = s
-		}
-	}
-	return nil
-}
-
 // procCreds reads a process's real uid, gid and supplementary groups.
 func procCreds(pid int) (uid, gid string, groups []string, err error) {
 	f, err := os.Open(filepath.Join("/proc", strconv.Itoa(pid), "status"))
@@ -459,43 +359,6 @@ func socketGroup(path string) (gid uint32, perm os.FileMode, err error) {
 		return 0, 0, fmt.Errorf("%s is not a socket (%v)", path, st.Mode())
 	}
 	return sys.Gid, st.Mode().Perm(), nil
-}
-
-// movePorts gives a pod made from the DaemonSet's template other
-// --listen-address and --metrics-address ports (the container port, which
-// the probes and the scrape annotation name, with it), so that it can run
-// beside the manifest's pod on the host's network.
-func movePorts(pod map[string]any, listenPort, metricsPort int) error {
-	cs, err := dig[[]any](pod, "spec", "containers")
-	if err != nil || len(cs) != 1 {
-		return fmt.Errorf("containers %v: %v", cs, err)
-	}
-	c, _ := cs[0].(map[string]any)
-	args, _ := c["args"].([]any)
-	moved := 0
-	for i, a := range args {
-		s, _ := a.(string)
-		for flag, port := range map[string]int{"--listen-address=": listenPort, "--metrics-address=": metricsPort} {
-			if v, ok := strings.CutPrefix(s, flag); ok {
-				host, _, err := net.SplitHostPort(v)
-				if err != nil {
-					return fmt.Errorf("%s%s: %w", flag, v, err)
-				}
-				args[i] = flag + net.JoinHostPort(host, strconv.Itoa(port))
-				moved++
-			}
-		}
-	}
-	ports, _ := c["ports"].([]any)
-	if moved != 2 || len(ports) != 1 {
-		return fmt.Errorf("args %v, ports %v: want both addresses and one port", args, ports)
-	}
-	pm, _ := ports[0].(map[string]any)
-	pm["containerPort"], pm["hostPort"] = metricsPort, metricsPort
-	if ann, ok := pod["metadata"].(map[string]any)["annotations"].(map[string]any); ok {
-		ann["prometheus.io/port"] = strconv.Itoa(metricsPort)
-	}
-	return nil
 }
 
 // nonRootOnKubelet runs, beside the DaemonSet's pod, the pod that
