@@ -18,17 +18,14 @@ package e2e
 // TestDiagnose checks `pleg diagnose` on every version.
 
 import (
-	"context"
 	"fmt"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/podlifecycle/pleg"
-	"github.com/podlifecycle/pleg/cruntime"
 )
 
 // labelled returns the value of a counter (or the count of a histogram)
@@ -106,56 +103,6 @@ func TestEventStreamUnsupported16(t *testing.T) {
 	relists := len(lib.g.RecentRelists())
 	measure(t, "event_stream_unsupported get_container_events_calls=%v log_lines=%d relists=%d seconds=3", lib.labelled(t, "kubelet_runtime_operations_total", "operation_type", "get_container_events"), unsupported, relists)
 	watch.requireRunning(t)
-}
-
-// gatedSource is an event source the test can cut and reconnect: cut
-// ends the current stream and holds the generator's reconnection until
-// open.
-type gatedSource struct {
-	src    cruntime.EventSource
-	mu     sync.Mutex
-	open   chan struct{} // closed while the gate is open
-	cancel context.CancelFunc
-	calls  int
-}
-
-func newGatedSource() *gatedSource {
-	g := &gatedSource{open: make(chan struct{})}
-	close(g.open)
-	return g
-}
-
-func (g *gatedSource) WatchEvents(ctx context.Context, connected func(), fn func(cruntime.Event)) error {
-	g.mu.Lock()
-	open := g.open
-	g.mu.Unlock()
-	select {
-	case <-open:
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	g.mu.Lock()
-	g.cancel = cancel
-	g.calls++
-	g.mu.Unlock()
-	return g.src.WatchEvents(ctx, connected, fn)
-}
-
-func (g *gatedSource) cut() {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	g.open = make(chan struct{})
-	if g.cancel != nil {
-		g.cancel()
-	}
-}
-
-func (g *gatedSource) reopen() {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	close(g.open)
 }
 
 // TestEventStreamReplay22: containerd 2.2.9 keeps the events of the time
