@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"os"
@@ -371,27 +370,6 @@ func (k *kubelet) enablePodNetwork(t testing.TB) {
 
 // httpGet fetches url; any status but 200 is an error.
 func httpGet(url string) ([]byte, error) { return getOK(http.DefaultClient, url) }
-
-// getOK fetches url with client, within 10 s; any status but 200 is an
-// error carrying the start of the body.
-func getOK(client *http.Client, url string) ([]byte, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-	if err != nil {
-		return nil, err
-	}
-	resp, err := client.Do(req)
-	if err != nil {
-		return nil, err
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err == nil && resp.StatusCode != http.StatusOK {
-		err = fmt.Errorf("GET %s: %s: %.300s", url, resp.Status, b)
-	}
-	return b, err
-}
 
 // httpStatus returns url's status code.
 func httpStatus(url string) (int, error) {

@@ -1,8 +1,8 @@
 package e2e
 
 // The DaemonSet of deploy/kubernetes/pleg.yaml, run for real: its pod
-// template becomes a static pod of the real kubelet (kubelet_test.go's
-// harness), on the image deploy/Dockerfile describes (plegimage_test.go).
+// template becomes a static pod (manifests.go) of the real kubelet
+// (kubelet.go), on the image deploy/Dockerfile describes (plegimage.go).
 // TestPlegImageDrift fails when the manifest, the Dockerfile and that image
 // drift apart; TestDaemonSetOnKubelet runs the pod.
 

@@ -28,34 +28,6 @@ import (
 	"github.com/podlifecycle/pleg"
 )
 
-// labelled returns the value of a counter (or the count of a histogram)
-// of a library view's registry with label name=value ("" name: any).
-func (v *libView) labelled(t testing.TB, metric, name, value string) float64 {
-	t.Helper()
-	mfs, err := v.reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var sum float64
-	for _, mf := range mfs {
-		if mf.GetName() != metric {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			match := name == ""
-			for _, l := range m.GetLabel() {
-				if l.GetName() == name && l.GetValue() == value {
-					match = true
-				}
-			}
-			if match {
-				sum += m.GetCounter().GetValue() + m.GetGauge().GetValue() + float64(m.GetHistogram().GetSampleCount())
-			}
-		}
-	}
-	return sum
-}
-
 // TestEventStreamUnsupported16: containerd 1.6.20 answers
 // GetContainerEvents with Unimplemented. A library generator and `pleg
 // watch` (events auto) each make one GetContainerEvents call and log the
