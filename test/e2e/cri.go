@@ -1,5 +1,10 @@
 package e2e
 
+// The suite's own CRI client and the helpers tests drive containerd with
+// (RunPod, CreateContainer, StartContainer, ..., ContainerEvents), which
+// label pods and containers as the kubelet does and bound each unary call
+// by criTimeout.
+
 import (
 	"context"
 	"crypto/rand"
