@@ -1,20 +1,26 @@
 package e2e
 
 import (
+	"bufio"
 	"bytes"
 	"context"
 	"encoding/json"
 	"errors"
 	"fmt"
-	"io"
 	"net"
 	"net/http"
 	"os"
 	"path/filepath"
+	"slices"
+	"strconv"
+	"strings"
+	"syscall"
 	"testing"
 	"time"
 
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/podlifecycle/pleg"
 )
 
 // TestDaemonSetOnKubelet runs the DaemonSet's pod template
@@ -372,27 +378,6 @@ func (k *kubelet) enablePodNetwork(t testing.TB) {
 // httpGet fetches url; any status but 200 is an error.
 func httpGet(url string) ([]byte, error) { return getOK(http.DefaultClient, url) }
 
-// getOK fetches url with client, within 10 s; any status but 200 is an
-// error carrying the start of the body.
-func getOK(client *http.Client, url string) ([]byte, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, url, nil)
-	if err != nil {
-		return nil, err
-	}
-	resp, err := client.Do(req)
-	if err != nil {
-		return nil, err
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err == nil && resp.StatusCode != http.StatusOK {
-		err = fmt.Errorf("GET %s: %s: %.300s", url, resp.Status, b)
-	}
-	return b, err
-}
-
 // httpStatus returns url's status code.
 func httpStatus(url string) (int, error) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -407,4 +392,468 @@ func httpStatus(url string) (int, error) {
 	}
 	resp.Body.Close()
 	return resp.StatusCode, nil
+}
+
+// The DaemonSet's pod against what a node's runtime does to it: containerd
+// restarting under it (it recreates its socket), and a socket that belongs
+// to a group, for pleg running as a non-root user. Steps of
+// TestDaemonSetOnKubelet, on its kubelet and pod.
+
+// kubeletSocketGID is the group the kubelet's containerd gives its socket
+// once the restart step has configured it ([grpc] gid), as an operator
+// following deploy/README.md's "Running as non-root" would.
+const kubeletSocketGID = 2000
+
+// relistEntry is one relist of pleg's /api/v1/relists, with its times.
+type relistEntry struct {
+	Start           time.Time `json:"start"`
+	DurationSeconds float64   `json:"durationSeconds"`
+	Pods            int       `json:"pods"`
+	Error           string    `json:"error"`
+}
+
+func (r relistEntry) end() time.Time {
+	return r.Start.Add(time.Duration(r.DurationSeconds * float64(time.Second)))
+}
+
+// plegRelists reads pleg's recent relists from its pod API.
+func plegRelists(api string) ([]relistEntry, error) {
+	b, err := httpGet(api + "/api/v1/relists")
+	if err != nil {
+		return nil, err
+	}
+	var body struct {
+		Relists []relistEntry `json:"relists"`
+	}
+	if err := json.Unmarshal(b, &body); err != nil {
+		return nil, fmt.Errorf("/api/v1/relists: %w: %.300s", err, b)
+	}
+	return body.Relists, nil
+}
+
+// firstRelist returns the first relist that started after since and
+// failed (failed true) or succeeded.
+func firstRelist(api string, since time.Time, failed bool) (relistEntry, error) {
+	rs, err := plegRelists(api)
+	if err != nil {
+		return relistEntry{}, err
+	}
+	var last relistEntry
+	for _, r := range rs {
+		if r.Start.After(since) && (r.Error != "") == failed {
+			return r, nil
+		}
+		last = r
+	}
+	return relistEntry{}, fmt.Errorf("none among %d relists (the last: %+v)", len(rs), last)
+}
+
+// followEvents subscribes to a pleg's /api/v1/events until the test ends
+// and returns the log of what it delivers.
+func followEvents(t testing.TB, api, name string) *eventLog {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, api+"/api/v1/events", nil)
+	if err != nil {
+		cancel()
+		t.Fatal(err)
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		cancel()
+		t.Fatalf("GET %s/api/v1/events: %v", api, err)
+	}
+	if resp.StatusCode != http.StatusOK {
+		resp.Body.Close()
+		cancel()
+		t.Fatalf("GET %s/api/v1/events: %s", api, resp.Status)
+	}
+	d := &daemonView{base: api, log: newEventLog(name)}
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		defer resp.Body.Close()
+		d.readSSE(resp.Body)
+	}()
+	t.Cleanup(func() {
+		cancel()
+		<-done
+		if t.Failed() {
+			t.Logf("%s", d.log.dump())
+		}
+	})
+	eventually(t, 10*time.Second, name+": first SSE resync", func() error {
+		if d.log.resyncCount() == 0 {
+			return errors.New("none yet")
+		}
+		return nil
+	})
+	return d.log
+}
+
+// plegReportsPods checks pleg's pod API against the kubelet's view of the
+// pods in known: same UIDs, names and container IDs, running.
+func plegReportsPods(api string, known map[string]kubePod) error {
+	b, err := httpGet(api + "/api/v1/pods")
+	if err != nil {
+		return err
+	}
+	var body podsBody
+	if err := json.Unmarshal(b, &body); err != nil {
+		return fmt.Errorf("/api/v1/pods: %w", err)
+	}
+	for name, kp := range known {
+		var found bool
+		for _, pp := range body.Pods {
+			if pp.UID != kp.Metadata.UID {
+				continue
+			}
+			found = true
+			if pp.Namespace != kp.Metadata.Namespace || pp.Name != name {
+				return fmt.Errorf("pleg names pod %s %s/%s, the kubelet %s/%s", pp.UID, pp.Namespace, pp.Name, kp.Metadata.Namespace, name)
+			}
+			for _, kc := range kp.Status.ContainerStatuses {
+				id, ok := runtimeID(kc.ContainerID), false
+				for _, pc := range pp.Containers {
+					if pc.ID == id {
+						ok = true
+						if pc.Name != kc.Name || pc.State != "running" {
+							return fmt.Errorf("pleg: %s's container %s is %s %q; the kubelet: %s running", name, id, pc.Name, pc.State, kc.Name)
+						}
+					}
+				}
+				if !ok {
+					return fmt.Errorf("pleg does not report %s's container %s (it has %+v)", name, id, pp.Containers)
+				}
+			}
+		}
+		if !found {
+			return fmt.Errorf("pleg does not report %s (uid %s)", name, kp.Metadata.UID)
+		}
+	}
+	return nil
+}
+
+// onlyContainer returns the ID of a pod's one container, as the runtime
+// names it.
+func onlyContainer(t testing.TB, p kubePod) string {
+	t.Helper()
+	if len(p.Status.ContainerStatuses) != 1 {
+		t.Fatalf("pod %s has %d containers, want 1", p.Metadata.Name, len(p.Status.ContainerStatuses))
+	}
+	return runtimeID(p.Status.ContainerStatuses[0].ContainerID)
+}
+
+// runtimeRestartUnderDaemonSet restarts the kubelet's containerd under
+// the running DaemonSet pod as `systemctl restart containerd` does
+// (SIGTERM, then a new containerd on the same root, state and socket
+// path: it removes the old socket and creates a new one). While it is
+// down, the process of one static pod's container dies; right after it
+// answers again, another's. It checks that pleg inside the pod saw the
+// outage (failed relists) without turning unhealthy, relists again within
+// seconds of containerd answering (the figure is a MEASURE line), delivers
+// both deaths with the exit codes the kubelet reports and the kubelet's
+// restarts of both containers, agrees with the kubelet on every pod,
+// reports nothing else, reconnects its event stream, and that its own
+// container was neither restarted nor replaced.
+//
+// The new containerd's config gives its socket the group
+// kubeletSocketGID ([grpc] gid), for the non-root step after it: as an
+// operator would set it, with a restart.
+func runtimeRestartUnderDaemonSet(t *testing.T, k *kubelet, c k8sContainer, plegPod, api string, known map[string]kubePod, victims [2]string) {
+	useEnv(t, k.env)
+	events := followEvents(t, api, "DaemonSet pod")
+
+	plegBefore, _ := known[plegPod].container(c.Name)
+	ids := map[string]string{} // pod -> container ID before
+	pids := map[string]int{}
+	for _, v := range victims {
+		ids[v] = onlyContainer(t, known[v])
+		pids[v] = containerPID(t, ids[v])
+	}
+	var readyBefore readyzBody
+	if b, err := httpGet(api + "/readyz"); err != nil || json.Unmarshal(b, &readyBefore) != nil {
+		t.Fatalf("pleg's /readyz before the restart: %v %s", err, b)
+	}
+
+	// containerd stops; the first victim's process dies meanwhile. (Every
+	// relist that starts after StopContainerd returned starts while
+	// containerd is down or after it answered again.)
+	StopContainerd(t)
+	stoppedAt := time.Now()
+	if err := syscall.Kill(pids[victims[0]], syscall.SIGKILL); err != nil {
+		t.Fatalf("killing %s's process %d: %v", victims[0], pids[victims[0]], err)
+	}
+	eventually(t, 10*time.Second, victims[0]+"'s process gone", func() error {
+		if err := syscall.Kill(pids[victims[0]], 0); err == nil {
+			return fmt.Errorf("pid %d still exists", pids[victims[0]])
+		}
+		return nil
+	})
+	var failed relistEntry
+	eventually(t, 15*time.Second, "pleg's relists fail while containerd is down", func() (err error) {
+		failed, err = firstRelist(api, stoppedAt, true)
+		return err
+	})
+	t.Logf("while containerd was down, pleg's relist failed: %s", failed.Error)
+	if code, err := httpStatus(api + "/healthz"); err != nil || code != http.StatusOK {
+		t.Errorf("pleg's /healthz during a short outage: %d %v, want 200 (the threshold is minutes)", code, err)
+	}
+
+	// containerd starts again, its socket now in the group.
+	k.env.socketGID = kubeletSocketGID
+	if err := k.env.writeConfig(); err != nil {
+		t.Fatal(err)
+	}
+	StartContainerd(t)
+	answeredAt := time.Now()
+	if err := syscall.Kill(pids[victims[1]], syscall.SIGKILL); err != nil {
+		t.Fatalf("killing %s's process %d: %v", victims[1], pids[victims[1]], err)
+	}
+	outage := answeredAt.Sub(stoppedAt)
+
+	// pleg relists again, within seconds of containerd answering.
+	var back relistEntry
+	eventually(t, 30*time.Second, "pleg relists again after containerd answers", func() (err error) {
+		back, err = firstRelist(api, stoppedAt, false)
+		return err
+	})
+	reconnect := back.end().Sub(answeredAt)
+	measure(t, "daemonset_runtime_restart mount=directory outage=%s answering_to_relist=%s relist_started_after_answer=%s",
+		ms(outage), ms(reconnect), ms(back.Start.Sub(answeredAt)))
+	if reconnect > 5*time.Second {
+		t.Errorf("pleg's first successful relist after the restart ended %v after containerd answered, want within seconds", reconnect)
+	}
+
+	// Both deaths, with the kubelet's exit codes, and both restarts.
+	waitEvents(t, 30*time.Second, []*eventLog{events}, pleg.ContainerDied, ids[victims[0]], ids[victims[1]])
+	newIDs := map[string]string{}
+	for _, v := range victims {
+		p := k.WaitPod(t, v, 60*time.Second, func(p kubePod) error {
+			if err := podRunning(p); err != nil {
+				return err
+			}
+			if cs := p.Status.ContainerStatuses[0]; runtimeID(cs.ContainerID) == ids[v] || cs.LastState.Terminated == nil {
+				return fmt.Errorf("not restarted yet: %+v", cs)
+			}
+			return nil
+		})
+		known[v] = p
+		newIDs[v] = onlyContainer(t, p)
+		lastExit := p.Status.ContainerStatuses[0].LastState.Terminated.ExitCode
+		died, _ := events.find(pleg.ContainerDied, ids[v])
+		if died.ExitCode == nil || *died.ExitCode != lastExit {
+			t.Errorf("%s: pleg's ContainerDied %v; the kubelet's last state: exit code %d", v, died, lastExit)
+		}
+	}
+	waitEvents(t, 30*time.Second, []*eventLog{events}, pleg.ContainerStarted, newIDs[victims[0]], newIDs[victims[1]])
+	eventually(t, 30*time.Second, "pleg's pod API agrees with the kubelet after the restart", func() error {
+		return plegReportsPods(api, known)
+	})
+
+	// Nothing else: every lifecycle event is about the victims' old and
+	// new containers (sandboxes kept running).
+	expected := map[string]bool{}
+	for _, v := range victims {
+		expected[ids[v]], expected[newIDs[v]] = true, true
+	}
+	for _, e := range events.all() {
+		if !expected[e.ContainerID] && e.Type != pleg.PodSync {
+			t.Errorf("pleg delivered %v (pod %s/%s), which no restart explains", e, e.PodNamespace, e.PodName)
+		}
+	}
+
+	// pleg itself: healthy, ready again, its event stream reconnected,
+	// and its container neither restarted nor replaced.
+	eventually(t, 30*time.Second, "pleg ready again, its event stream reconnected", func() error {
+		var r readyzBody
+		b, err := httpGet(api + "/readyz")
+		if err != nil {
+			return err
+		}
+		if err := json.Unmarshal(b, &r); err != nil {
+			return err
+		}
+		if es := r.Details.EventStream; es.State != "connected" || es.Connects <= readyBefore.Details.EventStream.Connects {
+			return fmt.Errorf("event stream %+v (before the restart: %d connects)", es, readyBefore.Details.EventStream.Connects)
+		}
+		return nil
+	})
+	if code, err := httpStatus(api + "/healthz"); err != nil || code != http.StatusOK {
+		t.Errorf("pleg's /healthz after the restart: %d %v", code, err)
+	}
+	p := k.WaitPod(t, plegPod, 30*time.Second, func(p kubePod) error {
+		if cs, ok := p.container(c.Name); !ok || !cs.Ready || !p.ready() {
+			return fmt.Errorf("container %+v, pod Ready %v", cs, p.ready())
+		}
+		return nil
+	})
+	if cs, _ := p.container(c.Name); cs.ContainerID != plegBefore.ContainerID || cs.RestartCount != plegBefore.RestartCount {
+		t.Errorf("the DaemonSet's container after the restart: %s, restartCount %d; before: %s, %d",
+			cs.ContainerID, cs.RestartCount, plegBefore.ContainerID, plegBefore.RestartCount)
+	}
+	t.Logf("containerd down %v; pleg relisting %v after it answered; %d events delivered", outage.Round(time.Millisecond), reconnect.Round(time.Millisecond), len(events.all()))
+}
+
+// procCreds reads a process's real uid, gid and supplementary groups.
+func procCreds(pid int) (uid, gid string, groups []string, err error) {
+	f, err := os.Open(filepath.Join("/proc", strconv.Itoa(pid), "status"))
+	if err != nil {
+		return "", "", nil, err
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		k, v, _ := strings.Cut(sc.Text(), ":")
+		f := strings.Fields(v)
+		switch k {
+		case "Uid":
+			if len(f) > 0 {
+				uid = f[0]
+			}
+		case "Gid":
+			if len(f) > 0 {
+				gid = f[0]
+			}
+		case "Groups":
+			groups = f
+		}
+	}
+	return uid, gid, groups, sc.Err()
+}
+
+// socketGroup returns the group and permission bits of a socket file.
+func socketGroup(path string) (gid uint32, perm os.FileMode, err error) {
+	st, err := os.Stat(path)
+	if err != nil {
+		return 0, 0, err
+	}
+	sys, ok := st.Sys().(*syscall.Stat_t)
+	if !ok || st.Mode()&os.ModeSocket == 0 {
+		return 0, 0, fmt.Errorf("%s is not a socket (%v)", path, st.Mode())
+	}
+	return sys.Gid, st.Mode().Perm(), nil
+}
+
+// nonRootOnKubelet runs, beside the DaemonSet's pod, the pod that
+// deploy/kubernetes/pleg-nonroot-patch.yaml makes of it, with its
+// supplementalGroups set to the socket's group (which the restart step
+// configured), and checks that pleg, running as the image's non-root uid
+// with that group, relists the node's pods. Only its name, ports and
+// lifecycle socket directory differ from what the patch makes (two plegs
+// on one host network). The socket's
+// directory gets the mode of a node's /run/containerd (0711: anyone may
+// pass through it).
+func nonRootOnKubelet(t *testing.T, k *kubelet, pod map[string]any, podName string) {
+	useEnv(t, k.env) // containerPID asks the kubelet's containerd
+	gid, perm, err := socketGroup(k.env.sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if gid != kubeletSocketGID || perm != 0o660 {
+		t.Fatalf("containerd's socket: group %d, mode %v; want the configured group %d, mode 0660", gid, perm, kubeletSocketGID)
+	}
+	if err := os.Chmod(filepath.Dir(k.env.sock), 0o711); err != nil {
+		t.Fatal(err)
+	}
+	np, err := loadNonRootPatch(k.env.repoRoot)
+	if err != nil {
+		t.Fatal(err)
+	}
+	patched, err := np.apply(pod, kubeletSocketGID)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ports, err := freePorts(2)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := movePorts(patched, ports[0], ports[1]); err != nil {
+		t.Fatalf("%s: %v", manifestPath, err)
+	}
+	// A lifecycle socket directory of its own, which the image's user
+	// owns (as on a node where it was made for it).
+	sockDir := t.TempDir()
+	if err := os.Chown(sockDir, int(*np.container.SecurityContext.RunAsUser), int(*np.container.SecurityContext.RunAsGroup)); err != nil {
+		t.Fatal(err)
+	}
+	if err := moveLifecycleSocket(patched, sockDir); err != nil {
+		t.Fatalf("%s: %v", manifestPath, err)
+	}
+	patched["metadata"].(map[string]any)["name"] = podName
+	api := "http://" + net.JoinHostPort("127.0.0.1", strconv.Itoa(ports[0]))
+	b, err := json.MarshalIndent(patched, "", "  ")
+	if err != nil {
+		t.Fatal(err)
+	}
+	start := time.Now()
+	k.AddManifest(t, podName, b)
+	p := k.WaitPod(t, podName+"-"+kubeletNode, 60*time.Second, podRunning)
+
+	// The process: the image's uid and gid, with the socket's group.
+	uid, pgid, groups, err := procCreds(containerPID(t, onlyContainer(t, p)))
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantUID, wantGID := strconv.FormatInt(*np.container.SecurityContext.RunAsUser, 10), strconv.FormatInt(*np.container.SecurityContext.RunAsGroup, 10)
+	if uid != wantUID || pgid != wantGID || !slices.Contains(groups, strconv.Itoa(kubeletSocketGID)) {
+		t.Errorf("the non-root pod's pleg runs as uid %s, gid %s, groups %v; want uid %s, gid %s and group %d", uid, pgid, groups, wantUID, wantGID, kubeletSocketGID)
+	}
+
+	// It relists the node's pods, and is ready.
+	var r relistEntry
+	eventually(t, 30*time.Second, "the non-root pleg relists the node's pods", func() error {
+		rs, err := plegRelists(api)
+		if err != nil {
+			return err
+		}
+		for _, x := range rs {
+			if x.Error == "" && x.Pods >= 3 {
+				r = x
+				return nil
+			}
+		}
+		if len(rs) == 0 {
+			return errors.New("no relist yet")
+		}
+		return fmt.Errorf("no successful relist of the static pods among %d relists; the last: %+v", len(rs), rs[len(rs)-1])
+	})
+	if code, err := httpStatus(api + "/readyz"); err != nil || code != http.StatusOK {
+		t.Errorf("the non-root pleg's /readyz: %d %v", code, err)
+	}
+	t.Logf("pleg as uid %s, gid %s, groups %v relisted %d pods %v after its manifest was written", uid, pgid, groups, r.Pods, time.Since(start).Round(100*time.Millisecond))
+}
+
+// goMemLimit reads the Go runtime's memory limit from a pleg's /metrics.
+func goMemLimit(t testing.TB, metrics []byte) int64 {
+	t.Helper()
+	mfs, err := parseMetrics(metrics)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fam, ok := mfs["go_gc_gomemlimit_bytes"]
+	if !ok || len(fam.GetMetric()) != 1 {
+		t.Fatalf("pleg's /metrics has no go_gc_gomemlimit_bytes")
+	}
+	return int64(fam.GetMetric()[0].GetGauge().GetValue())
+}
+
+// goMemLimitBytes is the container's GOMEMLIMIT in bytes (the Go
+// runtime's syntax: an integer with an optional B, KiB, MiB, GiB or TiB).
+func (ds *daemonSet) goMemLimitBytes(t testing.TB) int64 {
+	t.Helper()
+	for _, e := range ds.container().Env {
+		if e.Name != "GOMEMLIMIT" {
+			continue
+		}
+		num := strings.TrimRight(e.Value, "BKMGTi")
+		n, err := strconv.ParseInt(num, 10, 64)
+		shift, ok := map[string]uint{"": 0, "B": 0, "KiB": 10, "MiB": 20, "GiB": 30, "TiB": 40}[e.Value[len(num):]]
+		if err != nil || !ok {
+			t.Fatalf("%s: GOMEMLIMIT %q is not a byte count", manifestPath, e.Value)
+		}
+		return n << shift
+	}
+	t.Fatalf("%s: no GOMEMLIMIT with a value", manifestPath)
+	return 0
 }

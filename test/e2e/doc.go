@@ -1,7 +1,10 @@
 // Package e2e is the end-to-end suite that runs against real containerds
 // — 1.6.20, 1.7.35, 2.2.9 and 2.4.2 (CRI plugin, runc) — started privately by the
-// suite itself. All of it lives in _test.go files; this file only documents
-// the package.
+// suite itself. The harness is this package's non-test files, each named
+// for what it holds (env.go, supervisor.go, containerd.go, cri.go,
+// kubelet.go, pleg_views.go, ...: README.md has the map), so `go build`
+// and `go vet` compile it; the tests, each with what only it uses, are
+// the _test.go files, and TestMain (main_test.go) runs the suite.
 //
 // `go test ./test/e2e/` provisions what is missing (test/e2e/provision.sh:
 // runc and containerd 1.6 from Debian, containerd 1.7, 2.2 and 2.4 built from

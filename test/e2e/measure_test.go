@@ -19,16 +19,6 @@ import (
 	"github.com/podlifecycle/pleg/internal/stats"
 )
 
-// raceEnabled is set by measure_race_test.go under -race.
-var raceEnabled bool
-
-func measure(t testing.TB, format string, args ...any) {
-	t.Helper()
-	line := fmt.Sprintf(format, args...) + fmt.Sprintf(" runtime=containerd-%s race=%t", suite.version, raceEnabled)
-	t.Log(line)
-	fmt.Println("MEASURE " + line)
-}
-
 // TestMeasurePodStartLatency measures, on the real containerd, the time
 // from a sandbox or container starting to a library subscription
 // receiving its ContainerStarted, for two generators of the same run: one

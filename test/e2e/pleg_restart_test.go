@@ -1,7 +1,6 @@
 package e2e
 
 import (
-	"encoding/json"
 	"errors"
 	"fmt"
 	"net/http"
@@ -16,23 +15,6 @@ import (
 
 	"github.com/podlifecycle/pleg"
 )
-
-// containerPID returns the host PID of a running container's process (CRI
-// verbose status: info.pid).
-func containerPID(t testing.TB, id string) int {
-	t.Helper()
-	resp, err := RuntimeClient().ContainerStatus(criCtx(t), &runtimeapi.ContainerStatusRequest{ContainerId: id, Verbose: true})
-	if err != nil {
-		t.Fatalf("ContainerStatus %s: %v", id, err)
-	}
-	var info struct {
-		Pid int `json:"pid"`
-	}
-	if err := json.Unmarshal([]byte(resp.Info["info"]), &info); err != nil || info.Pid <= 0 {
-		t.Fatalf("container %s: no pid in verbose status (%v): %.200s", id, err, resp.Info["info"])
-	}
-	return info.Pid
-}
 
 var (
 	notHealthyRE     = regexp.MustCompile(`^pleg was last seen active (\S+) ago; threshold is 3s$`)

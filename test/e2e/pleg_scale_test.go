@@ -14,28 +14,6 @@ import (
 	"github.com/podlifecycle/pleg"
 )
 
-// loadPod is one pod of a scale test: its sandbox and container IDs.
-type loadPod struct {
-	name, uid, sandbox string
-	containers         []string
-}
-
-// runLoad creates pods × containers running pods "at once" (8 CRI clients
-// in parallel) and returns them in name order.
-func runLoad(t testing.TB, prefix string, pods, containers int) []loadPod {
-	t.Helper()
-	out := make([]loadPod, pods)
-	inParallel(t, pods, 8, func(tb testing.TB, i int) {
-		p := loadPod{name: fmt.Sprintf("%s-%02d", prefix, i)}
-		p.sandbox, p.uid = RunPod(tb, p.name)
-		for j := 0; j < containers; j++ {
-			p.containers = append(p.containers, CreateAndStart(tb, p.sandbox, fmt.Sprintf("c%d", j), []string{"run"}))
-		}
-		out[i] = p
-	})
-	return out
-}
-
 // TestPLEG50Pods creates 50 pods of 3 containers at once, then stops and
 // removes them all at once, and checks that every view delivered every
 // event exactly once: one ContainerStarted, one ContainerDied and one

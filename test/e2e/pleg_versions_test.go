@@ -18,46 +18,15 @@ package e2e
 // TestDiagnose checks `pleg diagnose` on every version.
 
 import (
-	"context"
 	"fmt"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/podlifecycle/pleg"
-	"github.com/podlifecycle/pleg/cruntime"
 )
-
-// labelled returns the value of a counter (or the count of a histogram)
-// of a library view's registry with label name=value ("" name: any).
-func (v *libView) labelled(t testing.TB, metric, name, value string) float64 {
-	t.Helper()
-	mfs, err := v.reg.Gather()
-	if err != nil {
-		t.Fatal(err)
-	}
-	var sum float64
-	for _, mf := range mfs {
-		if mf.GetName() != metric {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			match := name == ""
-			for _, l := range m.GetLabel() {
-				if l.GetName() == name && l.GetValue() == value {
-					match = true
-				}
-			}
-			if match {
-				sum += m.GetCounter().GetValue() + m.GetGauge().GetValue() + float64(m.GetHistogram().GetSampleCount())
-			}
-		}
-	}
-	return sum
-}
 
 // TestEventStreamUnsupported16: containerd 1.6.20 answers
 // GetContainerEvents with Unimplemented. A library generator and `pleg
@@ -106,56 +75,6 @@ func TestEventStreamUnsupported16(t *testing.T) {
 	relists := len(lib.g.RecentRelists())
 	measure(t, "event_stream_unsupported get_container_events_calls=%v log_lines=%d relists=%d seconds=3", lib.labelled(t, "kubelet_runtime_operations_total", "operation_type", "get_container_events"), unsupported, relists)
 	watch.requireRunning(t)
-}
-
-// gatedSource is an event source the test can cut and reconnect: cut
-// ends the current stream and holds the generator's reconnection until
-// open.
-type gatedSource struct {
-	src    cruntime.EventSource
-	mu     sync.Mutex
-	open   chan struct{} // closed while the gate is open
-	cancel context.CancelFunc
-	calls  int
-}
-
-func newGatedSource() *gatedSource {
-	g := &gatedSource{open: make(chan struct{})}
-	close(g.open)
-	return g
-}
-
-func (g *gatedSource) WatchEvents(ctx context.Context, connected func(), fn func(cruntime.Event)) error {
-	g.mu.Lock()
-	open := g.open
-	g.mu.Unlock()
-	select {
-	case <-open:
-	case <-ctx.Done():
-		return ctx.Err()
-	}
-	ctx, cancel := context.WithCancel(ctx)
-	defer cancel()
-	g.mu.Lock()
-	g.cancel = cancel
-	g.calls++
-	g.mu.Unlock()
-	return g.src.WatchEvents(ctx, connected, fn)
-}
-
-func (g *gatedSource) cut() {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	g.open = make(chan struct{})
-	if g.cancel != nil {
-		g.cancel()
-	}
-}
-
-func (g *gatedSource) reopen() {
-	g.mu.Lock()
-	defer g.mu.Unlock()
-	close(g.open)
 }
 
 // TestEventStreamReplay22: containerd 2.2.9 keeps the events of the time

@@ -7,7 +7,7 @@
 #      which serializes with the other suites' installs).
 #   1b. busybox, from Debian's busybox-static, if /bin/busybox is missing:
 #      the base of the pleg image the DaemonSet test builds from
-#      deploy/Dockerfile (plegimage_test.go).
+#      deploy/Dockerfile (plegimage.go).
 #   2. containerd, containerd-shim-runc-v2 and ctr for each version in
 #      $PLEG_E2E_RUNTIMES (default: 1.6.20 1.7.35 2.2.9 2.4.2) in
 #      $PLEG_E2E_CACHE/containerd-<version>/bin (default cache

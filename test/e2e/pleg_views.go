@@ -52,7 +52,7 @@ import (
 // ---------------------------------------------------------------------------
 // The pleg binary.
 
-// PlegBinary (plegimage_test.go) builds it as deploy/Dockerfile does.
+// PlegBinary (plegimage.go) builds it as deploy/Dockerfile does.
 
 // ---------------------------------------------------------------------------
 // Event logs.
@@ -1088,3 +1088,31 @@ func inParallel(t testing.TB, n, workers int, fn func(tb testing.TB, i int)) {
 
 // ms formats a duration in milliseconds with 0.1 ms precision.
 func ms(d time.Duration) string { return fmt.Sprintf("%.1fms", float64(d)/float64(time.Millisecond)) }
+
+// labelled returns the value of a counter (or the count of a histogram)
+// of a library view's registry with label name=value ("" name: any).
+func (v *libView) labelled(t testing.TB, metric, name, value string) float64 {
+	t.Helper()
+	mfs, err := v.reg.Gather()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var sum float64
+	for _, mf := range mfs {
+		if mf.GetName() != metric {
+			continue
+		}
+		for _, m := range mf.GetMetric() {
+			match := name == ""
+			for _, l := range m.GetLabel() {
+				if l.GetName() == name && l.GetValue() == value {
+					match = true
+				}
+			}
+			if match {
+				sum += m.GetCounter().GetValue() + m.GetGauge().GetValue() + float64(m.GetHistogram().GetSampleCount())
+			}
+		}
+	}
+	return sum
+}

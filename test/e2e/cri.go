@@ -1,8 +1,14 @@
 package e2e
 
+// The suite's own CRI client and the helpers tests drive containerd with
+// (RunPod, CreateContainer, StartContainer, ..., ContainerEvents), which
+// label pods and containers as the kubelet does and bound each unary call
+// by criTimeout.
+
 import (
 	"context"
 	"crypto/rand"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -369,4 +375,21 @@ func ContainerEvents(t testing.TB) <-chan *runtimeapi.ContainerEventResponse {
 		}
 	}()
 	return ch
+}
+
+// containerPID returns the host PID of a running container's process (CRI
+// verbose status: info.pid).
+func containerPID(t testing.TB, id string) int {
+	t.Helper()
+	resp, err := RuntimeClient().ContainerStatus(criCtx(t), &runtimeapi.ContainerStatusRequest{ContainerId: id, Verbose: true})
+	if err != nil {
+		t.Fatalf("ContainerStatus %s: %v", id, err)
+	}
+	var info struct {
+		Pid int `json:"pid"`
+	}
+	if err := json.Unmarshal([]byte(resp.Info["info"]), &info); err != nil || info.Pid <= 0 {
+		t.Fatalf("container %s: no pid in verbose status (%v): %.200s", id, err, resp.Info["info"])
+	}
+	return info.Pid
 }

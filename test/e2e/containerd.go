@@ -1,5 +1,11 @@
 package e2e
 
+// The suite's containerds: their configuration (version 2 for 1.x, 3 for
+// 2.x), start, CRI readiness and image import; which one a test talks to
+// (forEachRuntime, useRuntime, useEnv); stopping, killing and restarting
+// it under a test (KillContainerd, StopContainerd, StartContainerd,
+// RestartContainerd).
+
 import (
 	"context"
 	"fmt"

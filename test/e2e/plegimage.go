@@ -144,7 +144,7 @@ func parseDockerfile(path string) (dockerRecipe, error) {
 		case "USER":
 			r.user = rest
 		default:
-			return r, fmt.Errorf("%s: the e2e image builder (test/e2e/plegimage_test.go) cannot follow %s", path, l)
+			return r, fmt.Errorf("%s: the e2e image builder (test/e2e/plegimage.go) cannot follow %s", path, l)
 		}
 	}
 	switch {
