@@ -7,7 +7,6 @@ import (
 	"net"
 	"os"
 	"path/filepath"
-	"strings"
 	"sync"
 	"testing"
 	"time"
@@ -190,21 +189,6 @@ func (r *recordingTracer) summary() []string {
 		out = append(out, s)
 	}
 	return out
-}
-
-// leakedGoroutines returns the stacks of goroutines still running gRPC or
-// this package's code.
-func leakedGoroutines(stacks string) []string {
-	var leaked []string
-	for _, g := range strings.Split(stacks, "\n\n") {
-		if strings.Contains(g, "leakedGoroutines") || strings.Contains(g, "TestMain") {
-			continue
-		}
-		if strings.Contains(g, "google.golang.org/grpc") || strings.Contains(g, "pleg/cruntime/cri.") {
-			leaked = append(leaked, g)
-		}
-	}
-	return leaked
 }
 
 var errBoom = errors.New("boom")

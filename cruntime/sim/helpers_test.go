@@ -2,11 +2,7 @@ package sim
 
 import (
 	"context"
-	"fmt"
-	"os"
 	"path/filepath"
-	"runtime"
-	"strings"
 	"testing"
 	"time"
 
@@ -17,6 +13,8 @@ import (
 	"google.golang.org/grpc/status"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 	clocktesting "k8s.io/utils/clock/testing"
+
+	"github.com/podlifecycle/pleg/internal/leakcheck"
 )
 
 // patience is how long a test waits for what should come at once: long
@@ -26,35 +24,7 @@ const patience = 30 * time.Second
 
 // TestMain fails the run when goroutines of this package outlive the tests.
 func TestMain(m *testing.M) {
-	code := m.Run()
-	if code == 0 {
-		if leaked := waitNoLeaks(patience); leaked != "" {
-			fmt.Fprintf(os.Stderr, "leaked goroutines:\n%s\n", leaked)
-			code = 1
-		}
-	}
-	os.Exit(code)
-}
-
-func waitNoLeaks(limit time.Duration) string {
-	deadline := time.Now().Add(limit)
-	for {
-		buf := make([]byte, 1<<20)
-		buf = buf[:runtime.Stack(buf, true)]
-		var leaked []string
-		for _, g := range strings.Split(string(buf), "\n\n") {
-			if strings.Contains(g, "pleg/cruntime/sim.(*Runtime)") || strings.Contains(g, "pleg/cruntime/sim.(*service)") {
-				leaked = append(leaked, g)
-			}
-		}
-		if len(leaked) == 0 {
-			return ""
-		}
-		if time.Now().After(deadline) {
-			return strings.Join(leaked, "\n\n")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	leakcheck.Main(m, patience, "pleg/cruntime/sim.(*Runtime)", "pleg/cruntime/sim.(*service)")
 }
 
 var epoch = time.Date(2025, 6, 1, 12, 0, 0, 123456789, time.UTC)

@@ -6,9 +6,7 @@ import (
 	"fmt"
 	"io"
 	"net"
-	"os"
 	"path/filepath"
-	"runtime"
 	"slices"
 	"strings"
 	"sync"
@@ -26,6 +24,7 @@ import (
 	"github.com/podlifecycle/pleg/api/lifecycle/server"
 	lifecyclev1 "github.com/podlifecycle/pleg/api/lifecycle/v1"
 	"github.com/podlifecycle/pleg/cruntime"
+	"github.com/podlifecycle/pleg/internal/leakcheck"
 	"github.com/podlifecycle/pleg/journal"
 )
 
@@ -33,41 +32,10 @@ import (
 // test that passes does not wait it out.
 const patience = 30 * time.Second
 
+// TestMain fails the run when goroutines of pleg's packages or gRPC
+// outlive the tests.
 func TestMain(m *testing.M) {
-	code := m.Run()
-	if code == 0 {
-		if leaked := waitNoLeaks(patience); leaked != "" {
-			fmt.Fprintf(os.Stderr, "leaked goroutines:\n%s\n", leaked)
-			code = 1
-		}
-	}
-	os.Exit(code)
-}
-
-// waitNoLeaks waits for the goroutines of pleg's packages and gRPC to end
-// and returns the stacks of those left after limit.
-func waitNoLeaks(limit time.Duration) string {
-	deadline := time.Now().Add(limit)
-	for {
-		buf := make([]byte, 1<<20)
-		buf = buf[:runtime.Stack(buf, true)]
-		var leaked []string
-		for _, g := range strings.Split(string(buf), "\n\n") {
-			if strings.Contains(g, "waitNoLeaks") {
-				continue
-			}
-			if strings.Contains(g, "podlifecycle/pleg") || strings.Contains(g, "google.golang.org/grpc") {
-				leaked = append(leaked, g)
-			}
-		}
-		if len(leaked) == 0 {
-			return ""
-		}
-		if time.Now().After(deadline) {
-			return strings.Join(leaked, "\n\n")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	leakcheck.Main(m, patience, "podlifecycle/pleg", "google.golang.org/grpc")
 }
 
 var epoch = time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)

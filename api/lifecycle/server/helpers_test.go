@@ -3,11 +3,8 @@ package server
 import (
 	"context"
 	"errors"
-	"fmt"
 	"io"
-	"os"
 	"path/filepath"
-	"runtime"
 	"strings"
 	"sync"
 	"testing"
@@ -24,6 +21,7 @@ import (
 
 	lifecyclev1 "github.com/podlifecycle/pleg/api/lifecycle/v1"
 	"github.com/podlifecycle/pleg/cruntime"
+	"github.com/podlifecycle/pleg/internal/leakcheck"
 	"github.com/podlifecycle/pleg/journal"
 )
 
@@ -34,41 +32,7 @@ const patience = 30 * time.Second
 // TestMain fails the run when goroutines of this package or gRPC outlive
 // the tests.
 func TestMain(m *testing.M) {
-	code := m.Run()
-	if code == 0 {
-		if leaked := waitNoLeaks(patience); leaked != "" {
-			fmt.Fprintf(os.Stderr, "leaked goroutines:\n%s\n", leaked)
-			code = 1
-		}
-	}
-	os.Exit(code)
-}
-
-// waitNoLeaks waits for the goroutines of this package and gRPC to end
-// (the gRPC client's and server's end shortly after Close and Stop return)
-// and returns the stacks of those left after limit.
-func waitNoLeaks(limit time.Duration) string {
-	deadline := time.Now().Add(limit)
-	for {
-		buf := make([]byte, 1<<20)
-		buf = buf[:runtime.Stack(buf, true)]
-		var leaked []string
-		for _, g := range strings.Split(string(buf), "\n\n") {
-			if strings.Contains(g, "waitNoLeaks") {
-				continue
-			}
-			if strings.Contains(g, "pleg/api/lifecycle/server.") || strings.Contains(g, "google.golang.org/grpc") {
-				leaked = append(leaked, g)
-			}
-		}
-		if len(leaked) == 0 {
-			return ""
-		}
-		if time.Now().After(deadline) {
-			return strings.Join(leaked, "\n\n")
-		}
-		time.Sleep(20 * time.Millisecond)
-	}
+	leakcheck.Main(m, patience, "pleg/api/lifecycle/server.", "google.golang.org/grpc")
 }
 
 var epoch = time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
