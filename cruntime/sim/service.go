@@ -360,31 +360,17 @@ func (s *service) PodSandboxStatus(ctx context.Context, req *runtimeapi.PodSandb
 	}
 	defer r.end()
 	id := req.GetPodSandboxId()
-	for first := true; ; first = false {
-		r.mu.Lock()
+	return statusCall(ctx, r, "PodSandboxStatus", func() (string, *runtimeapi.PodSandboxStatusResponse, error) {
 		sb := r.sandboxes[id]
 		if sb == nil {
-			r.mu.Unlock()
-			return nil, status.Errorf(codes.NotFound, "sim: pod sandbox %q not found", id)
+			return "", nil, status.Errorf(codes.NotFound, "sim: pod sandbox %q not found", id)
 		}
-		uid := sb.pod.uid
-		if first {
-			r.countPodCall(uid, "PodSandboxStatus")
-		}
-		if !first || !r.isHung(uid) {
-			resp := &runtimeapi.PodSandboxStatusResponse{
-				Status:             r.sandboxStatus(sb),
-				ContainersStatuses: podContainerStatuses(sb.pod),
-				Timestamp:          r.now(),
-			}
-			r.mu.Unlock()
-			return resp, nil
-		}
-		r.mu.Unlock()
-		if err := r.waitHung(ctx, uid); err != nil {
-			return nil, err
-		}
-	}
+		return sb.pod.uid, &runtimeapi.PodSandboxStatusResponse{
+			Status:             r.sandboxStatus(sb),
+			ContainersStatuses: podContainerStatuses(sb.pod),
+			Timestamp:          r.now(),
+		}, nil
+	})
 }
 
 func (s *service) ContainerStatus(ctx context.Context, req *runtimeapi.ContainerStatusRequest) (*runtimeapi.ContainerStatusResponse, error) {
@@ -394,28 +380,42 @@ func (s *service) ContainerStatus(ctx context.Context, req *runtimeapi.Container
 	}
 	defer r.end()
 	id := req.GetContainerId()
-	for first := true; ; first = false {
-		r.mu.Lock()
+	return statusCall(ctx, r, "ContainerStatus", func() (string, *runtimeapi.ContainerStatusResponse, error) {
 		c := r.containers[id]
 		if c == nil {
-			r.mu.Unlock()
-			return nil, status.Errorf(codes.NotFound, "sim: container %q not found", id)
+			return "", nil, status.Errorf(codes.NotFound, "sim: container %q not found", id)
 		}
-		uid := c.pod.uid
+		resp := &runtimeapi.ContainerStatusResponse{Status: containerStatus(c)}
+		if req.GetVerbose() {
+			resp.Info = verboseInfo(c)
+		}
+		return c.pod.uid, resp, nil
+	})
+}
+
+// statusCall answers a status call with what answer (run under r.mu)
+// says of the item asked for and the pod it belongs to. The call counts
+// against that pod; while the pod is hung, it waits until the pod is
+// released, then answers with the state at that time.
+func statusCall[T any](ctx context.Context, r *Runtime, method string, answer func() (uid string, resp T, err error)) (T, error) {
+	var zero T
+	for first := true; ; first = false {
+		r.mu.Lock()
+		uid, resp, err := answer()
+		if err != nil {
+			r.mu.Unlock()
+			return zero, err
+		}
 		if first {
-			r.countPodCall(uid, "ContainerStatus")
+			r.countPodCall(uid, method)
 		}
 		if !first || !r.isHung(uid) {
-			resp := &runtimeapi.ContainerStatusResponse{Status: containerStatus(c)}
-			if req.GetVerbose() {
-				resp.Info = verboseInfo(c)
-			}
 			r.mu.Unlock()
 			return resp, nil
 		}
 		r.mu.Unlock()
 		if err := r.waitHung(ctx, uid); err != nil {
-			return nil, err
+			return zero, err
 		}
 	}
 }
