@@ -448,49 +448,6 @@ func firstRelist(api string, since time.Time, failed bool) (relistEntry, error) 
 	return relistEntry{}, fmt.Errorf("none among %d relists (the last: %+v)", len(rs), last)
 }
 
-// followEvents subscribes to a pleg's /api/v1/events until the test ends
-// and returns the log of what it delivers.
-func followEvents(t testing.TB, api, name string) *eventLog {
-	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, api+"/api/v1/events", nil)
-	if err != nil {
-		cancel()
-		t.Fatal(err)
-	}
-	resp, err := http.DefaultClient.Do(req)
-	if err != nil {
-		cancel()
-		t.Fatalf("GET %s/api/v1/events: %v", api, err)
-	}
-	if resp.StatusCode != http.StatusOK {
-		resp.Body.Close()
-		cancel()
-		t.Fatalf("GET %s/api/v1/events: %s", api, resp.Status)
-	}
-	d := &daemonView{base: api, log: newEventLog(name)}
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		defer resp.Body.Close()
-		d.readSSE(resp.Body)
-	}()
-	t.Cleanup(func() {
-		cancel()
-		<-done
-		if t.Failed() {
-			t.Logf("%s", d.log.dump())
-		}
-	})
-	eventually(t, 10*time.Second, name+": first SSE resync", func() error {
-		if d.log.resyncCount() == 0 {
-			return errors.New("none yet")
-		}
-		return nil
-	})
-	return d.log
-}
-
 // plegReportsPods checks pleg's pod API against the kubelet's view of the
 // pods in known: same UIDs, names and container IDs, running.
 func plegReportsPods(api string, known map[string]kubePod) error {

@@ -795,7 +795,7 @@ func startDaemon(t testing.TB, name string, args ...string) *daemonView {
 	// A lifecycle socket of its own (the default is /run/pleg/pleg.sock).
 	all := append([]string{"run", "-r", CRIEndpoint(), "--listen-address", "127.0.0.1:0",
 		"--lifecycle-socket", filepath.Join(t.TempDir(), "pleg.sock")}, args...)
-	d := &daemonView{plegProc: startPleg(t, name, nil, all...), log: newEventLog(name)}
+	d := &daemonView{plegProc: startPleg(t, name, nil, all...)}
 	select {
 	case addr := <-d.listen:
 		d.base = "http://" + addr
@@ -804,8 +804,18 @@ func startDaemon(t testing.TB, name string, args ...string) *daemonView {
 	case <-time.After(30 * time.Second):
 		t.Fatalf("%s: no \"listening on\" line within 30s\nstderr:\n%s", name, d.stderrTail(40))
 	}
+	d.log = followEvents(t, d.base, name)
+	return d
+}
+
+// followEvents subscribes to the /api/v1/events of the pleg at api until
+// the test ends and returns the log of what it delivers, once the
+// stream's first resync arrived.
+func followEvents(t testing.TB, api, name string) *eventLog {
+	t.Helper()
+	d := &daemonView{base: api, log: newEventLog(name)}
 	ctx, cancel := context.WithCancel(context.Background())
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, d.base+"/api/v1/events", nil)
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, api+"/api/v1/events", nil)
 	if err != nil {
 		cancel()
 		t.Fatal(err)
@@ -839,7 +849,7 @@ func startDaemon(t testing.TB, name string, args ...string) *daemonView {
 		}
 		return nil
 	})
-	return d
+	return d.log
 }
 
 // readSSE parses the lifecycle stream's Server-Sent Events
