@@ -499,13 +499,9 @@ func (s *service) StopPodSandbox(ctx context.Context, req *runtimeapi.StopPodSan
 		return nil, err
 	}
 	defer r.end()
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	sb := r.sandboxes[req.GetPodSandboxId()]
-	if sb == nil {
-		return nil, status.Errorf(codes.NotFound, "sim: pod sandbox %q not found", req.GetPodSandboxId())
+	if err := r.withSandbox(req.GetPodSandboxId(), r.stopSandboxLocked); err != nil {
+		return nil, err
 	}
-	r.stopSandboxLocked(sb)
 	return &runtimeapi.StopPodSandboxResponse{}, nil
 }
 
@@ -515,13 +511,9 @@ func (s *service) RemovePodSandbox(ctx context.Context, req *runtimeapi.RemovePo
 		return nil, err
 	}
 	defer r.end()
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	sb := r.sandboxes[req.GetPodSandboxId()]
-	if sb == nil {
-		return nil, status.Errorf(codes.NotFound, "sim: pod sandbox %q not found", req.GetPodSandboxId())
+	if err := r.withSandbox(req.GetPodSandboxId(), r.removeSandboxLocked); err != nil {
+		return nil, err
 	}
-	r.removeSandboxLocked(sb)
 	return &runtimeapi.RemovePodSandboxResponse{}, nil
 }
 
@@ -585,6 +577,18 @@ func (s *service) StopContainer(ctx context.Context, req *runtimeapi.StopContain
 	}
 	r.exitContainerLocked(c, 0, exitedOK)
 	return &runtimeapi.StopContainerResponse{}, nil
+}
+
+// withSandbox runs do on sandbox id under r.mu, or answers NotFound.
+func (r *Runtime) withSandbox(id string, do func(*sandbox)) error {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	sb := r.sandboxes[id]
+	if sb == nil {
+		return status.Errorf(codes.NotFound, "sim: pod sandbox %q not found", id)
+	}
+	do(sb)
+	return nil
 }
 
 func (s *service) RemoveContainer(ctx context.Context, req *runtimeapi.RemoveContainerRequest) (*runtimeapi.RemoveContainerResponse, error) {
