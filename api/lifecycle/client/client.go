@@ -135,7 +135,8 @@ type Stats struct {
 	Cuts int
 	// Failures is how many watches ended with another error.
 	Failures int
-	// Events and Bookmarks count the messages handled.
+	// Events and Bookmarks count the messages received; an event is
+	// counted before its handler is called.
 	Events, Bookmarks int
 }
 
@@ -344,8 +345,10 @@ func (c *Client) watch(ctx context.Context, h Handler) (progressed bool, err err
 			h.OnResync(snapshot, at)
 			snapshot = nil
 		case *lifecyclev1.WatchResponse_Event:
-			h.OnEvent(x.Event, at)
+			// Counted before the handler runs: once a handler has seen
+			// an event, Stats includes it.
 			c.count(func(s *Stats) { s.Events++ })
+			h.OnEvent(x.Event, at)
 		case *lifecyclev1.WatchResponse_RuntimeStatus:
 			h.OnRuntimeStatus(x.RuntimeStatus, at)
 		case *lifecyclev1.WatchResponse_Bookmark:
