@@ -39,7 +39,9 @@ func (c *Client) WatchEvents(ctx context.Context, connected func(), fn func(crun
 	sctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	start := time.Now()
-	stream, err := c.openEvents(sctx)
+	// Through the lean codec: each event is read from the wire
+	// (eventReply), not decoded whole.
+	stream, err := c.openStream(sctx, runtimeapi.RuntimeService_GetContainerEvents_FullMethodName, &runtimeapi.GetEventsRequest{})
 	d := time.Since(start)
 	if err != nil {
 		err = c.streamError(ctx, err)
@@ -68,19 +70,20 @@ func (c *Client) WatchEvents(ctx context.Context, connected func(), fn func(crun
 	}
 }
 
-// eventsMethod is the container event stream's gRPC method.
-const eventsMethod = "/runtime.v1.RuntimeService/GetContainerEvents"
+// serverStream is the description of CRI's server-streaming RPCs: the
+// container events and the streamed listings.
+var serverStream = grpc.StreamDesc{ServerStreams: true}
 
-var eventsStreamDesc = grpc.StreamDesc{ServerStreams: true}
-
-// openEvents opens the container event stream with the lean codec: each
-// event is read from the wire (eventReply), not decoded whole.
-func (c *Client) openEvents(ctx context.Context) (grpc.ClientStream, error) {
-	s, err := c.conn.NewStream(ctx, &eventsStreamDesc, eventsMethod, grpc.ForceCodecV2(leanCodec{}))
+// openStream opens the server-streaming RPC method with the lean codec and
+// sends its one request. ctx bounds the stream, and its cancellation ends
+// it.
+func (c *Client) openStream(ctx context.Context, method string, req any) (grpc.ClientStream, error) {
+	s, err := c.conn.NewStream(ctx, &serverStream, method, grpc.ForceCodecV2(leanCodec{}))
 	if err != nil {
 		return nil, err
 	}
-	if err := s.SendMsg(&runtimeapi.GetEventsRequest{}); err != nil && !errors.Is(err, io.EOF) {
+	// io.EOF from SendMsg: the server ended the stream, RecvMsg says how.
+	if err := s.SendMsg(req); err != nil && !errors.Is(err, io.EOF) {
 		return nil, err
 	}
 	if err := s.CloseSend(); err != nil {

@@ -149,8 +149,6 @@ var (
 	}
 )
 
-var listStreamDesc = grpc.StreamDesc{ServerStreams: true}
-
 // list makes one unfiltered list call into r: streamed when the mode and
 // the runtime allow it, else unary. It is one runtime operation, counted,
 // timed and traced as the unary call is
@@ -188,15 +186,8 @@ func (c *Client) list(ctx context.Context, lc listCall, r *listReply) error {
 func (c *Client) listStream(ctx context.Context, lc listCall, r *listReply) (int, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel() // ends the stream whatever happened to it
-	s, err := c.conn.NewStream(ctx, &listStreamDesc, lc.streamed, grpc.ForceCodecV2(leanCodec{}))
+	s, err := c.openStream(ctx, lc.streamed, lc.streamReq)
 	if err != nil {
-		return 0, err
-	}
-	// io.EOF from SendMsg: the server ended the stream, RecvMsg says how.
-	if err := s.SendMsg(lc.streamReq); err != nil && !errors.Is(err, io.EOF) {
-		return 0, err
-	}
-	if err := s.CloseSend(); err != nil {
 		return 0, err
 	}
 	for n := 0; ; n++ {
