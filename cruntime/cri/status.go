@@ -24,22 +24,18 @@ import (
 // nil status and the error, which names the call and ID and wraps the gRPC
 // error.
 //
-// The status is assembled by cruntime.NewPodStatus: sandboxes and containers
-// newest first, the pod IPs those of the newest sandbox, only if it is
-// ready.
+// It is cruntime.FetchPodStatus over ItemStatuses: the status is assembled
+// by cruntime.NewPodStatus, sandboxes and containers newest first, the pod
+// IPs those of the newest sandbox, only if it is ready.
 func (c *Client) PodStatus(ctx context.Context, pod *cruntime.Pod) (*cruntime.PodStatus, error) {
 	if pod == nil {
 		return nil, errors.New("PodStatus: nil pod")
 	}
-	sbs, cts, err := c.ItemStatuses(ctx, pod, pod.Sandboxes, pod.Containers)
-	if err != nil {
-		return nil, err
-	}
-	return cruntime.NewPodStatus(pod, sbs, cts), nil
+	return cruntime.FetchPodStatus(ctx, c, pod)
 }
 
 // ItemStatuses fetches the status of the given sandboxes and containers of
-// pod (cruntime.ItemStatuser), with the calls, bounds and errors of
+// pod (cruntime.Runtime), with the calls, bounds and errors of
 // PodStatus. Nil items are skipped; an item the runtime no longer knows is
 // nil in the result.
 func (c *Client) ItemStatuses(ctx context.Context, pod *cruntime.Pod, sandboxes, containers []*cruntime.Container) ([]*cruntime.SandboxStatus, []*cruntime.ContainerStatus, error) {
@@ -69,7 +65,8 @@ func (c *Client) ItemStatuses(ctx context.Context, pod *cruntime.Pod, sandboxes,
 		if ct == nil {
 			return nil
 		}
-		s, err := c.containerStatus(ctx, ct.ID)
+		resp, err := c.containerStatus(ctx, ct.ID, false)
+		s := resp.GetStatus()
 		if isNotFound(err) {
 			c.log.V(4).Info("Container vanished before its status was fetched", "pod", pod.UID, "containerID", ct.ID)
 			return nil
@@ -199,14 +196,15 @@ func (c *Client) sandboxStatus(ctx context.Context, id string) (*runtimeapi.PodS
 	return s, err
 }
 
-func (c *Client) containerStatus(ctx context.Context, id string) (*runtimeapi.ContainerStatus, error) {
-	var s *runtimeapi.ContainerStatus
-	err := c.call(ctx, metrics.OpContainerStatus, "ContainerStatus", id, func(ctx context.Context) error {
-		resp, err := c.rs.ContainerStatus(ctx, &runtimeapi.ContainerStatusRequest{ContainerId: id})
-		s = resp.GetStatus()
+// containerStatus makes one ContainerStatus call; verbose asks for the
+// runtime's info too (Identities).
+func (c *Client) containerStatus(ctx context.Context, id string, verbose bool) (*runtimeapi.ContainerStatusResponse, error) {
+	var resp *runtimeapi.ContainerStatusResponse
+	err := c.call(ctx, metrics.OpContainerStatus, "ContainerStatus", id, func(ctx context.Context) (err error) {
+		resp, err = c.rs.ContainerStatus(ctx, &runtimeapi.ContainerStatusRequest{ContainerId: id, Verbose: verbose})
 		return err
 	})
-	return s, err
+	return resp, err
 }
 
 // Identities fetches the init PID and cgroup path of each of containers
@@ -222,19 +220,14 @@ func (c *Client) Identities(ctx context.Context, pod *cruntime.Pod, containers [
 		if ct == nil {
 			return nil
 		}
-		var info map[string]string
-		err := c.call(ctx, metrics.OpContainerStatus, "ContainerStatus", ct.ID, func(ctx context.Context) error {
-			resp, err := c.rs.ContainerStatus(ctx, &runtimeapi.ContainerStatusRequest{ContainerId: ct.ID, Verbose: true})
-			info = resp.GetInfo()
-			return err
-		})
+		resp, err := c.containerStatus(ctx, ct.ID, true)
 		if isNotFound(err) {
 			return nil
 		}
 		if err != nil {
 			return err
 		}
-		out[i] = identityFromInfo(info)
+		out[i] = identityFromInfo(resp.GetInfo())
 		return nil
 	})
 	if err != nil {
