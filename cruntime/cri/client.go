@@ -233,9 +233,6 @@ func (c *Client) Version(ctx context.Context) (runtimeName, runtimeVersion strin
 		}
 		return "", "", fmt.Errorf("connect to runtime at %s: %w", c.endpoint, err)
 	}
-	if resp == nil {
-		return "", "", fmt.Errorf("connect to runtime at %s: Version: empty response", c.endpoint)
-	}
 	return resp.RuntimeName, resp.RuntimeVersion, nil
 }
 

@@ -292,7 +292,7 @@ func (c *Client) Status(ctx context.Context) ([]cruntime.Condition, error) {
 		return nil, err
 	}
 	if resp.GetStatus() == nil {
-		return nil, fmt.Errorf("Status: runtime at %s returned no status", c.endpoint)
+		return nil, fmt.Errorf("%w: Status: runtime at %s returned no status", cruntime.ErrMalformed, c.endpoint)
 	}
 	conds := make([]cruntime.Condition, 0, len(resp.Status.Conditions))
 	for _, rc := range resp.Status.Conditions {

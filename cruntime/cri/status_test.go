@@ -320,7 +320,7 @@ func TestStatusErrors(t *testing.T) {
 		},
 	}
 	c := f.start(t)
-	if _, err := c.Status(context.Background()); err == nil || !contains(err.Error(), "no status") {
+	if _, err := c.Status(context.Background()); !errors.Is(err, cruntime.ErrMalformed) || !contains(err.Error(), "no status") {
 		t.Errorf("Status with an empty response: err = %v", err)
 	}
 
