@@ -254,10 +254,7 @@ func (c *Client) callNamed(ctx context.Context, op, id string, f func(context.Co
 	if t := cruntime.CallTracerFrom(ctx); t != nil {
 		done = t.StartCall(op, id)
 	}
-	cctx, cancel := ctx, context.CancelFunc(func() {})
-	if c.timeout > 0 {
-		cctx, cancel = context.WithTimeout(ctx, c.timeout)
-	}
+	cctx, cancel := c.bound(ctx)
 	start := time.Now()
 	method, err := f(cctx)
 	d := time.Since(start)
@@ -270,6 +267,15 @@ func (c *Client) callNamed(ctx context.Context, op, id string, f func(context.Co
 		done(d, err)
 	}
 	return err
+}
+
+// bound returns ctx under the client's per-call timeout, or ctx itself
+// when WithTimeout disabled it.
+func (c *Client) bound(ctx context.Context) (context.Context, context.CancelFunc) {
+	if c.timeout > 0 {
+		return context.WithTimeout(ctx, c.timeout)
+	}
+	return ctx, func() {}
 }
 
 // isNotFound reports whether err is a gRPC NotFound.

@@ -2,6 +2,7 @@ package cri
 
 import (
 	"context"
+	"errors"
 	"math/rand/v2"
 	"sync/atomic"
 	"testing"
@@ -59,8 +60,16 @@ func TestListDiscard(t *testing.T) {
 		t.Errorf("calls made: ListPodSandbox %v, ListContainers %v; want one unfiltered each", sreqs, creqs)
 	}
 
+	// WithTimeout(0) disables the timeout, for this call as for the
+	// others (it was an expired deadline).
+	if got, err := f.start(t, WithTimeout(0)).ListDiscard(ctx); err != nil || got != want {
+		t.Errorf("ListDiscard without a timeout = %d, %v; want %d bytes", got, err, want)
+	}
+
 	failing.Store(true)
-	if _, err := c.ListDiscard(ctx); status.Code(err) != codes.Unavailable {
-		t.Errorf("ListDiscard with ListContainers failing: %v, want Unavailable", err)
+	_, err = c.ListDiscard(ctx)
+	var ce *CallError
+	if status.Code(err) != codes.Unavailable || !errors.As(err, &ce) || ce.Method != "ListContainers" {
+		t.Errorf("ListDiscard with ListContainers failing: %v, want ListContainers' CallError, Unavailable", err)
 	}
 }
