@@ -476,9 +476,9 @@ func FuzzListingMemo(f *testing.F) {
 			if !reflect.DeepEqual(sortedItems(got), sortedItems(wantPods)) {
 				t.Fatalf("listing %d: pleg\n%s\nthe memo's contract\n%s", gen, dump(got), dump(wantPods))
 			}
-			if m.sandboxes.items.n != len(shadow[0].entries) || m.containers.items.n != len(shadow[1].entries) {
+			if m.sandboxes.items.len() != len(shadow[0].entries) || m.containers.items.len() != len(shadow[1].entries) {
 				t.Fatalf("listing %d: the memo holds %d sandboxes and %d containers, its contract %d and %d", gen,
-					m.sandboxes.items.n, m.containers.items.n, len(shadow[0].entries), len(shadow[1].entries))
+					m.sandboxes.items.len(), m.containers.items.len(), len(shadow[0].entries), len(shadow[1].entries))
 			}
 		}
 	})

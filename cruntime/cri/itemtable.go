@@ -7,7 +7,6 @@ package cri
 // bench` can tell end to end (docs/performance.md), so it went.
 type itemTable struct {
 	m map[uint64]*itemSlot
-	n int // entries, len(m)
 }
 
 type itemSlot struct {
@@ -15,6 +14,9 @@ type itemSlot struct {
 	size uint32 // length of the item's bytes
 	seen uint32 // the last listing that had it (a listing counter, wrapping)
 }
+
+// len returns the number of entries.
+func (t *itemTable) len() int { return len(t.m) }
 
 // find returns the entry of hash h, or nil.
 func (t *itemTable) find(h uint64) *itemSlot { return t.m[h] }
@@ -29,7 +31,6 @@ func (t *itemTable) put(h uint64, s itemSlot) {
 		return
 	}
 	t.m[h] = &s
-	t.n = len(t.m)
 }
 
 // sweep removes the entries not seen by listing gen.
@@ -39,5 +40,4 @@ func (t *itemTable) sweep(gen uint32) {
 			delete(t.m, h)
 		}
 	}
-	t.n = len(t.m)
 }

@@ -181,7 +181,7 @@ func (m *itemMemo) commit() {
 	} else {
 		m.added = m.added[:0]
 	}
-	if m.found+m.decoded == m.items.n {
+	if m.found+m.decoded == m.items.len() {
 		return // every entry was seen: the steady state
 	}
 	m.items.sweep(m.gen)
@@ -210,7 +210,7 @@ func (m *memo) begin() {
 func (m *memo) unchanged(sbs, cts int) bool {
 	return m.last != nil && m.sandboxes.decoded == 0 && m.containers.decoded == 0 &&
 		m.sandboxes.repeats == 0 && m.containers.repeats == 0 &&
-		m.sandboxes.found == m.sandboxes.items.n && m.containers.found == m.containers.items.n &&
+		m.sandboxes.found == m.sandboxes.items.len() && m.containers.found == m.containers.items.len() &&
 		sbs == m.lastSbs && cts == m.lastCts
 }
 

@@ -190,9 +190,9 @@ func TestListPodsMemo(t *testing.T) {
 				}
 				// The memo holds what the node has, no more.
 				n.mu.Lock()
-				if c.memo.containers.items.n != len(n.containers) || c.memo.sandboxes.items.n != len(n.sandboxes) {
+				if c.memo.containers.items.len() != len(n.containers) || c.memo.sandboxes.items.len() != len(n.sandboxes) {
 					t.Fatalf("round %d: memo holds %d containers and %d sandboxes, the node %d and %d", round,
-						c.memo.containers.items.n, c.memo.sandboxes.items.n, len(n.containers), len(n.sandboxes))
+						c.memo.containers.items.len(), c.memo.sandboxes.items.len(), len(n.containers), len(n.sandboxes))
 				}
 				n.mu.Unlock()
 				before := map[string]*cruntime.Pod{}
