@@ -1,7 +1,8 @@
 package sim
 
 import (
-	"sort"
+	"maps"
+	"slices"
 	"time"
 
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
@@ -320,12 +321,7 @@ func (r *Runtime) startGenerator(g *generator, every time.Duration, tick func())
 func (r *Runtime) Emitting() []string {
 	r.kmu.Lock()
 	defer r.kmu.Unlock()
-	out := make([]string, 0, len(r.emitters))
-	for uid := range r.emitters {
-		out = append(out, uid)
-	}
-	sort.Strings(out)
-	return out
+	return slices.Sorted(maps.Keys(r.emitters))
 }
 
 // flapLocked emits the turn-th event of a flapping pod: STOPPED (even
