@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/podlifecycle/pleg/cruntime"
@@ -47,62 +48,69 @@ func TestGetNewerThanReturnsAtOnce(t *testing.T) {
 }
 
 func TestGetNewerThanBlocksUntilSet(t *testing.T) {
-	c := New()
-	c.Set("a", &cruntime.PodStatus{UID: "a", Name: "old"}, nil, t0)
-	got := make(chan string, 1)
-	go func() {
-		s, _ := c.GetNewerThan(context.Background(), "a", t0) // not strictly newer: blocks
-		got <- s.Name
-	}()
-	waitWaiters(t, c, 1)
-	c.Set("b", &cruntime.PodStatus{UID: "b"}, nil, t0.Add(time.Second)) // another pod: no wake
-	c.Set("a", &cruntime.PodStatus{UID: "a", Name: "older"}, nil, t0.Add(-time.Second))
-	// A wake-up is handed over and the waiter dropped within Set: still
-	// waiting now means not woken, however slow the machine.
-	if n := c.Waiters(); n != 1 {
-		t.Fatalf("%d waiters after Sets that must not wake it, want 1", n)
-	}
-	select {
-	case n := <-got:
-		t.Fatalf("woke on an older Set: %q", n)
-	default:
-	}
-	c.Set("a", &cruntime.PodStatus{UID: "a", Name: "new"}, nil, t0)
-	if n := <-got; n != "new" {
-		t.Fatalf("woke with %q", n)
-	}
+	synctest.Test(t, func(t *testing.T) {
+		c := New()
+		c.Set("a", &cruntime.PodStatus{UID: "a", Name: "old"}, nil, t0)
+		got := make(chan string, 1)
+		go func() {
+			s, _ := c.GetNewerThan(context.Background(), "a", t0) // not strictly newer: blocks
+			got <- s.Name
+		}()
+		waitWaiters(t, c, 1)
+		c.Set("b", &cruntime.PodStatus{UID: "b"}, nil, t0.Add(time.Second)) // another pod: no wake
+		c.Set("a", &cruntime.PodStatus{UID: "a", Name: "older"}, nil, t0.Add(-time.Second))
+		// A wake-up is handed over and the waiter dropped within Set: still
+		// waiting now means not woken, however slow the machine.
+		if n := c.Waiters(); n != 1 {
+			t.Fatalf("%d waiters after Sets that must not wake it, want 1", n)
+		}
+		synctest.Wait() // a wrong wake-up has delivered by now
+		select {
+		case n := <-got:
+			t.Fatalf("woke on an older Set: %q", n)
+		default:
+		}
+		c.Set("a", &cruntime.PodStatus{UID: "a", Name: "new"}, nil, t0)
+		if n := <-got; n != "new" {
+			t.Fatalf("woke with %q", n)
+		}
+	})
 }
 
 func TestUpdateTimeWakesWithEmptyStatus(t *testing.T) {
-	c := New()
-	got := make(chan *cruntime.PodStatus, 1)
-	go func() {
-		s, _ := c.GetNewerThan(context.Background(), "gone", t0)
-		got <- s
-	}()
-	waitWaiters(t, c, 1)
-	c.UpdateTime(t0)
-	if s := <-got; s.UID != "gone" {
-		t.Fatalf("%+v", s)
-	}
+	synctest.Test(t, func(t *testing.T) {
+		c := New()
+		got := make(chan *cruntime.PodStatus, 1)
+		go func() {
+			s, _ := c.GetNewerThan(context.Background(), "gone", t0)
+			got <- s
+		}()
+		waitWaiters(t, c, 1)
+		c.UpdateTime(t0)
+		if s := <-got; s.UID != "gone" {
+			t.Fatalf("%+v", s)
+		}
+	})
 }
 
 func TestGetNewerThanContext(t *testing.T) {
-	c := New()
-	ctx, cancel := context.WithCancel(context.Background())
-	errc := make(chan error, 1)
-	go func() {
-		_, err := c.GetNewerThan(ctx, "a", t0)
-		errc <- err
-	}()
-	waitWaiters(t, c, 1)
-	cancel()
-	if err := <-errc; !errors.Is(err, context.Canceled) {
-		t.Fatalf("err %v", err)
-	}
-	if n := c.Waiters(); n != 0 {
-		t.Fatalf("%d waiters left behind", n)
-	}
+	synctest.Test(t, func(t *testing.T) {
+		c := New()
+		ctx, cancel := context.WithCancel(context.Background())
+		errc := make(chan error, 1)
+		go func() {
+			_, err := c.GetNewerThan(ctx, "a", t0)
+			errc <- err
+		}()
+		waitWaiters(t, c, 1)
+		cancel()
+		if err := <-errc; !errors.Is(err, context.Canceled) {
+			t.Fatalf("err %v", err)
+		}
+		if n := c.Waiters(); n != 0 {
+			t.Fatalf("%d waiters left behind", n)
+		}
+	})
 }
 
 func TestMarkObserved(t *testing.T) {
@@ -118,14 +126,13 @@ func TestMarkObserved(t *testing.T) {
 	}
 }
 
-// waitWaiters waits for n waiters, up to 30s: long enough for a machine
-// however busy; a test that passes does not wait it out.
+// waitWaiters waits, in a synctest bubble, until every goroutine of the
+// bubble is blocked, and checks that n of them wait in GetNewerThan.
 func waitWaiters(t *testing.T, c *Cache, n int) {
 	t.Helper()
-	for deadline := time.Now().Add(30 * time.Second); c.Waiters() != n; time.Sleep(time.Millisecond) {
-		if time.Now().After(deadline) {
-			t.Fatalf("want %d waiters, have %d", n, c.Waiters())
-		}
+	synctest.Wait()
+	if got := c.Waiters(); got != n {
+		t.Fatalf("want %d waiters, have %d", n, got)
 	}
 }
 

@@ -21,6 +21,7 @@ import (
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/podlifecycle/pleg"
+	"github.com/podlifecycle/pleg/internal/httpapi"
 )
 
 // TestDaemonSetOnKubelet runs the DaemonSet's pod template
@@ -455,7 +456,7 @@ func plegReportsPods(api string, known map[string]kubePod) error {
 	if err != nil {
 		return err
 	}
-	var body podsBody
+	var body httpapi.PodsBody
 	if err := json.Unmarshal(b, &body); err != nil {
 		return fmt.Errorf("/api/v1/pods: %w", err)
 	}

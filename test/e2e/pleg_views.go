@@ -46,6 +46,7 @@ import (
 	"github.com/podlifecycle/pleg"
 	lifecyclev1 "github.com/podlifecycle/pleg/api/lifecycle/v1"
 	"github.com/podlifecycle/pleg/cruntime/cri"
+	"github.com/podlifecycle/pleg/internal/httpapi"
 	"github.com/podlifecycle/pleg/metrics"
 )
 
@@ -975,32 +976,10 @@ func (d *daemonView) readyz(t testing.TB) (int, readyzBody) {
 	return code, body
 }
 
-// podsBody is /api/v1/pods as a client reads it.
-type podsBody struct {
-	Timestamp string `json:"timestamp"`
-	Pods      []struct {
-		UID       string `json:"podUID"`
-		Name      string `json:"podName"`
-		Namespace string `json:"podNamespace"`
-		Error     string `json:"error"`
-		Sandboxes []struct {
-			ID    string `json:"id"`
-			State string `json:"state"`
-		} `json:"sandboxes"`
-		Containers []struct {
-			ID       string `json:"id"`
-			Name     string `json:"name"`
-			State    string `json:"state"`
-			Attempt  uint32 `json:"attempt"`
-			ExitCode *int32 `json:"exitCode"`
-		} `json:"containers"`
-	} `json:"pods"`
-}
-
 func (d *daemonView) cacheName() string { return d.name + " /api/v1/pods" }
 
-func (d *daemonView) allPods() (podsBody, error) {
-	var body podsBody
+func (d *daemonView) allPods() (httpapi.PodsBody, error) {
+	var body httpapi.PodsBody
 	code, err := d.getJSON("/api/v1/pods", &body)
 	if err == nil && code != http.StatusOK {
 		err = fmt.Errorf("/api/v1/pods: HTTP %d", code)

@@ -230,7 +230,10 @@ func TestStalledSubscriberResumes(t *testing.T) {
 	must(t, err)
 	defer conn.Close()
 	api := lifecyclev1.NewLifecycleClient(conn)
-	ctx, cancel := context.WithCancel(context.Background())
+	// A bound on the Recv loops below: a watch that is never cut, or a
+	// resumed one that stops short of the head, fails instead of hanging
+	// until go test's timeout.
+	ctx, cancel := context.WithTimeout(context.Background(), 4*patience)
 	defer cancel()
 	stream, err := api.Watch(ctx, &lifecyclev1.WatchRequest{})
 	must(t, err)

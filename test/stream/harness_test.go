@@ -25,6 +25,7 @@ import (
 
 	lifecyclev1 "github.com/podlifecycle/pleg/api/lifecycle/v1"
 	"github.com/podlifecycle/pleg/cruntime/sim"
+	"github.com/podlifecycle/pleg/internal/httpapi"
 )
 
 // patience bounds every wait for something pleg or a client must do.
@@ -221,23 +222,7 @@ func cachePods(t testing.TB, base string) map[string]podView {
 		t.Fatal(err)
 	}
 	defer resp.Body.Close()
-	var body struct {
-		Pods []struct {
-			UID       string `json:"podUID"`
-			Name      string `json:"podName"`
-			Namespace string `json:"podNamespace"`
-			Sandboxes []struct {
-				ID    string `json:"id"`
-				State string `json:"state"`
-			} `json:"sandboxes"`
-			Containers []struct {
-				ID       string `json:"id"`
-				Name     string `json:"name"`
-				State    string `json:"state"`
-				ExitCode *int32 `json:"exitCode"`
-			} `json:"containers"`
-		} `json:"pods"`
-	}
+	var body httpapi.PodsBody
 	if err := json.NewDecoder(resp.Body).Decode(&body); err != nil {
 		t.Fatalf("/api/v1/pods: %v", err)
 	}
