@@ -199,7 +199,7 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 		ncancel()
 		switch {
 		case nerr == nil:
-			if msg = encodeEvent(m, req.identity); msg == nil {
+			if msg = s.encodeEvent(m, req.identity); msg == nil {
 				s.cfg.Logger.Error(nil, "Encoding a lifecycle message failed", "type", m.Type.String())
 				return
 			}
@@ -238,9 +238,24 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 }
 
 // encodeEvent returns one SSE message of m, nil if it cannot be encoded.
+// An event's or a runtime status's message depends only on its entry and
+// identity: it is encoded once for every stream that sends it.
+func (s *Server) encodeEvent(m journal.Message, identity bool) []byte {
+	switch m.Type {
+	case journal.Event, journal.Runtime:
+		b, _ := s.encoded.Get(m.Cursor.Seq, identity, func() ([]byte, bool) {
+			b := sseFrame(m, identity)
+			return b, b != nil
+		})
+		return b
+	}
+	return sseFrame(m, identity)
+}
+
+// sseFrame encodes one SSE message of m, nil if it cannot be encoded.
 // protojson without Multiline writes no newline, so the data fits on one
 // line.
-func encodeEvent(m journal.Message, identity bool) []byte {
+func sseFrame(m journal.Message, identity bool) []byte {
 	resp := server.WatchResponse(m, identity)
 	if resp == nil {
 		return nil

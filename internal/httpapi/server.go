@@ -21,6 +21,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/podlifecycle/pleg"
+	"github.com/podlifecycle/pleg/internal/entrycache"
 	"github.com/podlifecycle/pleg/journal"
 	"github.com/podlifecycle/pleg/podcache"
 )
@@ -167,6 +168,9 @@ type Server struct {
 	streams      context.Context
 	cancelStream context.CancelFunc
 	once         sync.Once
+
+	// encoded holds recent entries' SSE messages, shared by the streams.
+	encoded entrycache.Cache[[]byte]
 
 	// outboxes holds the queue of each open event stream.
 	outboxMu sync.Mutex

@@ -40,6 +40,7 @@ import (
 	"k8s.io/utils/clock"
 
 	lifecyclev1 "github.com/podlifecycle/pleg/api/lifecycle/v1"
+	"github.com/podlifecycle/pleg/internal/entrycache"
 	"github.com/podlifecycle/pleg/journal"
 )
 
@@ -94,7 +95,7 @@ type Server struct {
 	health *health.Server
 	m      *serverMetrics
 	// encoded holds recent entries' messages in their wire form.
-	encoded *encodeCache
+	encoded entrycache.Cache[*encoded]
 	// perWatcherEncoding makes every watch encode its messages itself
 	// (the benchmark's baseline).
 	perWatcherEncoding bool
@@ -144,7 +145,7 @@ func New(cfg Config) (*Server, error) {
 	if cfg.Logger.GetSink() == nil {
 		cfg.Logger = logr.Discard()
 	}
-	s := &Server{cfg: cfg, j: cfg.Journal, log: cfg.Logger, health: health.NewServer(), encoded: &encodeCache{},
+	s := &Server{cfg: cfg, j: cfg.Journal, log: cfg.Logger, health: health.NewServer(),
 		slots: make(chan struct{}, cfg.MaxWatchers), watches: map[*watch]struct{}{}}
 	s.stopping, s.stop = context.WithCancelCause(context.Background())
 	m, err := newServerMetrics(cfg.Registerer, s)

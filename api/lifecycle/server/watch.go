@@ -158,7 +158,7 @@ func (s *Server) Watch(req *lifecyclev1.WatchRequest, stream grpc.ServerStreamin
 				if r := WatchResponse(m, identity); r != nil {
 					out.body = r
 				}
-			} else if e := s.encoded.get(m, identity); e != nil {
+			} else if e := s.encode(m, identity); e != nil {
 				out.body = e
 			}
 		default:
