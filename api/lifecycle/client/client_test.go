@@ -121,6 +121,9 @@ type call struct {
 	uid    string
 	gen    string
 	cursor string
+	// clientCursor is the client's Cursor() when it made the call (with
+	// recorder.client set): the cursor of the last message handled.
+	clientCursor string
 }
 
 func (c call) String() string {
@@ -139,6 +142,19 @@ type recorder struct {
 	// block, when set, is waited on by the next OnEvent.
 	mu    sync.Mutex
 	block chan struct{}
+	// client, when set, is asked for its cursor at every call.
+	client *client.Client
+}
+
+// clientCursor returns the cursor of r's client, if set.
+func (r *recorder) clientCursor() string {
+	r.mu.Lock()
+	c := r.client
+	r.mu.Unlock()
+	if c == nil {
+		return ""
+	}
+	return c.Cursor()
 }
 
 func newRecorder() *recorder { return &recorder{calls: make(chan call, 1<<16)} }
@@ -159,7 +175,8 @@ func (r *recorder) OnEvent(ev *lifecyclev1.PodEvent, at client.Position) {
 	if b != nil {
 		<-b
 	}
-	r.calls <- call{kind: "event", uid: ev.GetPod().GetUid(), gen: ev.GetPod().GetAnnotations()["gen"], cursor: at.Cursor}
+	r.calls <- call{kind: "event", uid: ev.GetPod().GetUid(), gen: ev.GetPod().GetAnnotations()["gen"], cursor: at.Cursor,
+		clientCursor: r.clientCursor()}
 }
 
 func (r *recorder) OnRuntimeStatus(st *lifecyclev1.RuntimeStatus, at client.Position) {
@@ -230,8 +247,16 @@ func TestServerRestartResyncsThenStreams(t *testing.T) {
 	change(a.j, "p1", 2)
 	a.j.Append(journal.Entry{Kind: journal.KindRuntime, Runtime: &journal.RuntimeStatus{State: journal.RuntimeUnreachable}})
 	got := rec.expect(t, backoff, "event p1/2", "runtime RUNTIME_UNREACHABLE")
-	if c.Cursor() != got[1].cursor || c.Cursor() != "a-3" {
-		t.Fatalf("cursor %q, want the last handled, a-3", c.Cursor())
+	// The client's cursor, read as it hands over the next message (after
+	// the handler returns it is stored, but when is the client's own
+	// business): the last handled.
+	rec.mu.Lock()
+	rec.client = c
+	rec.mu.Unlock()
+	change(a.j, "p1", 3)
+	next := rec.expect(t, backoff, "event p1/3")
+	if cur := next[0].clientCursor; cur != got[1].cursor || cur != "a-3" {
+		t.Fatalf("cursor %q, want the last handled, a-3", cur)
 	}
 
 	a.shutdown(t)
