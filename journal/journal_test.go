@@ -376,3 +376,25 @@ func TestIdentityWanted(t *testing.T) {
 	}
 	a.Close()
 }
+
+// A watcher's position before its first message: the head for a snapshot
+// or a cursor it cannot resume from but an old one, the cursor otherwise.
+func TestWatcherStartPosition(t *testing.T) {
+	j := New(Options{Epoch: "e", Size: 4})
+	for range 6 {
+		j.Append(Entry{Kind: KindRuntime, Runtime: &RuntimeStatus{State: RuntimeReachable}})
+	}
+	for _, c := range []struct {
+		cursor string
+		want   uint64
+	}{{"", 6}, {"e-4", 4}, {"e-1", 1}, {"other-3", 6}, {"e-9", 6}} {
+		w, err := j.Watch(c.cursor, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := w.Position(); got != c.want {
+			t.Errorf("Watch(%q).Position() = %d, want %d", c.cursor, got, c.want)
+		}
+		w.Close()
+	}
+}

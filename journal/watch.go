@@ -3,7 +3,6 @@ package journal
 import (
 	"context"
 	"errors"
-	"fmt"
 	"time"
 )
 
@@ -116,11 +115,11 @@ func (j *Journal) Watch(cursor string, f *Filter) (*Watcher, error) {
 		w.snapshotting = true
 		w.pos = j.head
 	case c.Epoch != j.epoch:
-		w.resync = ReasonOtherEpoch
+		w.resync, w.pos = ReasonOtherEpoch, j.head
 	case c.Seq > j.head:
-		w.resync = ReasonFutureEvent
+		w.resync, w.pos = ReasonFutureEvent, j.head
 	case c.Seq+1 < j.oldestLocked():
-		w.resync = ReasonTooOld
+		w.resync, w.pos = ReasonTooOld, c.Seq
 	default:
 		w.pos = c.Seq
 	}
@@ -221,11 +220,13 @@ func (w *Watcher) nextLocked() (m Message, ok bool, changed <-chan struct{}, err
 	return m, false, j.changed, nil
 }
 
-// Lag returns how many entries the watcher has not read yet.
-func (w *Watcher) Lag() uint64 {
+// Position returns the sequence number of the last entry the watcher read
+// (sent or skipped): where it starts, before its first message (the head
+// for a snapshot or a cursor of another journal, the cursor's otherwise).
+func (w *Watcher) Position() uint64 {
 	w.j.mu.Lock()
 	defer w.j.mu.Unlock()
-	return w.j.head - w.pos
+	return w.pos
 }
 
 // Close ends the watcher; Next then returns ErrClosed.
@@ -244,22 +245,4 @@ func (w *Watcher) Close() {
 	if last && j.onIdentity != nil {
 		j.onIdentity(false)
 	}
-}
-
-// Watchers returns how many watchers are open, and the largest lag among
-// them.
-func (j *Journal) Watchers() (n int, maxLag uint64) {
-	j.mu.Lock()
-	defer j.mu.Unlock()
-	for w := range j.watches {
-		if lag := j.head - w.pos; lag > maxLag {
-			maxLag = lag
-		}
-	}
-	return len(j.watches), maxLag
-}
-
-// String describes a watcher's position, for logs.
-func (w *Watcher) String() string {
-	return fmt.Sprintf("watcher at %d", w.pos)
 }
