@@ -398,3 +398,28 @@ func TestWatcherStartPosition(t *testing.T) {
 		w.Close()
 	}
 }
+
+// A filtered watcher skips, batch after batch, the many entries it does
+// not select to reach the one it does.
+func TestFilteredWatcherSkipsBatches(t *testing.T) {
+	j := New(Options{Epoch: "e"})
+	other := &Pod{UID: "o", Namespace: "a"}
+	for range 3*scanBatch + 5 {
+		j.Append(Entry{Kind: KindPod, Pod: other, Transitions: []Transition{{Type: "PodSync"}}})
+	}
+	mine := &Pod{UID: "m", Namespace: "b"}
+	seq := j.Append(Entry{Kind: KindPod, Pod: mine, Transitions: []Transition{{Type: "PodSync"}}})
+	f, err := NewFilter(FilterSpec{Namespaces: []string{"b"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := j.Watch("e-0", f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	m, err := w.Next(context.Background())
+	if err != nil || m.Type != Event || m.Pod != mine || m.Cursor.Seq != seq {
+		t.Fatalf("Next = %+v, %v; want the event of pod m at %d", m, err, seq)
+	}
+}

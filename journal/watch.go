@@ -153,6 +153,9 @@ func (w *Watcher) Next(ctx context.Context) (Message, error) {
 		if ok || err != nil {
 			return m, err
 		}
+		if changed == nil {
+			continue // more entries to skip: the lock was let go in between
+		}
 		if timer == nil {
 			t := j.clock.NewTimer(j.bookmark)
 			defer t.Stop()
@@ -166,7 +169,8 @@ func (w *Watcher) Next(ctx context.Context) (Message, error) {
 			j.mu.Lock()
 			m, ok, _, err := w.nextLocked()
 			if !ok && err == nil {
-				// Caught up: everything up to the head was skipped.
+				// Nothing selected up to w.pos (the head, or as far as
+				// one batch got): the cursor moves on.
 				m = Message{Type: Bookmark, Cursor: Cursor{Epoch: j.epoch, Seq: w.pos}, Time: j.clock.Now()}
 				ok = true
 			}
@@ -176,8 +180,15 @@ func (w *Watcher) Next(ctx context.Context) (Message, error) {
 	}
 }
 
+// scanBatch is how many entries a watcher skips (those its filter does not
+// select) under the journal's lock at once: a filtered watcher far behind
+// would otherwise hold the lock, and Append, for a scan of the whole
+// retention (about 190 us for DefaultSize entries with a label selector).
+const scanBatch = 256
+
 // nextLocked returns the next message if there is one, or the channel to
-// wait on.
+// wait on, or neither (changed nil) when it skipped scanBatch entries and
+// more wait: call it again.
 func (w *Watcher) nextLocked() (m Message, ok bool, changed <-chan struct{}, err error) {
 	j := w.j
 	switch {
@@ -202,7 +213,10 @@ func (w *Watcher) nextLocked() (m Message, ok bool, changed <-chan struct{}, err
 		w.done = true
 		return Message{Type: ResyncRequired, Cursor: Cursor{Epoch: j.epoch, Seq: j.head}, Time: j.clock.Now(), Reason: ReasonFellBehind}, true, nil, nil
 	}
-	for w.pos < j.head {
+	for n := 0; w.pos < j.head; n++ {
+		if n == scanBatch {
+			return m, false, nil, nil
+		}
 		w.pos++
 		e := j.entryLocked(w.pos)
 		if e == nil || !w.filter.matchEntry(e) {
