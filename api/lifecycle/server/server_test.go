@@ -514,3 +514,19 @@ func errorInfo(err error) (reason, cursor string) {
 	}
 	return "", ""
 }
+
+// A connection left open without a call is closed after the idle timeout,
+// freeing its slot: with one slot, a second client gets in once the first
+// client's connection has idled out.
+func TestIdleConnectionFreesItsSlot(t *testing.T) {
+	h := newHarness(t, journal.Options{}, Config{MaxConnections: 1, IdleTimeout: 100 * time.Millisecond})
+	ctx, cancel := context.WithTimeout(context.Background(), patience)
+	defer cancel()
+	if _, err := h.client.ListPods(ctx, &lifecyclev1.ListPodsRequest{}); err != nil {
+		t.Fatal(err)
+	}
+	_, second := h.dial(t)
+	if _, err := second.ListPods(ctx, &lifecyclev1.ListPodsRequest{}); err != nil {
+		t.Fatalf("a second connection, once the first idled out: %v", err)
+	}
+}
