@@ -3,41 +3,16 @@ package httpapi
 import (
 	"bufio"
 	"context"
-	"fmt"
 	"net/http"
 	"net/http/httptest"
 	"strings"
-	"syscall"
 	"testing"
 	"time"
 
-	"k8s.io/apimachinery/pkg/types"
-
 	"github.com/podlifecycle/pleg"
-	"github.com/podlifecycle/pleg/cruntime"
+	"github.com/podlifecycle/pleg/internal/testkit"
 	"github.com/podlifecycle/pleg/journal"
 )
-
-// benchEventsPod is a pod as the kubelet labels it: a sandbox and three
-// containers.
-func benchEventsPod(i int) *journal.Pod {
-	uid := types.UID(fmt.Sprintf("9c1b7d2e-3f4a-4b5c-8d6e-%012d", i))
-	labels := map[string]string{"app": "web", "pod-template-hash": "7d4b9c8f6d",
-		"io.kubernetes.pod.name": fmt.Sprintf("web-7d4b9c8f6d-%05d", i), "io.kubernetes.pod.namespace": "default",
-		"io.kubernetes.pod.uid": string(uid)}
-	ann := map[string]string{"kubernetes.io/config.seen": "2026-03-01T12:00:00.000000000Z", "kubernetes.io/config.source": "api"}
-	now := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
-	p := &journal.Pod{UID: uid, Name: labels["io.kubernetes.pod.name"], Namespace: "default", IPs: []string{"10.88.0.7"},
-		Labels: labels, Annotations: ann, ObservedAt: now,
-		Sandboxes: []journal.Sandbox{{ID: fmt.Sprintf("%064d", i), Name: labels["io.kubernetes.pod.name"], State: cruntime.StateRunning,
-			CreatedAt: now, IPs: []string{"10.88.0.7"}, Labels: labels, Annotations: ann}}}
-	for _, n := range []string{"app", "sidecar", "proxy"} {
-		p.Containers = append(p.Containers, journal.Container{ID: fmt.Sprintf("%060d%-4.4s", i, n), Name: n, State: cruntime.StateRunning,
-			Image: "registry.example/" + n + ":1.2.3", ImageRef: "registry.example/" + n + "@sha256:0123456789abcdef",
-			CreatedAt: now, StartedAt: now, Labels: map[string]string{"io.kubernetes.container.name": n}, Annotations: ann})
-	}
-	return p
-}
 
 // BenchmarkEventsFanout: DefaultMaxStreams event streams (/api/v1/events)
 // over loopback TCP receive every event; one op is one event delivered to
@@ -85,11 +60,11 @@ func BenchmarkEventsFanout(b *testing.B) {
 	}
 	pods := make([]*journal.Pod, 64)
 	for i := range pods {
-		pods[i] = benchEventsPod(i)
+		pods[i] = testkit.KubeletPod(i)
 	}
 	b.ReportAllocs()
 	b.ResetTimer()
-	cpu0 := eventsCPU()
+	cpu0 := testkit.CPUTime()
 	for i := range b.N {
 		j.Append(journal.Entry{Kind: journal.KindPod, Pod: pods[i%len(pods)], Source: journal.SourceHint,
 			Transitions: []journal.Transition{{Type: "ContainerDied", ContainerID: pods[i%len(pods)].Containers[0].ID, ContainerName: "app"}}})
@@ -98,11 +73,5 @@ func BenchmarkEventsFanout(b *testing.B) {
 		<-received
 	}
 	b.StopTimer()
-	b.ReportMetric(float64(eventsCPU()-cpu0)/float64(b.N)/streams, "cpu-ns/event/stream")
-}
-
-func eventsCPU() time.Duration {
-	var ru syscall.Rusage
-	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+	b.ReportMetric(float64(testkit.CPUTime()-cpu0)/float64(b.N)/streams, "cpu-ns/event/stream")
 }

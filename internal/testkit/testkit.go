@@ -1,18 +1,25 @@
-// Package testkit holds the test doubles that the tests of
-// api/lifecycle/server and api/lifecycle/client share: a fake clock that
-// reports its timers and a logger that records its lines.
+// Package testkit holds what the tests and benchmarks of the lifecycle
+// stream (api/lifecycle/server and client, internal/httpapi) share: a fake
+// clock that reports its timers, a logger that records its lines, a pod as
+// the kubelet labels it and the process's CPU time.
 package testkit
 
 import (
+	"fmt"
 	"slices"
 	"strings"
 	"sync"
+	"syscall"
 	"time"
 
 	"github.com/go-logr/logr"
 	"github.com/go-logr/logr/funcr"
+	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/clock"
 	clocktesting "k8s.io/utils/clock/testing"
+
+	"github.com/podlifecycle/pleg/cruntime"
+	"github.com/podlifecycle/pleg/journal"
 )
 
 // TimerClock is a fake clock that reports every timer made on it on
@@ -88,4 +95,32 @@ func (s *LogSink) Find(sub string) string {
 		}
 	}
 	return ""
+}
+
+// KubeletPod is pod i as a kubelet-managed runtime lists it: a sandbox and
+// three containers with the kubelet's labels and annotations.
+func KubeletPod(i int) *journal.Pod {
+	uid := types.UID(fmt.Sprintf("9c1b7d2e-3f4a-4b5c-8d6e-%012d", i))
+	labels := map[string]string{"app": "web", "pod-template-hash": "7d4b9c8f6d",
+		"io.kubernetes.pod.name": fmt.Sprintf("web-7d4b9c8f6d-%05d", i), "io.kubernetes.pod.namespace": "default",
+		"io.kubernetes.pod.uid": string(uid)}
+	ann := map[string]string{"kubernetes.io/config.seen": "2026-03-01T12:00:00.000000000Z", "kubernetes.io/config.source": "api"}
+	now := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+	p := &journal.Pod{UID: uid, Name: labels["io.kubernetes.pod.name"], Namespace: "default", IPs: []string{"10.88.0.7"},
+		Labels: labels, Annotations: ann, ObservedAt: now,
+		Sandboxes: []journal.Sandbox{{ID: fmt.Sprintf("%064d", i), Name: labels["io.kubernetes.pod.name"], State: cruntime.StateRunning,
+			CreatedAt: now, IPs: []string{"10.88.0.7"}, Labels: labels, Annotations: ann}}}
+	for _, n := range []string{"app", "sidecar", "proxy"} {
+		p.Containers = append(p.Containers, journal.Container{ID: fmt.Sprintf("%060d%-4.4s", i, n), Name: n, State: cruntime.StateRunning,
+			Image: "registry.example/" + n + ":1.2.3", ImageRef: "registry.example/" + n + "@sha256:0123456789abcdef",
+			CreatedAt: now, StartedAt: now, Labels: map[string]string{"io.kubernetes.container.name": n}, Annotations: ann})
+	}
+	return p
+}
+
+// CPUTime returns the CPU (user and system) the process has used.
+func CPUTime() time.Duration {
+	var ru syscall.Rusage
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
 }
