@@ -6,20 +6,22 @@ package entrycache
 
 import "sync"
 
-// Size is how many recent entries' encodings a Cache keeps (for each
-// identity choice): subscribers read near the journal's head, so one that
-// sends an entry finds it encoded by the first that did; one further
-// behind encodes it again.
-const Size = 4096
-
-// Cache holds the encodings of recent entries of one journal, keyed by
-// sequence number and whether containers' identities are included. Its
-// zero value is ready to use.
+// Cache holds the encodings of the last entries of one journal, keyed by
+// sequence number and whether containers' identities are included: size
+// of each (subscribers read near the journal's head, so one that sends an
+// entry finds it encoded by the first that did; one further behind than
+// size encodes it again). It holds up to 2 x size encodings for as long
+// as it lives: size bounds its memory.
 type Cache[T any] struct {
 	// mu is held while encoding: the subscribers that want the same entry
 	// at once wait for the first one's encoding instead of repeating it.
 	mu    sync.Mutex
-	slots [2][Size]slot[T]
+	slots [2][]slot[T]
+}
+
+// New returns a cache of the last size entries' encodings.
+func New[T any](size int) *Cache[T] {
+	return &Cache[T]{slots: [2][]slot[T]{make([]slot[T], size), make([]slot[T], size)}}
 }
 
 type slot[T any] struct {
@@ -34,7 +36,8 @@ func (c *Cache[T]) Get(seq uint64, identity bool, encode func() (T, bool)) (T, b
 	if identity {
 		side = 1
 	}
-	s := &c.slots[side][seq%Size]
+	slots := c.slots[side]
+	s := &slots[seq%uint64(len(slots))]
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if s.seq == seq && seq != 0 {

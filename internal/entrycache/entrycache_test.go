@@ -5,7 +5,8 @@ import "testing"
 // An entry is encoded once per identity choice; a slot reused by a later
 // entry encodes it afresh; a refused encoding is not kept.
 func TestGet(t *testing.T) {
-	var c Cache[string]
+	const size = 16
+	c := New[string](size)
 	calls := 0
 	enc := func(s string) func() (string, bool) {
 		return func() (string, bool) { calls++; return s, true }
@@ -18,8 +19,8 @@ func TestGet(t *testing.T) {
 	if v, _ := c.Get(7, true, enc("A")); v != "A" || calls != 2 {
 		t.Fatalf("Get(7, identity) = %q after %d encodings, want A after 2", v, calls)
 	}
-	if v, _ := c.Get(7+Size, false, enc("b")); v != "b" || calls != 3 {
-		t.Fatalf("Get(7+Size) = %q after %d encodings, want b after 3", v, calls)
+	if v, _ := c.Get(7+size, false, enc("b")); v != "b" || calls != 3 {
+		t.Fatalf("Get(7+size) = %q after %d encodings, want b after 3", v, calls)
 	}
 	refuse := func() (string, bool) { calls++; return "", false }
 	for range 2 {

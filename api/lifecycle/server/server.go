@@ -102,7 +102,7 @@ type Server struct {
 	health *health.Server
 	m      *serverMetrics
 	// encoded holds recent entries' messages in their wire form.
-	encoded entrycache.Cache[*encoded]
+	encoded *entrycache.Cache[*encoded]
 	// perWatcherEncoding makes every watch encode its messages itself
 	// (the benchmark's baseline).
 	perWatcherEncoding bool
@@ -155,7 +155,7 @@ func New(cfg Config) (*Server, error) {
 	if cfg.Logger.GetSink() == nil {
 		cfg.Logger = logr.Discard()
 	}
-	s := &Server{cfg: cfg, j: cfg.Journal, log: cfg.Logger, health: health.NewServer(),
+	s := &Server{cfg: cfg, j: cfg.Journal, log: cfg.Logger, health: health.NewServer(), encoded: entrycache.New[*encoded](encodeCacheSize),
 		slots: make(chan struct{}, cfg.MaxWatchers), watches: map[*watch]struct{}{}}
 	s.stopping, s.stop = context.WithCancelCause(context.Background())
 	m, err := newServerMetrics(cfg.Registerer, s)
