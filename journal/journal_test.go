@@ -376,3 +376,50 @@ func TestIdentityWanted(t *testing.T) {
 	}
 	a.Close()
 }
+
+// A watcher's position before its first message: the head for a snapshot
+// or a cursor it cannot resume from but an old one, the cursor otherwise.
+func TestWatcherStartPosition(t *testing.T) {
+	j := New(Options{Epoch: "e", Size: 4})
+	for range 6 {
+		j.Append(Entry{Kind: KindRuntime, Runtime: &RuntimeStatus{State: RuntimeReachable}})
+	}
+	for _, c := range []struct {
+		cursor string
+		want   uint64
+	}{{"", 6}, {"e-4", 4}, {"e-1", 1}, {"other-3", 6}, {"e-9", 6}} {
+		w, err := j.Watch(c.cursor, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if got := w.Position(); got != c.want {
+			t.Errorf("Watch(%q).Position() = %d, want %d", c.cursor, got, c.want)
+		}
+		w.Close()
+	}
+}
+
+// A filtered watcher skips, batch after batch, the many entries it does
+// not select to reach the one it does.
+func TestFilteredWatcherSkipsBatches(t *testing.T) {
+	j := New(Options{Epoch: "e"})
+	other := &Pod{UID: "o", Namespace: "a"}
+	for range 3*scanBatch + 5 {
+		j.Append(Entry{Kind: KindPod, Pod: other, Transitions: []Transition{{Type: "PodSync"}}})
+	}
+	mine := &Pod{UID: "m", Namespace: "b"}
+	seq := j.Append(Entry{Kind: KindPod, Pod: mine, Transitions: []Transition{{Type: "PodSync"}}})
+	f, err := NewFilter(FilterSpec{Namespaces: []string{"b"}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	w, err := j.Watch("e-0", f)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	m, err := w.Next(context.Background())
+	if err != nil || m.Type != Event || m.Pod != mine || m.Cursor.Seq != seq {
+		t.Fatalf("Next = %+v, %v; want the event of pod m at %d", m, err, seq)
+	}
+}

@@ -3,7 +3,6 @@ package journal
 import (
 	"context"
 	"errors"
-	"fmt"
 	"time"
 )
 
@@ -116,11 +115,11 @@ func (j *Journal) Watch(cursor string, f *Filter) (*Watcher, error) {
 		w.snapshotting = true
 		w.pos = j.head
 	case c.Epoch != j.epoch:
-		w.resync = ReasonOtherEpoch
+		w.resync, w.pos = ReasonOtherEpoch, j.head
 	case c.Seq > j.head:
-		w.resync = ReasonFutureEvent
+		w.resync, w.pos = ReasonFutureEvent, j.head
 	case c.Seq+1 < j.oldestLocked():
-		w.resync = ReasonTooOld
+		w.resync, w.pos = ReasonTooOld, c.Seq
 	default:
 		w.pos = c.Seq
 	}
@@ -154,6 +153,9 @@ func (w *Watcher) Next(ctx context.Context) (Message, error) {
 		if ok || err != nil {
 			return m, err
 		}
+		if changed == nil {
+			continue // more entries to skip: the lock was let go in between
+		}
 		if timer == nil {
 			t := j.clock.NewTimer(j.bookmark)
 			defer t.Stop()
@@ -167,7 +169,8 @@ func (w *Watcher) Next(ctx context.Context) (Message, error) {
 			j.mu.Lock()
 			m, ok, _, err := w.nextLocked()
 			if !ok && err == nil {
-				// Caught up: everything up to the head was skipped.
+				// Nothing selected up to w.pos (the head, or as far as
+				// one batch got): the cursor moves on.
 				m = Message{Type: Bookmark, Cursor: Cursor{Epoch: j.epoch, Seq: w.pos}, Time: j.clock.Now()}
 				ok = true
 			}
@@ -177,8 +180,15 @@ func (w *Watcher) Next(ctx context.Context) (Message, error) {
 	}
 }
 
+// scanBatch is how many entries a watcher skips (those its filter does not
+// select) under the journal's lock at once: a filtered watcher far behind
+// would otherwise hold the lock, and Append, for a scan of the whole
+// retention (about 190 us for DefaultSize entries with a label selector).
+const scanBatch = 256
+
 // nextLocked returns the next message if there is one, or the channel to
-// wait on.
+// wait on, or neither (changed nil) when it skipped scanBatch entries and
+// more wait: call it again.
 func (w *Watcher) nextLocked() (m Message, ok bool, changed <-chan struct{}, err error) {
 	j := w.j
 	switch {
@@ -203,7 +213,10 @@ func (w *Watcher) nextLocked() (m Message, ok bool, changed <-chan struct{}, err
 		w.done = true
 		return Message{Type: ResyncRequired, Cursor: Cursor{Epoch: j.epoch, Seq: j.head}, Time: j.clock.Now(), Reason: ReasonFellBehind}, true, nil, nil
 	}
-	for w.pos < j.head {
+	for n := 0; w.pos < j.head; n++ {
+		if n == scanBatch {
+			return m, false, nil, nil
+		}
 		w.pos++
 		e := j.entryLocked(w.pos)
 		if e == nil || !w.filter.matchEntry(e) {
@@ -221,11 +234,13 @@ func (w *Watcher) nextLocked() (m Message, ok bool, changed <-chan struct{}, err
 	return m, false, j.changed, nil
 }
 
-// Lag returns how many entries the watcher has not read yet.
-func (w *Watcher) Lag() uint64 {
+// Position returns the sequence number of the last entry the watcher read
+// (sent or skipped): where it starts, before its first message (the head
+// for a snapshot or a cursor of another journal, the cursor's otherwise).
+func (w *Watcher) Position() uint64 {
 	w.j.mu.Lock()
 	defer w.j.mu.Unlock()
-	return w.j.head - w.pos
+	return w.pos
 }
 
 // Close ends the watcher; Next then returns ErrClosed.
@@ -244,22 +259,4 @@ func (w *Watcher) Close() {
 	if last && j.onIdentity != nil {
 		j.onIdentity(false)
 	}
-}
-
-// Watchers returns how many watchers are open, and the largest lag among
-// them.
-func (j *Journal) Watchers() (n int, maxLag uint64) {
-	j.mu.Lock()
-	defer j.mu.Unlock()
-	for w := range j.watches {
-		if lag := j.head - w.pos; lag > maxLag {
-			maxLag = lag
-		}
-	}
-	return len(j.watches), maxLag
-}
-
-// String describes a watcher's position, for logs.
-func (w *Watcher) String() string {
-	return fmt.Sprintf("watcher at %d", w.pos)
 }

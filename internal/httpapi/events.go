@@ -13,6 +13,7 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 
 	"github.com/podlifecycle/pleg/api/lifecycle/server"
+	lifecyclev1 "github.com/podlifecycle/pleg/api/lifecycle/v1"
 	"github.com/podlifecycle/pleg/internal/outbox"
 	"github.com/podlifecycle/pleg/journal"
 )
@@ -24,16 +25,6 @@ var queryParams = map[string]string{
 	"labelSelector": "labelSelector",
 	"podUIDs":       "podUID",
 	"eventTypes":    "type",
-}
-
-// protoEventTypes maps the API's enum names to the journal's transition
-// types: type= takes either.
-var protoEventTypes = map[string]string{
-	"CONTAINER_STARTED": "ContainerStarted",
-	"CONTAINER_DIED":    "ContainerDied",
-	"CONTAINER_REMOVED": "ContainerRemoved",
-	"POD_SYNC":          "PodSync",
-	"POD_UPDATED":       journal.PodUpdated,
 }
 
 // listParam returns a repeatable, comma-separated query parameter.
@@ -57,8 +48,8 @@ type eventsRequest struct {
 }
 
 // parseEventsRequest reads the cursor (the Last-Event-ID header, else the
-// cursor or lastEventId query parameter), the filters and the fields; its
-// error names the bad parameter.
+// cursor or lastEventId query parameter; journal.Watch checks it), the
+// filters and the fields; its error names the bad parameter.
 func parseEventsRequest(r *http.Request) (eventsRequest, error) {
 	q := r.URL.Query()
 	var req eventsRequest
@@ -68,19 +59,17 @@ func parseEventsRequest(r *http.Request) (eventsRequest, error) {
 			req.cursor = q.Get(name)
 		}
 	}
-	if req.cursor != "" {
-		if _, err := journal.ParseCursor(req.cursor); err != nil {
-			return req, err
-		}
-	}
 	spec := journal.FilterSpec{
 		Namespaces:    listParam(q, "namespace"),
 		LabelSelector: q.Get("labelSelector"),
 		PodUIDs:       listParam(q, "podUID"),
 	}
 	for _, t := range listParam(q, "type") {
-		if name, ok := protoEventTypes[t]; ok {
-			t = name
+		// The API's enum names or the journal's transition types.
+		if v, ok := lifecyclev1.EventType_value[t]; ok {
+			if name, ok := server.TransitionType(lifecyclev1.EventType(v)); ok {
+				t = name
+			}
 		}
 		spec.EventTypes = append(spec.EventTypes, t)
 	}
@@ -199,7 +188,7 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 		ncancel()
 		switch {
 		case nerr == nil:
-			if msg = encodeEvent(m, req.identity); msg == nil {
+			if msg = s.encodeEvent(m, req.identity); msg == nil {
 				s.cfg.Logger.Error(nil, "Encoding a lifecycle message failed", "type", m.Type.String())
 				return
 			}
@@ -238,9 +227,24 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 }
 
 // encodeEvent returns one SSE message of m, nil if it cannot be encoded.
+// An event's or a runtime status's message depends only on its entry and
+// identity: it is encoded once for every stream that sends it.
+func (s *Server) encodeEvent(m journal.Message, identity bool) []byte {
+	switch m.Type {
+	case journal.Event, journal.Runtime:
+		b, _ := s.encoded.Get(m.Cursor.Seq, identity, func() ([]byte, bool) {
+			b := sseFrame(m, identity)
+			return b, b != nil
+		})
+		return b
+	}
+	return sseFrame(m, identity)
+}
+
+// sseFrame encodes one SSE message of m, nil if it cannot be encoded.
 // protojson without Multiline writes no newline, so the data fits on one
 // line.
-func encodeEvent(m journal.Message, identity bool) []byte {
+func sseFrame(m journal.Message, identity bool) []byte {
 	resp := server.WatchResponse(m, identity)
 	if resp == nil {
 		return nil

@@ -14,8 +14,6 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/apimachinery/pkg/types"
-
-	"github.com/podlifecycle/pleg/cruntime"
 )
 
 // The public handler serves what probes and Prometheus need and nothing
@@ -83,14 +81,7 @@ func streamStatus(t *testing.T, url string) int {
 // the write deadline: it does not keep its subscription (nor its stream
 // slot) forever.
 func TestEventStreamDropsClientThatStopsReading(t *testing.T) {
-	rt := newFakeRuntime()
-	for i := range 300 {
-		rt.pods = append(rt.pods, &cruntime.Pod{UID: runtimeUID(i), Name: fmt.Sprintf("pod-with-a-long-name-%04d", i), Namespace: "default",
-			Containers: []*cruntime.Container{
-				{ID: fmt.Sprintf("container-%04d-a-long-container-id", i), Name: "app", State: cruntime.StateRunning},
-				{ID: fmt.Sprintf("container-%04d-b-long-container-id", i), Name: "sidecar", State: cruntime.StateRunning},
-			}})
-	}
+	rt := longNamedPods(300)
 	g := startGenerator(t, rt)
 	waitRelisted(t, g, 300)
 	s := New(Config{Generator: g, MaxStreams: 1, StreamWriteTimeout: 500 * time.Millisecond})

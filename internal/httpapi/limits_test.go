@@ -300,6 +300,20 @@ func (c *capture) count(substr string) int {
 	return n
 }
 
+// longNamedPods is a runtime of n running pods of two containers, with
+// long names and IDs: their resync is tens of kilobytes.
+func longNamedPods(n int) *fakeRuntime {
+	rt := newFakeRuntime()
+	for i := range n {
+		rt.pods = append(rt.pods, &cruntime.Pod{UID: runtimeUID(i), Name: fmt.Sprintf("pod-with-a-long-name-%04d", i), Namespace: "default",
+			Containers: []*cruntime.Container{
+				{ID: fmt.Sprintf("container-%04d-a-long-container-id", i), Name: "app", State: cruntime.StateRunning},
+				{ID: fmt.Sprintf("container-%04d-b-long-container-id", i), Name: "sidecar", State: cruntime.StateRunning},
+			}})
+	}
+	return rt
+}
+
 // churn makes the runtime change a container every 5 ms until the test
 // ends: events keep flowing.
 func churn(t *testing.T, rt *fakeRuntime) {
@@ -336,14 +350,7 @@ func churn(t *testing.T, rt *fakeRuntime) {
 // bound by waiting, and its socket's send queue), counts the drop and logs
 // it once.
 func TestEventStreamDropsClientThatNeverReads(t *testing.T) {
-	rt := newFakeRuntime()
-	for i := range 600 {
-		rt.pods = append(rt.pods, &cruntime.Pod{UID: runtimeUID(i), Name: fmt.Sprintf("pod-with-a-long-name-%04d", i), Namespace: "default",
-			Containers: []*cruntime.Container{
-				{ID: fmt.Sprintf("container-%04d-a-long-container-id", i), Name: "app", State: cruntime.StateRunning},
-				{ID: fmt.Sprintf("container-%04d-b-long-container-id", i), Name: "sidecar", State: cruntime.StateRunning},
-			}})
-	}
+	rt := longNamedPods(600)
 	g := startGenerator(t, rt)
 	waitRelisted(t, g, 600)
 	churn(t, rt)

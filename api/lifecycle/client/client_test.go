@@ -13,18 +13,15 @@ import (
 	"testing"
 	"time"
 
-	"github.com/go-logr/logr"
-	"github.com/go-logr/logr/funcr"
 	"google.golang.org/grpc"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/utils/clock"
-	clocktesting "k8s.io/utils/clock/testing"
 
 	"github.com/podlifecycle/pleg/api/lifecycle/client"
 	"github.com/podlifecycle/pleg/api/lifecycle/server"
 	lifecyclev1 "github.com/podlifecycle/pleg/api/lifecycle/v1"
 	"github.com/podlifecycle/pleg/cruntime"
 	"github.com/podlifecycle/pleg/internal/leakcheck"
+	"github.com/podlifecycle/pleg/internal/testkit"
 	"github.com/podlifecycle/pleg/journal"
 )
 
@@ -38,32 +35,14 @@ func TestMain(m *testing.M) {
 	leakcheck.Main(m, patience, "podlifecycle/pleg", "google.golang.org/grpc")
 }
 
-var epoch = time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
-
-// timerClock is a fake clock that reports every timer made on it.
-type timerClock struct {
-	*clocktesting.FakeClock
-	timers chan time.Duration
-}
-
-func newTimerClock() *timerClock {
-	return &timerClock{FakeClock: clocktesting.NewFakeClock(epoch), timers: make(chan time.Duration, 1<<16)}
-}
-
-func (c *timerClock) NewTimer(d time.Duration) clock.Timer {
-	t := c.FakeClock.NewTimer(d)
-	select {
-	case c.timers <- d:
-	default:
-	}
-	return t
-}
+// clockStart is when the fake clocks start.
+var clockStart = time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
 
 // pleg is a server of a journal on a unix socket.
 type pleg struct {
 	j      *journal.Journal
-	sclock *timerClock
-	logs   *logSink
+	sclock *testkit.TimerClock
+	logs   *testkit.LogSink
 	stop   context.CancelFunc
 	done   chan error
 }
@@ -71,9 +50,9 @@ type pleg struct {
 // startPleg serves a new journal of epoch on sock.
 func startPleg(t *testing.T, sock, epoch string, cfg server.Config) *pleg {
 	t.Helper()
-	p := &pleg{j: journal.New(journal.Options{Epoch: epoch, Size: 1 << 20, MaxBytes: 1 << 30}), sclock: newTimerClock(),
-		logs: &logSink{}, done: make(chan error, 1)}
-	cfg.Journal, cfg.Clock, cfg.Logger = p.j, p.sclock, p.logs.logger()
+	p := &pleg{j: journal.New(journal.Options{Epoch: epoch, Size: 1 << 20, MaxBytes: 1 << 30}), sclock: testkit.NewTimerClock(clockStart, 1<<16),
+		logs: &testkit.LogSink{}, done: make(chan error, 1)}
+	cfg.Journal, cfg.Clock, cfg.Logger = p.j, p.sclock, p.logs.Logger(0)
 	srv, err := server.New(cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -121,6 +100,9 @@ type call struct {
 	uid    string
 	gen    string
 	cursor string
+	// clientCursor is the client's Cursor() when it made the call (with
+	// recorder.client set): the cursor of the last message handled.
+	clientCursor string
 }
 
 func (c call) String() string {
@@ -139,6 +121,19 @@ type recorder struct {
 	// block, when set, is waited on by the next OnEvent.
 	mu    sync.Mutex
 	block chan struct{}
+	// client, when set, is asked for its cursor at every call.
+	client *client.Client
+}
+
+// clientCursor returns the cursor of r's client, if set.
+func (r *recorder) clientCursor() string {
+	r.mu.Lock()
+	c := r.client
+	r.mu.Unlock()
+	if c == nil {
+		return ""
+	}
+	return c.Cursor()
 }
 
 func newRecorder() *recorder { return &recorder{calls: make(chan call, 1<<16)} }
@@ -159,7 +154,8 @@ func (r *recorder) OnEvent(ev *lifecyclev1.PodEvent, at client.Position) {
 	if b != nil {
 		<-b
 	}
-	r.calls <- call{kind: "event", uid: ev.GetPod().GetUid(), gen: ev.GetPod().GetAnnotations()["gen"], cursor: at.Cursor}
+	r.calls <- call{kind: "event", uid: ev.GetPod().GetUid(), gen: ev.GetPod().GetAnnotations()["gen"], cursor: at.Cursor,
+		clientCursor: r.clientCursor()}
 }
 
 func (r *recorder) OnRuntimeStatus(st *lifecyclev1.RuntimeStatus, at client.Position) {
@@ -168,13 +164,13 @@ func (r *recorder) OnRuntimeStatus(st *lifecyclev1.RuntimeStatus, at client.Posi
 
 // next returns the next call, stepping the client's backoff clock
 // whenever it waits.
-func (r *recorder) next(t *testing.T, backoff *timerClock) call {
+func (r *recorder) next(t *testing.T, backoff *testkit.TimerClock) call {
 	t.Helper()
 	for {
 		select {
 		case c := <-r.calls:
 			return c
-		case d := <-backoff.timers:
+		case d := <-backoff.Timers:
 			backoff.Step(d)
 		case <-time.After(patience):
 			t.Fatal("no handler call")
@@ -183,7 +179,7 @@ func (r *recorder) next(t *testing.T, backoff *timerClock) call {
 }
 
 // expect reads the next calls and compares them with want.
-func (r *recorder) expect(t *testing.T, backoff *timerClock, want ...string) []call {
+func (r *recorder) expect(t *testing.T, backoff *testkit.TimerClock, want ...string) []call {
 	t.Helper()
 	got := make([]call, len(want))
 	for i := range want {
@@ -196,9 +192,9 @@ func (r *recorder) expect(t *testing.T, backoff *timerClock, want ...string) []c
 }
 
 // runClient runs a client of sock with h until the test ends.
-func runClient(t *testing.T, sock string, h client.Handler, o client.Options) (*client.Client, *timerClock) {
+func runClient(t *testing.T, sock string, h client.Handler, o client.Options) (*client.Client, *testkit.TimerClock) {
 	t.Helper()
-	backoff := newTimerClock()
+	backoff := testkit.NewTimerClock(clockStart, 1<<16)
 	o.Address, o.Clock = sock, backoff
 	c, err := client.New(o)
 	if err != nil {
@@ -230,8 +226,16 @@ func TestServerRestartResyncsThenStreams(t *testing.T) {
 	change(a.j, "p1", 2)
 	a.j.Append(journal.Entry{Kind: journal.KindRuntime, Runtime: &journal.RuntimeStatus{State: journal.RuntimeUnreachable}})
 	got := rec.expect(t, backoff, "event p1/2", "runtime RUNTIME_UNREACHABLE")
-	if c.Cursor() != got[1].cursor || c.Cursor() != "a-3" {
-		t.Fatalf("cursor %q, want the last handled, a-3", c.Cursor())
+	// The client's cursor, read as it hands over the next message (after
+	// the handler returns it is stored, but when is the client's own
+	// business): the last handled.
+	rec.mu.Lock()
+	rec.client = c
+	rec.mu.Unlock()
+	change(a.j, "p1", 3)
+	next := rec.expect(t, backoff, "event p1/3")
+	if cur := next[0].clientCursor; cur != got[1].cursor || cur != "a-3" {
+		t.Fatalf("cursor %q, want the last handled, a-3", cur)
 	}
 
 	a.shutdown(t)
@@ -267,12 +271,12 @@ func TestCutClientResumesWithoutGap(t *testing.T) {
 	}
 	// The handler holds the first event: let pleg's stall timers expire
 	// until it cuts the watch.
-	cut := p.logs.logged("Cut a watcher")
+	cut := p.logs.Logged("Cut a watcher")
 	for done := false; !done; {
 		select {
 		case <-cut:
 			done = true
-		case d := <-p.sclock.timers:
+		case d := <-p.sclock.Timers:
 			p.sclock.Step(d)
 		case <-time.After(patience):
 			t.Fatal("pleg did not cut the blocked client")
@@ -367,7 +371,7 @@ func TestInvalidFilterIsReturned(t *testing.T) {
 // its maximum, and returns nil when its context ends.
 func TestBackoffWhilePlegIsAbsent(t *testing.T) {
 	sock := filepath.Join(t.TempDir(), "absent.sock")
-	backoff := newTimerClock()
+	backoff := testkit.NewTimerClock(clockStart, 1<<16)
 	c, err := client.New(client.Options{Address: sock, Clock: backoff, InitialBackoff: time.Second, MaxBackoff: 8 * time.Second})
 	if err != nil {
 		t.Fatal(err)
@@ -379,7 +383,7 @@ func TestBackoffWhilePlegIsAbsent(t *testing.T) {
 	var waits []time.Duration
 	for range 6 {
 		select {
-		case d := <-backoff.timers:
+		case d := <-backoff.Timers:
 			waits = append(waits, d)
 			backoff.Step(d)
 		case <-time.After(patience):
@@ -495,41 +499,4 @@ func (p *proxy) accepted() int {
 	p.mu.Lock()
 	defer p.mu.Unlock()
 	return p.n
-}
-
-// logSink records log lines and tells when one appears.
-type logSink struct {
-	mu      sync.Mutex
-	lines   []string
-	waiting map[string]chan struct{}
-}
-
-func (s *logSink) logger() logr.Logger {
-	return funcr.New(func(_, args string) {
-		s.mu.Lock()
-		defer s.mu.Unlock()
-		s.lines = append(s.lines, args)
-		for sub, ch := range s.waiting {
-			if strings.Contains(args, sub) {
-				close(ch)
-				delete(s.waiting, sub)
-			}
-		}
-	}, funcr.Options{})
-}
-
-// logged returns a channel closed once a line containing sub is logged.
-func (s *logSink) logged(sub string) <-chan struct{} {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	ch := make(chan struct{})
-	if slices.ContainsFunc(s.lines, func(l string) bool { return strings.Contains(l, sub) }) {
-		close(ch)
-		return ch
-	}
-	if s.waiting == nil {
-		s.waiting = map[string]chan struct{}{}
-	}
-	s.waiting[sub] = ch
-	return ch
 }

@@ -2,10 +2,8 @@ package server
 
 import (
 	"context"
-	"fmt"
 	"path/filepath"
 	"runtime"
-	"syscall"
 	"testing"
 	"time"
 
@@ -13,39 +11,11 @@ import (
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/mem"
 	"google.golang.org/protobuf/proto"
-	"k8s.io/apimachinery/pkg/types"
 
 	lifecyclev1 "github.com/podlifecycle/pleg/api/lifecycle/v1"
-	"github.com/podlifecycle/pleg/cruntime"
+	"github.com/podlifecycle/pleg/internal/testkit"
 	"github.com/podlifecycle/pleg/journal"
 )
-
-// benchPod is a pod as a kubelet-managed runtime lists it: a sandbox and
-// three containers with the kubelet's labels and annotations.
-func benchPod(i int) *journal.Pod {
-	uid := types.UID(fmt.Sprintf("9c1b7d2e-3f4a-4b5c-8d6e-%012d", i))
-	labels := map[string]string{"app": "web", "pod-template-hash": "7d4b9c8f6d",
-		"io.kubernetes.pod.name": fmt.Sprintf("web-7d4b9c8f6d-%05d", i), "io.kubernetes.pod.namespace": "default",
-		"io.kubernetes.pod.uid": string(uid)}
-	ann := map[string]string{"kubernetes.io/config.seen": "2026-03-01T12:00:00.000000000Z", "kubernetes.io/config.source": "api"}
-	now := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
-	p := &journal.Pod{UID: uid, Name: labels["io.kubernetes.pod.name"], Namespace: "default", IPs: []string{"10.88.0.7"},
-		Labels: labels, Annotations: ann, ObservedAt: now,
-		Sandboxes: []journal.Sandbox{{ID: fmt.Sprintf("%064d", i), Name: labels["io.kubernetes.pod.name"], State: cruntime.StateRunning,
-			CreatedAt: now, IPs: []string{"10.88.0.7"}, Labels: labels, Annotations: ann}}}
-	for _, n := range []string{"app", "sidecar", "proxy"} {
-		p.Containers = append(p.Containers, journal.Container{ID: fmt.Sprintf("%060d%-4.4s", i, n), Name: n, State: cruntime.StateRunning,
-			Image: "registry.example/" + n + ":1.2.3", ImageRef: "registry.example/" + n + "@sha256:0123456789abcdef",
-			CreatedAt: now, StartedAt: now, Labels: map[string]string{"io.kubernetes.container.name": n}, Annotations: ann})
-	}
-	return p
-}
-
-func cpuTime() time.Duration {
-	var ru syscall.Rusage
-	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
-}
 
 // BenchmarkWatchFanout: 100 watchers, each on its own connection over a
 // unix socket, receive every event (a pod of a sandbox and three
@@ -124,12 +94,12 @@ func benchmarkFanout(b *testing.B, perWatcher bool) {
 	}
 	pods := make([]*journal.Pod, 64)
 	for i := range pods {
-		pods[i] = benchPod(i)
+		pods[i] = testkit.KubeletPod(i)
 	}
 	runtime.GC()
 	b.ReportAllocs()
 	b.ResetTimer()
-	cpu0 := cpuTime()
+	cpu0 := testkit.CPUTime()
 	for i := range b.N {
 		j.Append(journal.Entry{Kind: journal.KindPod, Pod: pods[i%len(pods)], Source: journal.SourceHint,
 			Transitions: []journal.Transition{{Type: "ContainerDied", ContainerID: pods[i%len(pods)].Containers[0].ID, ContainerName: "app"}}})
@@ -138,7 +108,7 @@ func benchmarkFanout(b *testing.B, perWatcher bool) {
 		<-received
 	}
 	b.StopTimer()
-	b.ReportMetric(float64(cpuTime()-cpu0)/float64(b.N)/watchers, "cpu-ns/event/watcher")
+	b.ReportMetric(float64(testkit.CPUTime()-cpu0)/float64(b.N)/watchers, "cpu-ns/event/watcher")
 }
 
 // rawFrame is a message the benchmark's clients do not decode.

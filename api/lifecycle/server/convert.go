@@ -20,6 +20,13 @@ var eventTypes = map[lifecyclev1.EventType]string{
 	lifecyclev1.EventType_POD_UPDATED:       journal.PodUpdated,
 }
 
+// TransitionType returns the journal's transition type of an API event
+// type (false: EVENT_TYPE_UNSPECIFIED or unknown).
+func TransitionType(t lifecyclev1.EventType) (string, bool) {
+	name, ok := eventTypes[t]
+	return name, ok
+}
+
 // transitionTypes is eventTypes reversed.
 var transitionTypes = func() map[string]lifecyclev1.EventType {
 	m := make(map[string]lifecyclev1.EventType, len(eventTypes))

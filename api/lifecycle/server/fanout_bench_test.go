@@ -21,6 +21,7 @@ import (
 	lifecyclev1 "github.com/podlifecycle/pleg/api/lifecycle/v1"
 	"github.com/podlifecycle/pleg/cruntime"
 	"github.com/podlifecycle/pleg/internal/stats"
+	"github.com/podlifecycle/pleg/internal/testkit"
 	"github.com/podlifecycle/pleg/journal"
 )
 
@@ -183,14 +184,6 @@ func fanoutPod(i int) *journal.Pod {
 	return p
 }
 
-func processCPU(b *testing.B) time.Duration {
-	var ru syscall.Rusage
-	if err := syscall.Getrusage(syscall.RUSAGE_SELF, &ru); err != nil {
-		b.Fatal(err)
-	}
-	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
-}
-
 func heapAndStacks() int64 {
 	// Twice: the first GC runs the finalizers of what the previous phase
 	// left, the second frees what they held.
@@ -253,7 +246,7 @@ func runFanout(b *testing.B, subs, rate int) fanoutResult {
 	for i := range pods {
 		pods[i] = fanoutPod(i)
 	}
-	cpu0 := processCPU(b)
+	cpu0 := testkit.CPUTime()
 	start := time.Now()
 	for i := range fanoutEvents {
 		time.Sleep(time.Until(start.Add(time.Duration(i) * time.Second / time.Duration(rate)))) // the load's pace
@@ -266,7 +259,7 @@ func runFanout(b *testing.B, subs, rate int) fanoutResult {
 		_ = cmd.Wait()
 		b.Fatalf("the subscribers' process ended: %s", stderr.String())
 	}
-	cpu := processCPU(b) - cpu0
+	cpu := testkit.CPUTime() - cpu0
 	if _, err := fmt.Sscan(lines.Text(), &n, &p50, &p99, &maxd, &ccpu); err != nil || n != subs*fanoutEvents {
 		b.Fatalf("the subscribers' process printed %q (%v), want %d deliveries", lines.Text(), err, subs*fanoutEvents)
 	}

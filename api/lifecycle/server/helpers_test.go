@@ -6,22 +6,18 @@ import (
 	"io"
 	"path/filepath"
 	"strings"
-	"sync"
 	"testing"
 	"time"
 
-	"github.com/go-logr/logr"
-	"github.com/go-logr/logr/funcr"
 	"github.com/prometheus/client_golang/prometheus"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	"k8s.io/apimachinery/pkg/types"
-	"k8s.io/utils/clock"
-	clocktesting "k8s.io/utils/clock/testing"
 
 	lifecyclev1 "github.com/podlifecycle/pleg/api/lifecycle/v1"
 	"github.com/podlifecycle/pleg/cruntime"
 	"github.com/podlifecycle/pleg/internal/leakcheck"
+	"github.com/podlifecycle/pleg/internal/testkit"
 	"github.com/podlifecycle/pleg/journal"
 )
 
@@ -37,31 +33,12 @@ func TestMain(m *testing.M) {
 
 var epoch = time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
 
-// stallClock is a fake clock that reports every timer made on it: the
-// server makes one exactly when a watch starts waiting for its client.
-type stallClock struct {
-	*clocktesting.FakeClock
-	timers chan time.Duration
-}
-
-func newStallClock() *stallClock {
-	return &stallClock{FakeClock: clocktesting.NewFakeClock(epoch), timers: make(chan time.Duration, 1024)}
-}
-
-func (c *stallClock) NewTimer(d time.Duration) clock.Timer {
-	t := c.FakeClock.NewTimer(d)
-	select {
-	case c.timers <- d:
-	default: // nobody is counting them
-	}
-	return t
-}
-
-// waitTimer waits for the next timer made on c.
-func (c *stallClock) waitTimer(t *testing.T) {
+// waitTimer waits for the next timer made on c: the server makes one
+// exactly when a watch starts waiting for its client.
+func waitTimer(t *testing.T, c *testkit.TimerClock) {
 	t.Helper()
 	select {
-	case <-c.timers:
+	case <-c.Timers:
 	case <-time.After(patience):
 		t.Fatal("no watch waited for its client")
 	}
@@ -70,14 +47,14 @@ func (c *stallClock) waitTimer(t *testing.T) {
 // harness is a server of a journal on a unix socket and a client of it.
 type harness struct {
 	j      *journal.Journal
-	jclock *stallClock // the journal's: entries' times, bookmarks
-	sclock *stallClock // the server's: stall timeouts
+	jclock *testkit.TimerClock // the journal's: entries' times, bookmarks
+	sclock *testkit.TimerClock // the server's: stall timeouts
 	srv    *Server
 	reg    *prometheus.Registry
 	sock   string
 	conn   *grpc.ClientConn
 	client lifecyclev1.LifecycleClient
-	logs   *logSink
+	logs   *testkit.LogSink
 
 	stop     context.CancelFunc
 	serveErr chan error
@@ -87,13 +64,13 @@ type harness struct {
 // and Logger are set here) and dials it.
 func newHarness(t *testing.T, jo journal.Options, cfg Config) *harness {
 	t.Helper()
-	h := &harness{jclock: newStallClock(), sclock: newStallClock(), reg: prometheus.NewRegistry(), logs: &logSink{}}
+	h := &harness{jclock: testkit.NewTimerClock(epoch, 1024), sclock: testkit.NewTimerClock(epoch, 1024), reg: prometheus.NewRegistry(), logs: &testkit.LogSink{}}
 	jo.Clock = h.jclock
 	if jo.Epoch == "" {
 		jo.Epoch = "e1"
 	}
 	h.j = journal.New(jo)
-	cfg.Journal, cfg.Clock, cfg.Registerer, cfg.Logger = h.j, h.sclock, h.reg, h.logs.logger()
+	cfg.Journal, cfg.Clock, cfg.Registerer, cfg.Logger = h.j, h.sclock, h.reg, h.logs.Logger(2)
 	srv, err := New(cfg)
 	if err != nil {
 		t.Fatal(err)
@@ -239,56 +216,6 @@ func change(j *journal.Journal, p *journal.Pod, types ...string) uint64 {
 		e.Transitions = append(e.Transitions, journal.Transition{Type: t})
 	}
 	return j.Append(e)
-}
-
-// logSink records log lines.
-type logSink struct {
-	mu      sync.Mutex
-	lines   []string
-	waiting map[string]chan struct{}
-}
-
-func (s *logSink) logger() logr.Logger {
-	return funcr.New(func(prefix, args string) {
-		s.mu.Lock()
-		defer s.mu.Unlock()
-		s.lines = append(s.lines, args)
-		for sub, ch := range s.waiting {
-			if strings.Contains(args, sub) {
-				close(ch)
-				delete(s.waiting, sub)
-			}
-		}
-	}, funcr.Options{Verbosity: 2})
-}
-
-// logged returns a channel closed once a line containing sub is logged.
-func (s *logSink) logged(sub string) <-chan struct{} {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	ch := make(chan struct{})
-	for _, l := range s.lines {
-		if strings.Contains(l, sub) {
-			close(ch)
-			return ch
-		}
-	}
-	if s.waiting == nil {
-		s.waiting = map[string]chan struct{}{}
-	}
-	s.waiting[sub] = ch
-	return ch
-}
-
-func (s *logSink) find(sub string) string {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	for _, l := range s.lines {
-		if strings.Contains(l, sub) {
-			return l
-		}
-	}
-	return ""
 }
 
 // isEOF reports a stream that ended OK.

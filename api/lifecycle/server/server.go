@@ -40,6 +40,7 @@ import (
 	"k8s.io/utils/clock"
 
 	lifecyclev1 "github.com/podlifecycle/pleg/api/lifecycle/v1"
+	"github.com/podlifecycle/pleg/internal/entrycache"
 	"github.com/podlifecycle/pleg/journal"
 )
 
@@ -50,6 +51,7 @@ const (
 	DefaultMaxWatchers     = 4096
 	DefaultMaxConnections  = 4096
 	DefaultShutdownTimeout = 5 * time.Second
+	DefaultIdleTimeout     = 2 * time.Minute
 )
 
 // maxRequestSize bounds a request: a filter of a few thousand pod UIDs.
@@ -75,6 +77,12 @@ type Config struct {
 	// MaxConnections caps each listener's open connections (default
 	// DefaultMaxConnections); more wait to be accepted.
 	MaxConnections int
+	// IdleTimeout closes a connection that has had no call in progress
+	// for this long (default DefaultIdleTimeout; a gRPC client reconnects
+	// by itself when it next calls), so that connections a client leaves
+	// open do not hold MaxConnections' slots, and tens of KiB each, for
+	// ever. A connection with a Watch open is never idle.
+	IdleTimeout time.Duration
 	// Access restricts the unix socket's peers. It cannot apply to TCP,
 	// whose peers carry no credentials: Serve refuses the combination.
 	Access Access
@@ -94,7 +102,7 @@ type Server struct {
 	health *health.Server
 	m      *serverMetrics
 	// encoded holds recent entries' messages in their wire form.
-	encoded *encodeCache
+	encoded *entrycache.Cache[*encoded]
 	// perWatcherEncoding makes every watch encode its messages itself
 	// (the benchmark's baseline).
 	perWatcherEncoding bool
@@ -120,7 +128,7 @@ func New(cfg Config) (*Server, error) {
 	if cfg.Journal == nil {
 		return nil, errors.New("lifecycle server: Config.Journal is required")
 	}
-	if cfg.StallTimeout < 0 || cfg.QueueSize < 0 || cfg.MaxWatchers < 0 || cfg.MaxConnections < 0 || cfg.ShutdownTimeout < 0 {
+	if cfg.StallTimeout < 0 || cfg.QueueSize < 0 || cfg.MaxWatchers < 0 || cfg.MaxConnections < 0 || cfg.ShutdownTimeout < 0 || cfg.IdleTimeout < 0 {
 		return nil, fmt.Errorf("lifecycle server: negative limit in %+v", cfg)
 	}
 	if cfg.StallTimeout == 0 {
@@ -138,13 +146,16 @@ func New(cfg Config) (*Server, error) {
 	if cfg.ShutdownTimeout == 0 {
 		cfg.ShutdownTimeout = DefaultShutdownTimeout
 	}
+	if cfg.IdleTimeout == 0 {
+		cfg.IdleTimeout = DefaultIdleTimeout
+	}
 	if cfg.Clock == nil {
 		cfg.Clock = clock.RealClock{}
 	}
 	if cfg.Logger.GetSink() == nil {
 		cfg.Logger = logr.Discard()
 	}
-	s := &Server{cfg: cfg, j: cfg.Journal, log: cfg.Logger, health: health.NewServer(), encoded: &encodeCache{},
+	s := &Server{cfg: cfg, j: cfg.Journal, log: cfg.Logger, health: health.NewServer(), encoded: entrycache.New[*encoded](encodeCacheSize),
 		slots: make(chan struct{}, cfg.MaxWatchers), watches: map[*watch]struct{}{}}
 	s.stopping, s.stop = context.WithCancelCause(context.Background())
 	m, err := newServerMetrics(cfg.Registerer, s)
@@ -174,6 +185,7 @@ func (s *Server) Serve(ctx context.Context, lns ...net.Listener) error {
 			// Clients may keep idle connections alive (any language's
 			// defaults are at least this long).
 			grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
+			grpc.KeepaliveParams(keepalive.ServerParameters{MaxConnectionIdle: s.cfg.IdleTimeout}),
 		}
 		if _, unix := ln.Addr().(*net.UnixAddr); unix {
 			opts = append(opts, grpc.Creds(&peerCredentials{access: s.cfg.Access, log: s.log, rejected: s.m.rejected}))

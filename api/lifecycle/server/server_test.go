@@ -318,12 +318,12 @@ func TestSlowWatcherIsCutAndResumes(t *testing.T) {
 	}
 	// Every wait of a watch for its client starts a timer (the fast one's
 	// are over): let each expire until the slow watch is cut.
-	cut := h.logs.logged("Cut a watcher")
+	cut := h.logs.Logged("Cut a watcher")
 	for done := false; !done; {
 		select {
 		case <-cut:
 			done = true
-		case <-h.sclock.timers:
+		case <-h.sclock.Timers:
 			h.sclock.Step(DefaultStallTimeout)
 		case <-time.After(patience):
 			t.Fatal("the slow watcher was not cut")
@@ -345,8 +345,8 @@ func TestSlowWatcherIsCutAndResumes(t *testing.T) {
 	if c := testutil.ToFloat64(h.srv.m.cuts.WithLabelValues(CutNotReading)); c != 1 {
 		t.Fatalf("cuts = %v, want 1", c)
 	}
-	if !strings.Contains(h.logs.find("Cut a watcher"), "uid=") {
-		t.Fatalf("the cut's log line does not name the peer: %q", h.logs.find("Cut a watcher"))
+	if !strings.Contains(h.logs.Find("Cut a watcher"), "uid=") {
+		t.Fatalf("the cut's log line does not name the peer: %q", h.logs.Find("Cut a watcher"))
 	}
 	// Resume: the events after the last one received, exactly.
 	resumed := h.watch(t, &lifecyclev1.WatchRequest{Cursor: last})
@@ -391,7 +391,7 @@ func TestMaxWatchersAndBookmarks(t *testing.T) {
 	if st := status.Convert(err); st.Code() != codes.ResourceExhausted || !strings.Contains(st.Message(), "too many watchers") {
 		t.Fatalf("second watch: %v", err)
 	}
-	h.jclock.waitTimer(t)                        // the watch waits for the journal
+	waitTimer(t, h.jclock)                       // the watch waits for the journal
 	change(h.j, pod("x", "dev", nil), "PodSync") // filtered out
 	h.jclock.Step(time.Minute)
 	if m := recv(t, s); kind(m) != "bookmark" || m.GetCursor() != h.j.Head().String() {
@@ -407,7 +407,7 @@ func TestPeerCredentials(t *testing.T) {
 	if _, err := h.client.ListPods(context.Background(), &lifecyclev1.ListPodsRequest{}); err != nil {
 		t.Fatal(err)
 	}
-	line := h.logs.find("Lifecycle API client connected")
+	line := h.logs.Find("Lifecycle API client connected")
 	if want := fmt.Sprintf(`"uid"=%d "gid"=%d "pid"=%d`, uid, gid, os.Getpid()); !strings.Contains(line, want) {
 		t.Fatalf("connection log %q lacks %s", line, want)
 	}
@@ -422,7 +422,7 @@ func TestPeerCredentials(t *testing.T) {
 	if n := testutil.ToFloat64(other.srv.m.rejected); n < 1 {
 		t.Fatalf("rejected = %v", n)
 	}
-	if !strings.Contains(other.logs.find("Refused a lifecycle API client"), fmt.Sprintf("uid=%d", uid)) {
+	if !strings.Contains(other.logs.Find("Refused a lifecycle API client"), fmt.Sprintf("uid=%d", uid)) {
 		t.Fatal("refusal not logged with the peer's UID")
 	}
 
@@ -483,7 +483,7 @@ func TestMetrics(t *testing.T) {
 	change(h.j, pod("a", "prod", nil), "PodSync")
 	change(h.j, pod("a", "prod", nil), "PodSync")
 	h.watch(t, &lifecyclev1.WatchRequest{Cursor: h.j.Head().String()})
-	h.jclock.waitTimer(t) // it waits for the journal: nothing to send
+	waitTimer(t, h.jclock) // it waits for the journal: nothing to send
 	mfs, err := h.reg.Gather()
 	if err != nil {
 		t.Fatal(err)
@@ -513,4 +513,20 @@ func errorInfo(err error) (reason, cursor string) {
 		}
 	}
 	return "", ""
+}
+
+// A connection left open without a call is closed after the idle timeout,
+// freeing its slot: with one slot, a second client gets in once the first
+// client's connection has idled out.
+func TestIdleConnectionFreesItsSlot(t *testing.T) {
+	h := newHarness(t, journal.Options{}, Config{MaxConnections: 1, IdleTimeout: 100 * time.Millisecond})
+	ctx, cancel := context.WithTimeout(context.Background(), patience)
+	defer cancel()
+	if _, err := h.client.ListPods(ctx, &lifecyclev1.ListPodsRequest{}); err != nil {
+		t.Fatal(err)
+	}
+	_, second := h.dial(t)
+	if _, err := second.ListPods(ctx, &lifecyclev1.ListPodsRequest{}); err != nil {
+		t.Fatalf("a second connection, once the first idled out: %v", err)
+	}
 }

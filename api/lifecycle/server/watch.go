@@ -29,8 +29,7 @@ type outMsg struct {
 
 // watch is one open Watch.
 type watch struct {
-	peer  string
-	epoch string
+	peer string
 	// sent is the sequence number of the last message handed to the
 	// stream; its lag is the journal's head minus it.
 	sent atomic.Uint64
@@ -93,13 +92,9 @@ func (s *Server) Watch(req *lifecyclev1.WatchRequest, stream grpc.ServerStreamin
 	}
 	defer jw.Close()
 
-	w := &watch{peer: peerOfContext(stream.Context()), epoch: s.j.Epoch()}
+	w := &watch{peer: peerOfContext(stream.Context())}
 	// Its lag counts from where it starts.
-	start := s.j.Head()
-	if c, err := journal.ParseCursor(req.GetCursor()); err == nil && c.Epoch == start.Epoch && c.Seq <= start.Seq {
-		start = c
-	}
-	w.sent.Store(start.Seq)
+	w.sent.Store(jw.Position())
 	s.mu.Lock()
 	s.watches[w] = struct{}{}
 	s.mu.Unlock()
@@ -158,7 +153,7 @@ func (s *Server) Watch(req *lifecyclev1.WatchRequest, stream grpc.ServerStreamin
 				if r := WatchResponse(m, identity); r != nil {
 					out.body = r
 				}
-			} else if e := s.encoded.get(m, identity); e != nil {
+			} else if e := s.encode(m, identity); e != nil {
 				out.body = e
 			}
 		default:

@@ -1,0 +1,126 @@
+// Package testkit holds what the tests and benchmarks of the lifecycle
+// stream (api/lifecycle/server and client, internal/httpapi) share: a fake
+// clock that reports its timers, a logger that records its lines, a pod as
+// the kubelet labels it and the process's CPU time.
+package testkit
+
+import (
+	"fmt"
+	"slices"
+	"strings"
+	"sync"
+	"syscall"
+	"time"
+
+	"github.com/go-logr/logr"
+	"github.com/go-logr/logr/funcr"
+	"k8s.io/apimachinery/pkg/types"
+	"k8s.io/utils/clock"
+	clocktesting "k8s.io/utils/clock/testing"
+
+	"github.com/podlifecycle/pleg/cruntime"
+	"github.com/podlifecycle/pleg/journal"
+)
+
+// TimerClock is a fake clock that reports every timer made on it on
+// Timers (dropping the reports nobody reads once Timers is full).
+type TimerClock struct {
+	*clocktesting.FakeClock
+	Timers chan time.Duration
+}
+
+// NewTimerClock returns a TimerClock at now whose Timers holds up to
+// buffer reports.
+func NewTimerClock(now time.Time, buffer int) *TimerClock {
+	return &TimerClock{FakeClock: clocktesting.NewFakeClock(now), Timers: make(chan time.Duration, buffer)}
+}
+
+// NewTimer makes a fake timer and reports its duration.
+func (c *TimerClock) NewTimer(d time.Duration) clock.Timer {
+	t := c.FakeClock.NewTimer(d)
+	select {
+	case c.Timers <- d:
+	default: // nobody is counting them
+	}
+	return t
+}
+
+// LogSink records log lines and tells when one appears.
+type LogSink struct {
+	mu      sync.Mutex
+	lines   []string
+	waiting map[string][]chan struct{}
+}
+
+// Logger returns a logger that records into s the lines up to verbosity.
+func (s *LogSink) Logger(verbosity int) logr.Logger {
+	return funcr.New(func(_, args string) {
+		s.mu.Lock()
+		defer s.mu.Unlock()
+		s.lines = append(s.lines, args)
+		for sub, chs := range s.waiting {
+			if strings.Contains(args, sub) {
+				for _, ch := range chs {
+					close(ch)
+				}
+				delete(s.waiting, sub)
+			}
+		}
+	}, funcr.Options{Verbosity: verbosity})
+}
+
+// Logged returns a channel closed once a line containing sub is logged.
+func (s *LogSink) Logged(sub string) <-chan struct{} {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	ch := make(chan struct{})
+	if slices.ContainsFunc(s.lines, func(l string) bool { return strings.Contains(l, sub) }) {
+		close(ch)
+		return ch
+	}
+	if s.waiting == nil {
+		s.waiting = map[string][]chan struct{}{}
+	}
+	s.waiting[sub] = append(s.waiting[sub], ch)
+	return ch
+}
+
+// Find returns the first line logged that contains sub ("" if none).
+func (s *LogSink) Find(sub string) string {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	for _, l := range s.lines {
+		if strings.Contains(l, sub) {
+			return l
+		}
+	}
+	return ""
+}
+
+// KubeletPod is pod i as a kubelet-managed runtime lists it: a sandbox and
+// three containers with the kubelet's labels and annotations.
+func KubeletPod(i int) *journal.Pod {
+	uid := types.UID(fmt.Sprintf("9c1b7d2e-3f4a-4b5c-8d6e-%012d", i))
+	labels := map[string]string{"app": "web", "pod-template-hash": "7d4b9c8f6d",
+		"io.kubernetes.pod.name": fmt.Sprintf("web-7d4b9c8f6d-%05d", i), "io.kubernetes.pod.namespace": "default",
+		"io.kubernetes.pod.uid": string(uid)}
+	ann := map[string]string{"kubernetes.io/config.seen": "2026-03-01T12:00:00.000000000Z", "kubernetes.io/config.source": "api"}
+	now := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
+	p := &journal.Pod{UID: uid, Name: labels["io.kubernetes.pod.name"], Namespace: "default", IPs: []string{"10.88.0.7"},
+		Labels: labels, Annotations: ann, ObservedAt: now,
+		Sandboxes: []journal.Sandbox{{ID: fmt.Sprintf("%064d", i), Name: labels["io.kubernetes.pod.name"], State: cruntime.StateRunning,
+			CreatedAt: now, IPs: []string{"10.88.0.7"}, Labels: labels, Annotations: ann}}}
+	for _, n := range []string{"app", "sidecar", "proxy"} {
+		p.Containers = append(p.Containers, journal.Container{ID: fmt.Sprintf("%060d%-4.4s", i, n), Name: n, State: cruntime.StateRunning,
+			Image: "registry.example/" + n + ":1.2.3", ImageRef: "registry.example/" + n + "@sha256:0123456789abcdef",
+			CreatedAt: now, StartedAt: now, Labels: map[string]string{"io.kubernetes.container.name": n}, Annotations: ann})
+	}
+	return p
+}
+
+// CPUTime returns the CPU (user and system) the process has used.
+func CPUTime() time.Duration {
+	var ru syscall.Rusage
+	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
+	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
