@@ -44,12 +44,15 @@ import (
 	"github.com/podlifecycle/pleg/journal"
 )
 
-// Defaults of Config.
+// Defaults of Config. The caps fit the DaemonSet's 128 Mi limit: a watch
+// costs pleg ~58 KiB (TestIdleSubscribers), so 1,024 of them take ~58 MiB
+// beside the ~25 MiB pleg needs itself; 4,096 would pass the limit and get
+// pleg OOM-killed by a flood of connections.
 const (
 	DefaultStallTimeout    = 10 * time.Second
 	DefaultQueueSize       = 64
-	DefaultMaxWatchers     = 4096
-	DefaultMaxConnections  = 4096
+	DefaultMaxWatchers     = 1024
+	DefaultMaxConnections  = 1024
 	DefaultShutdownTimeout = 5 * time.Second
 	DefaultIdleTimeout     = 2 * time.Minute
 )
