@@ -118,6 +118,26 @@ func KubeletPod(i int) *journal.Pod {
 	return p
 }
 
+// KubeletPods is KubeletPod(0) to KubeletPod(n-1).
+func KubeletPods(n int) []*journal.Pod {
+	pods := make([]*journal.Pod, n)
+	for i := range pods {
+		pods[i] = KubeletPod(i)
+	}
+	return pods
+}
+
+// AppendDeaths appends n hint events to j, each a ContainerDied of the
+// first container of the next pod of pods, round robin: the fan-out
+// benchmarks' load.
+func AppendDeaths(j *journal.Journal, pods []*journal.Pod, n int) {
+	for i := range n {
+		p := pods[i%len(pods)]
+		j.Append(journal.Entry{Kind: journal.KindPod, Pod: p, Source: journal.SourceHint,
+			Transitions: []journal.Transition{{Type: "ContainerDied", ContainerID: p.Containers[0].ID, ContainerName: "app"}}})
+	}
+}
+
 // CPUTime returns the CPU (user and system) the process has used.
 func CPUTime() time.Duration {
 	var ru syscall.Rusage

@@ -92,18 +92,12 @@ func benchmarkFanout(b *testing.B, perWatcher bool) {
 			}
 		}()
 	}
-	pods := make([]*journal.Pod, 64)
-	for i := range pods {
-		pods[i] = testkit.KubeletPod(i)
-	}
+	pods := testkit.KubeletPods(64)
 	runtime.GC()
 	b.ReportAllocs()
 	b.ResetTimer()
 	cpu0 := testkit.CPUTime()
-	for i := range b.N {
-		j.Append(journal.Entry{Kind: journal.KindPod, Pod: pods[i%len(pods)], Source: journal.SourceHint,
-			Transitions: []journal.Transition{{Type: "ContainerDied", ContainerID: pods[i%len(pods)].Containers[0].ID, ContainerName: "app"}}})
-	}
+	testkit.AppendDeaths(j, pods, b.N)
 	for range watchers {
 		<-received
 	}
