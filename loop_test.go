@@ -400,3 +400,26 @@ func TestIdentitiesOnlyWhileWanted(t *testing.T) {
 		}
 	})
 }
+
+// Close ends a subscription whose Next is blocked on another goroutine:
+// Next returns ErrClosed at once, on an idle node (no event to wake it).
+func TestSubscriptionCloseWhileNextWaits(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		g := newLoopGenerator(t, newFakeRuntime(), nil)
+		sub := g.Subscribe()
+		ctx := context.Background()
+		if u, err := sub.Next(ctx); err != nil || !u.Resync {
+			t.Fatalf("first update: %+v %v", u, err)
+		}
+		errc := make(chan error, 1)
+		go func() {
+			_, err := sub.Next(ctx)
+			errc <- err
+		}()
+		synctest.Wait() // Next waits for an event
+		sub.Close()
+		if err := <-errc; !errors.Is(err, ErrClosed) {
+			t.Fatalf("Next after Close: %v, want ErrClosed", err)
+		}
+	})
+}
