@@ -192,7 +192,7 @@ func (c *core) apply(uid types.UID, r *record, forRelist bool, reqSeq uint64, st
 		events = []Event{{PodUID: uid, Type: PodSync}}
 	}
 	r.old = r.current
-	out := make([]Event, 0, len(events))
+	out := events[:0] // events is this outcome's own: filtered in place
 	for _, e := range events {
 		if e.Type == ContainerChanged {
 			continue

@@ -133,7 +133,8 @@ func eventsOf(m journal.Message) []Event {
 
 // journalEntry is the journal's record of a publication at now.
 func journalEntry(p publication, now time.Time) journal.Entry {
-	e := journal.Entry{Kind: journal.KindPod, Time: now, Pod: journalPod(p.uid, p.last, p.pod, p.status, p.identities, now), Source: journal.SourceHint}
+	e := journal.Entry{Kind: journal.KindPod, Time: now, Pod: journalPod(p.uid, p.last, p.pod, p.status, p.identities, now), Source: journal.SourceHint,
+		Transitions: make([]journal.Transition, 0, len(p.events))}
 	if p.relist {
 		e.Source = journal.SourceRelist
 	}
@@ -154,7 +155,8 @@ func journalPod(uid types.UID, last, listing *cruntime.Pod, status *cruntime.Pod
 		}
 		return p
 	}
-	p := &journal.Pod{UID: uid, Name: listing.Name, Namespace: listing.Namespace, ObservedAt: now}
+	p := &journal.Pod{UID: uid, Name: listing.Name, Namespace: listing.Namespace, ObservedAt: now,
+		Sandboxes: make([]journal.Sandbox, 0, len(listing.Sandboxes)), Containers: make([]journal.Container, 0, len(listing.Containers))}
 	if status == nil {
 		status = &cruntime.PodStatus{}
 	}
