@@ -234,8 +234,11 @@ func advance(p *cruntime.Pod, status *cruntime.PodStatus) *cruntime.Pod {
 		return p
 	}
 	later := func(listed, seen cruntime.State) bool {
-		rank := map[cruntime.State]int{cruntime.StateCreated: 1, cruntime.StateRunning: 2, cruntime.StateExited: 3}
-		return rank[listed] > 0 && rank[seen] > rank[listed]
+		// An unknown listed state is nowhere on the lifecycle.
+		if listed != cruntime.StateCreated && listed != cruntime.StateRunning {
+			return false
+		}
+		return lifecycleRank(stateOf(seen)) > lifecycleRank(stateOf(listed))
 	}
 	var out *cruntime.Pod
 	move := func(items []*cruntime.Container, i int, state cruntime.State, sandbox bool) {
