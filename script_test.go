@@ -308,11 +308,10 @@ func (h *harness) answer(req callReq, fail bool) input {
 
 // stepped is what one Step did, for the output.
 type stepped struct {
-	calls   []callReq
-	lines   []string // cache operations and notes
-	events  []Event
-	relist  *RelistStat
-	checked bool
+	calls  []callReq
+	lines  []string // cache operations and notes
+	events []Event
+	relist *RelistStat
 }
 
 // step steps the core with in, applies its cache operations to the cache
