@@ -21,7 +21,8 @@ import (
 // of the bubble (the loop, the pool's calls, the stream) is blocked, so a
 // check after it is exact, positive or negative.
 
-// newLoopGenerator returns a generator on the (bubble's) real clock.
+// newLoopGenerator returns a generator on the (bubble's) real clock, unless
+// mod sets Options.Clock (newTestGenerator); Stop runs at the test's end.
 func newLoopGenerator(t *testing.T, rt cruntime.Runtime, mod func(*Options)) *Generator {
 	t.Helper()
 	opts := Options{Runtime: rt}
