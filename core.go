@@ -91,6 +91,9 @@ type record struct {
 	// that started at currentAt.
 	old, current *cruntime.Pod
 	currentAt    time.Time
+	// listedGen is the global listing generation (core.gen) that last
+	// listed the pod.
+	listedGen uint64
 	// ips are the IPs of the pod's last successfully cached status: a
 	// status without IPs and without a ready sandbox keeps them (the
 	// kubelet's carry-over for a dead pod).

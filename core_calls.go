@@ -122,6 +122,9 @@ func (c *core) endCall(id callID) *call {
 			c.note(note{kind: noteAbandonedReturned, uid: k.uid, pod: k.pod, d: c.stepNow.Sub(k.started)})
 			c.addHint(k.uid, pendingHint{first: c.stepNow, last: c.stepNow})
 		}
+		// A hint that came while the call was out is queued (or merged
+		// into the relist queued above) as for any call that returns.
+		c.afterCall(k.uid)
 		return nil
 	}
 	c.active--

@@ -364,8 +364,10 @@ func (c *core) coverHints(start time.Time) {
 	}
 	clear(q.order[len(keep):])
 	q.order = keep
-	for _, r := range c.records {
-		if r.hint.again && covered(r.hint.last, start) {
+	// A hint waits for a call only while one is out (afterCall): the calls
+	// out, not every record, hold them.
+	for _, k := range c.calls {
+		if r := c.records[k.uid]; k.kind != callList && r != nil && r.hint.again && covered(r.hint.last, start) {
 			r.hint.again = false
 		}
 	}

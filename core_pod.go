@@ -192,7 +192,7 @@ func (c *core) apply(uid types.UID, r *record, forRelist bool, reqSeq uint64, st
 		events = []Event{{PodUID: uid, Type: PodSync}}
 	}
 	r.old = r.current
-	out := make([]Event, 0, len(events))
+	out := events[:0] // events is this outcome's own: filtered in place
 	for _, e := range events {
 		if e.Type == ContainerChanged {
 			continue
@@ -234,8 +234,11 @@ func advance(p *cruntime.Pod, status *cruntime.PodStatus) *cruntime.Pod {
 		return p
 	}
 	later := func(listed, seen cruntime.State) bool {
-		rank := map[cruntime.State]int{cruntime.StateCreated: 1, cruntime.StateRunning: 2, cruntime.StateExited: 3}
-		return rank[listed] > 0 && rank[seen] > rank[listed]
+		// An unknown listed state is nowhere on the lifecycle.
+		if listed != cruntime.StateCreated && listed != cruntime.StateRunning {
+			return false
+		}
+		return lifecycleRank(stateOf(seen)) > lifecycleRank(stateOf(listed))
 	}
 	var out *cruntime.Pod
 	move := func(items []*cruntime.Container, i int, state cruntime.State, sandbox bool) {

@@ -97,12 +97,9 @@ func (c *core) onListed(in listed) {
 		c.note(gaugesNote(pods))
 		c.lastListing = append(c.lastListing[:0], pods...)
 	}
-	for _, r := range c.records {
-		r.current = nil
-	}
 	for _, p := range pods {
 		r := c.record(p.UID)
-		r.current, r.currentAt = p, start
+		r.current, r.currentAt, r.listedGen = p, start, c.gen
 		c.relist.stat.Pods++
 		c.relist.stat.Containers += len(p.Containers) + len(p.Sandboxes)
 	}
@@ -110,6 +107,9 @@ func (c *core) onListed(in listed) {
 
 	var todo []types.UID
 	for uid, r := range c.records {
+		if r.listedGen != c.gen {
+			r.current = nil // not in this listing: gone
+		}
 		if r.needsInspection() {
 			todo = append(todo, uid)
 			continue

@@ -20,6 +20,17 @@ type inbox struct {
 	wake      chan struct{} // capacity 1: "there is something to take"
 }
 
+// hint puts h in the inbox (RequestRelist, a runtime event); a hint over
+// the inbox's bound is dropped and counted, as one over the core's queue
+// is. It reports whether h was put.
+func (g *Generator) hint(h hintIn) bool {
+	ok := g.inbox.hint(h)
+	if !ok {
+		g.m.PodRelistQueueDropped.Inc()
+	}
+	return ok
+}
+
 func newInbox(limit int) *inbox {
 	return &inbox{limit: limit, reinspect: make(map[types.UID]struct{}), wake: make(chan struct{}, 1)}
 }

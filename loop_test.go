@@ -21,7 +21,8 @@ import (
 // of the bubble (the loop, the pool's calls, the stream) is blocked, so a
 // check after it is exact, positive or negative.
 
-// newLoopGenerator returns a generator on the (bubble's) real clock.
+// newLoopGenerator returns a generator on the (bubble's) real clock, unless
+// mod sets Options.Clock (newTestGenerator); Stop runs at the test's end.
 func newLoopGenerator(t *testing.T, rt cruntime.Runtime, mod func(*Options)) *Generator {
 	t.Helper()
 	opts := Options{Runtime: rt}
@@ -397,6 +398,29 @@ func TestIdentitiesOnlyWhileWanted(t *testing.T) {
 			if e.Type == "PodUpdated" {
 				t.Fatal("an identity update on the kubelet-compatible channel")
 			}
+		}
+	})
+}
+
+// Close ends a subscription whose Next is blocked on another goroutine:
+// Next returns ErrClosed at once, on an idle node (no event to wake it).
+func TestSubscriptionCloseWhileNextWaits(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		g := newLoopGenerator(t, newFakeRuntime(), nil)
+		sub := g.Subscribe()
+		ctx := context.Background()
+		if u, err := sub.Next(ctx); err != nil || !u.Resync {
+			t.Fatalf("first update: %+v %v", u, err)
+		}
+		errc := make(chan error, 1)
+		go func() {
+			_, err := sub.Next(ctx)
+			errc <- err
+		}()
+		synctest.Wait() // Next waits for an event
+		sub.Close()
+		if err := <-errc; !errors.Is(err, ErrClosed) {
+			t.Fatalf("Next after Close: %v, want ErrClosed", err)
 		}
 	})
 }

@@ -312,11 +312,7 @@ func (g *Generator) Journal() *journal.Journal { return g.journal }
 // covers it. It never blocks; it returns false when the inbox is full (the
 // next global relist covers the pod).
 func (g *Generator) RequestRelist(uid types.UID) bool {
-	ok := g.inbox.hint(hintIn{uid: uid, at: g.clock.Now()})
-	if !ok {
-		g.m.PodRelistQueueDropped.Inc()
-	}
-	return ok
+	return g.hint(hintIn{uid: uid, at: g.clock.Now()})
 }
 
 // SetIdentityWanted says whether some consumer wants containers'

@@ -18,15 +18,12 @@ import (
 func newTestGenerator(t *testing.T, rt cruntime.Runtime, mod func(*Options)) (*Generator, *testclock.FakeClock) {
 	t.Helper()
 	clk := testclock.NewFakeClock(time.Unix(1_700_000_000, 0))
-	opts := Options{Runtime: rt, Clock: clk}
-	if mod != nil {
-		mod(&opts)
-	}
-	g, err := New(opts)
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(g.Stop)
+	g := newLoopGenerator(t, rt, func(o *Options) {
+		o.Clock = clk
+		if mod != nil {
+			mod(o)
+		}
+	})
 	return g, clk
 }
 

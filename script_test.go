@@ -308,11 +308,10 @@ func (h *harness) answer(req callReq, fail bool) input {
 
 // stepped is what one Step did, for the output.
 type stepped struct {
-	calls   []callReq
-	lines   []string // cache operations and notes
-	events  []Event
-	relist  *RelistStat
-	checked bool
+	calls  []callReq
+	lines  []string // cache operations and notes
+	events []Event
+	relist *RelistStat
 }
 
 // step steps the core with in, applies its cache operations to the cache
@@ -366,9 +365,15 @@ func (h *harness) step(in input) stepped {
 }
 
 // checkInvariants fails the test when the core breaks a rule that holds
-// after every step: one call out per pod, at most slots active.
+// after every step: one call out per pod, at most slots active, a hint
+// waits for a call only while one is out.
 func (h *harness) checkInvariants() {
 	h.t.Helper()
+	for uid, r := range h.c.records {
+		if r.hint.again && r.call == nil {
+			h.t.Fatalf("pod %s: a hint waits for a call, none is out", uid)
+		}
+	}
 	perPod := map[types.UID]int{}
 	active := 0
 	for _, k := range h.c.calls {

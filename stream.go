@@ -98,9 +98,7 @@ func (g *Generator) onRuntimeEvent(e cruntime.Event) {
 	if at.IsZero() {
 		at = now
 	}
-	if !g.inbox.hint(hintIn{uid: e.PodUID, at: at, event: true, eventType: e.Type, container: e.ContainerID}) {
-		g.m.PodRelistQueueDropped.Inc()
-	}
+	g.hint(hintIn{uid: e.PodUID, at: at, event: true, eventType: e.Type, container: e.ContainerID})
 }
 
 // watchEvents consumes the runtime's event stream until ctx ends,

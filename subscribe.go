@@ -18,10 +18,13 @@ import (
 // retention gets a resync instead of the events it missed; nothing is lost
 // silently, and a subscriber never holds up the generator.
 type Subscription struct {
-	j    *journal.Journal
-	root context.Context // done when the generator stops
-	m    *metrics.Metrics
-	log  logr.Logger
+	j *journal.Journal
+	// ctx is done when the subscription is closed or the generator
+	// stops: it ends a Next waiting on another goroutine.
+	ctx    context.Context
+	cancel context.CancelFunc
+	m      *metrics.Metrics
+	log    logr.Logger
 
 	mu      sync.Mutex
 	w       *journal.Watcher
@@ -35,7 +38,8 @@ type Subscription struct {
 // gets a resync instead of the events it missed. Close it when done.
 func (g *Generator) Subscribe() *Subscription {
 	w, _ := g.journal.Watch("", nil) // no cursor: cannot fail
-	return &Subscription{j: g.journal, root: g.rootCtx, m: g.m, log: g.log, w: w}
+	ctx, cancel := context.WithCancel(g.rootCtx)
+	return &Subscription{j: g.journal, ctx: ctx, cancel: cancel, m: g.m, log: g.log, w: w}
 }
 
 // Next returns the next update, blocking until there is one, the context
@@ -51,15 +55,16 @@ func (s *Subscription) Next(ctx context.Context) (Update, error) {
 		s.pending = s.pending[1:]
 		return Update{Event: e}, nil
 	}
-	// The watcher's Next ends with ctx or when the generator stops.
+	// The watcher's Next ends with ctx, or when the subscription is
+	// closed or the generator stops.
 	wctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	defer context.AfterFunc(s.root, cancel)()
+	defer context.AfterFunc(s.ctx, cancel)()
 	var pods []PodState
 	for {
 		m, err := s.w.Next(wctx)
 		if err != nil {
-			if ctx.Err() == nil && s.root.Err() != nil {
+			if ctx.Err() == nil && s.ctx.Err() != nil {
 				return Update{}, ErrClosed
 			}
 			return Update{}, err
@@ -89,8 +94,10 @@ func (s *Subscription) Next(ctx context.Context) (Update, error) {
 	}
 }
 
-// Close ends the subscription; Next then returns ErrClosed.
+// Close ends the subscription; Next then returns ErrClosed, also a Next
+// waiting on another goroutine.
 func (s *Subscription) Close() {
+	s.cancel() // before the lock: a waiting Next holds it
 	s.mu.Lock()
 	defer s.mu.Unlock()
 	s.closed = true
@@ -126,7 +133,8 @@ func eventsOf(m journal.Message) []Event {
 
 // journalEntry is the journal's record of a publication at now.
 func journalEntry(p publication, now time.Time) journal.Entry {
-	e := journal.Entry{Kind: journal.KindPod, Time: now, Pod: journalPod(p.uid, p.last, p.pod, p.status, p.identities, now), Source: journal.SourceHint}
+	e := journal.Entry{Kind: journal.KindPod, Time: now, Pod: journalPod(p.uid, p.last, p.pod, p.status, p.identities, now), Source: journal.SourceHint,
+		Transitions: make([]journal.Transition, 0, len(p.events))}
 	if p.relist {
 		e.Source = journal.SourceRelist
 	}
@@ -147,7 +155,8 @@ func journalPod(uid types.UID, last, listing *cruntime.Pod, status *cruntime.Pod
 		}
 		return p
 	}
-	p := &journal.Pod{UID: uid, Name: listing.Name, Namespace: listing.Namespace, ObservedAt: now}
+	p := &journal.Pod{UID: uid, Name: listing.Name, Namespace: listing.Namespace, ObservedAt: now,
+		Sandboxes: make([]journal.Sandbox, 0, len(listing.Sandboxes)), Containers: make([]journal.Container, 0, len(listing.Containers))}
 	if status == nil {
 		status = &cruntime.PodStatus{}
 	}
