@@ -137,9 +137,32 @@ func Diff(uid types.UID, old, new *cruntime.Pod) []Event {
 }
 
 // changed reports whether a pod's listing moving from old to new makes
-// events (ContainerChanged included).
+// events (ContainerChanged included): whether Diff would return any, which
+// is whether some ID's state differs between the two (transition makes
+// events exactly then). It allocates nothing and stops at the first such
+// ID; it runs for every pod of a listing that changed.
 func changed(old, new *cruntime.Pod) bool {
-	return !sameStates(old, new) && len(Diff("", old, new)) > 0
+	if sameStates(old, new) {
+		return false
+	}
+	for _, p := range [2]*cruntime.Pod{old, new} {
+		if p == nil {
+			continue
+		}
+		for _, items := range [2][]*cruntime.Container{p.Containers, p.Sandboxes} {
+			for _, c := range items {
+				if c.ID == "" {
+					continue
+				}
+				before, _, _ := find(old, c.ID)
+				after, _, _ := find(new, c.ID)
+				if before != after {
+					return true
+				}
+			}
+		}
+	}
+	return false
 }
 
 func podSize(p *cruntime.Pod) int {

@@ -72,6 +72,9 @@ func FuzzDiff(f *testing.F) {
 		if !reflect.DeepEqual(events, Diff("p", old, new)) {
 			t.Fatal("not deterministic")
 		}
+		if changed(old, new) != (len(events) > 0) {
+			t.Fatalf("changed %v, but Diff returns %v; old %v new %v", changed(old, new), events, dump(old), dump(new))
+		}
 		// Replay: the state each ID ends in must be its state in new.
 		got := map[string]state{}
 		for _, p := range []*cruntime.Pod{old} {
