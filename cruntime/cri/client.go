@@ -58,7 +58,9 @@ type Client struct {
 	metrics           *metrics.Metrics
 	log               logr.Logger
 	memo              memo // what the last unfiltered listing keeps for the next
-	images            imageRefs
+	images            sharedStrings // image references
+	labelKeys         sharedStrings // label and annotation keys
+	labelValues       sharedStrings // label and annotation values
 
 	listStreaming ListStreaming
 	conns         *atomic.Uint64 // connections made and lost so far (connCounter)

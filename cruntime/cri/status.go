@@ -57,6 +57,8 @@ func (c *Client) ItemStatuses(ctx context.Context, pod *cruntime.Pod, sandboxes,
 			}
 			if err == nil && s != nil {
 				sbOut[i] = convertSandbox(s, sb)
+				sbOut[i].Labels = c.labelValues.labels(&c.labelKeys, sbOut[i].Labels)
+				sbOut[i].Annotations = c.labelValues.labels(&c.labelKeys, sbOut[i].Annotations)
 			}
 			return err
 		}
@@ -74,6 +76,8 @@ func (c *Client) ItemStatuses(ctx context.Context, pod *cruntime.Pod, sandboxes,
 		if err == nil && s != nil {
 			ctOut[i] = convertContainer(s, ct)
 			ctOut[i].ImageRef = c.images.intern(ctOut[i].ImageRef)
+			ctOut[i].Labels = c.labelValues.labels(&c.labelKeys, ctOut[i].Labels)
+			ctOut[i].Annotations = c.labelValues.labels(&c.labelKeys, ctOut[i].Annotations)
 		}
 		return err
 	})
@@ -309,30 +313,64 @@ func (c *Client) Status(ctx context.Context) ([]cruntime.Condition, error) {
 	return conds, nil
 }
 
-// imageRefs interns image references: a node runs many containers of few
-// images, and the cache keeps every container's status.
-type imageRefs struct {
+// sharedStrings interns strings that many statuses share, up to a bound past
+// which strings are kept as decoded: image references (a node runs many
+// containers of few images), and the keys and common values of labels and
+// annotations (the kubelet puts the same dozen on every container). The
+// cache keeps every container's status for as long as its pod lives.
+type sharedStrings struct {
 	mu   sync.Mutex
-	refs map[string]string
+	strs map[string]string
 }
 
-// maxImageRefs bounds the table; past it, references are not interned.
-const maxImageRefs = 4096
+// defaultInternMax bounds a sharedStrings' table; past it, strings are
+// kept as decoded.
+const defaultInternMax = 4096
 
-func (r *imageRefs) intern(s string) string {
+// intern returns the table's copy of s, adding s if there is room.
+func (r *sharedStrings) intern(s string) string {
 	if s == "" {
 		return s
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()
-	if v, ok := r.refs[s]; ok {
+	return r.internLocked(s)
+}
+
+func (r *sharedStrings) internLocked(s string) string {
+	if v, ok := r.strs[s]; ok {
 		return v
 	}
-	if r.refs == nil {
-		r.refs = map[string]string{}
+	if r.strs == nil {
+		r.strs = map[string]string{}
 	}
-	if len(r.refs) < maxImageRefs {
-		r.refs[s] = s
+	if len(r.strs) < defaultInternMax {
+		r.strs[s] = s
 	}
 	return s
+}
+
+// labels returns a copy of m whose keys come from keys and whose values
+// come from r, the strings shorter than internMin excepted (sharing them
+// costs more than it saves); nil stays nil. The copy is sized to m, where
+// the decoder's map grew as it went.
+func (r *sharedStrings) labels(keys *sharedStrings, m map[string]string) map[string]string {
+	if m == nil {
+		return nil
+	}
+	out := make(map[string]string, len(m))
+	keys.mu.Lock()
+	r.mu.Lock()
+	for k, v := range m {
+		if len(k) >= internMin {
+			k = keys.internLocked(k)
+		}
+		if len(v) >= internMin {
+			v = r.internLocked(v)
+		}
+		out[k] = v
+	}
+	r.mu.Unlock()
+	keys.mu.Unlock()
+	return out
 }

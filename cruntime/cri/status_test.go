@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"reflect"
 	"sort"
 	"strings"
@@ -381,19 +382,52 @@ func TestPodStatusConcurrentError(t *testing.T) {
 }
 
 func TestImageRefsIntern(t *testing.T) {
-	var r imageRefs
+	var r sharedStrings
 	a := r.intern(strings.Clone("sha256:abc"))
 	b := r.intern(strings.Clone("sha256:abc"))
 	if unsafe.StringData(a) != unsafe.StringData(b) {
 		t.Error("the same reference was kept twice")
 	}
-	for i := range maxImageRefs + 10 {
+	for i := range defaultInternMax + 10 {
 		r.intern(fmt.Sprint("ref-", i))
 	}
-	if len(r.refs) > maxImageRefs {
-		t.Errorf("%d references interned, bound %d", len(r.refs), maxImageRefs)
+	if len(r.strs) > defaultInternMax {
+		t.Errorf("%d references interned, bound %d", len(r.strs), defaultInternMax)
 	}
 	if r.intern("") != "" {
 		t.Error("empty reference")
+	}
+}
+
+// Two containers' labels with the same keys and values keep one copy of
+// each string of internMin bytes or more, and the same entries.
+func TestLabelsShareStrings(t *testing.T) {
+	var keys, values sharedStrings
+	decoded := func() map[string]string {
+		return map[string]string{
+			strings.Clone("io.kubernetes.container.terminationMessagePath"): strings.Clone("/dev/termination-log"),
+			strings.Clone("io.kubernetes.container.restartCount"):           strings.Clone("0"),
+		}
+	}
+	a, b := values.labels(&keys, decoded()), values.labels(&keys, decoded())
+	if !maps.Equal(a, b) || !maps.Equal(a, decoded()) {
+		t.Fatalf("labels changed: %v, %v", a, b)
+	}
+	for k := range a {
+		var kb string
+		for k2 := range b {
+			if k2 == k {
+				kb = k2
+			}
+		}
+		if unsafe.StringData(k) != unsafe.StringData(kb) {
+			t.Errorf("key %q kept twice", k)
+		}
+		if len(a[k]) >= internMin && unsafe.StringData(a[k]) != unsafe.StringData(b[k]) {
+			t.Errorf("value %q kept twice", a[k])
+		}
+	}
+	if values.labels(&keys, nil) != nil {
+		t.Error("nil labels became a map")
 	}
 }
