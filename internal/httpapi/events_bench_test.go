@@ -58,14 +58,5 @@ func BenchmarkEventsFanout(b *testing.B) {
 			}
 		}()
 	}
-	pods := testkit.KubeletPods(64)
-	b.ReportAllocs()
-	b.ResetTimer()
-	cpu0 := testkit.CPUTime()
-	testkit.AppendDeaths(j, pods, b.N)
-	for range streams {
-		<-received
-	}
-	b.StopTimer()
-	b.ReportMetric(float64(testkit.CPUTime()-cpu0)/float64(b.N)/streams, "cpu-ns/event/stream")
+	testkit.MeasureFanOut(b, j, streams, received, "cpu-ns/event/stream")
 }

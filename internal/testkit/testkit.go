@@ -6,10 +6,12 @@ package testkit
 
 import (
 	"fmt"
+	"runtime"
 	"slices"
 	"strings"
 	"sync"
 	"syscall"
+	"testing"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -136,6 +138,24 @@ func AppendDeaths(j *journal.Journal, pods []*journal.Pod, n int) {
 		j.Append(journal.Entry{Kind: journal.KindPod, Pod: p, Source: journal.SourceHint,
 			Transitions: []journal.Transition{{Type: "ContainerDied", ContainerID: p.Containers[0].ID, ContainerName: "app"}}})
 	}
+}
+
+// MeasureFanOut is a fan-out benchmark's timed part: it appends b.N
+// deaths of 64 kubelet pods to j, waits until each of the subscribers has
+// said on received that it got them all, and reports the process's CPU per
+// event per subscriber as unit.
+func MeasureFanOut(b *testing.B, j *journal.Journal, subscribers int, received <-chan int, unit string) {
+	pods := KubeletPods(64)
+	runtime.GC()
+	b.ReportAllocs()
+	b.ResetTimer()
+	cpu0 := CPUTime()
+	AppendDeaths(j, pods, b.N)
+	for range subscribers {
+		<-received
+	}
+	b.StopTimer()
+	b.ReportMetric(float64(CPUTime()-cpu0)/float64(b.N)/float64(subscribers), unit)
 }
 
 // CPUTime returns the CPU (user and system) the process has used.

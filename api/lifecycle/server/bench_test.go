@@ -3,7 +3,6 @@ package server
 import (
 	"context"
 	"path/filepath"
-	"runtime"
 	"testing"
 	"time"
 
@@ -92,17 +91,7 @@ func benchmarkFanout(b *testing.B, perWatcher bool) {
 			}
 		}()
 	}
-	pods := testkit.KubeletPods(64)
-	runtime.GC()
-	b.ReportAllocs()
-	b.ResetTimer()
-	cpu0 := testkit.CPUTime()
-	testkit.AppendDeaths(j, pods, b.N)
-	for range watchers {
-		<-received
-	}
-	b.StopTimer()
-	b.ReportMetric(float64(testkit.CPUTime()-cpu0)/float64(b.N)/watchers, "cpu-ns/event/watcher")
+	testkit.MeasureFanOut(b, j, watchers, received, "cpu-ns/event/watcher")
 }
 
 // rawFrame is a message the benchmark's clients do not decode.
