@@ -120,8 +120,8 @@ func KubeletPod(i int) *journal.Pod {
 	return p
 }
 
-// KubeletPods is KubeletPod(0) to KubeletPod(n-1).
-func KubeletPods(n int) []*journal.Pod {
+// kubeletPods is KubeletPod(0) to KubeletPod(n-1).
+func kubeletPods(n int) []*journal.Pod {
 	pods := make([]*journal.Pod, n)
 	for i := range pods {
 		pods[i] = KubeletPod(i)
@@ -129,10 +129,10 @@ func KubeletPods(n int) []*journal.Pod {
 	return pods
 }
 
-// AppendDeaths appends n hint events to j, each a ContainerDied of the
+// appendDeaths appends n hint events to j, each a ContainerDied of the
 // first container of the next pod of pods, round robin: the fan-out
 // benchmarks' load.
-func AppendDeaths(j *journal.Journal, pods []*journal.Pod, n int) {
+func appendDeaths(j *journal.Journal, pods []*journal.Pod, n int) {
 	for i := range n {
 		p := pods[i%len(pods)]
 		j.Append(journal.Entry{Kind: journal.KindPod, Pod: p, Source: journal.SourceHint,
@@ -145,12 +145,12 @@ func AppendDeaths(j *journal.Journal, pods []*journal.Pod, n int) {
 // said on received that it got them all, and reports the process's CPU per
 // event per subscriber as unit.
 func MeasureFanOut(b *testing.B, j *journal.Journal, subscribers int, received <-chan int, unit string) {
-	pods := KubeletPods(64)
+	pods := kubeletPods(64)
 	runtime.GC()
 	b.ReportAllocs()
 	b.ResetTimer()
 	cpu0 := CPUTime()
-	AppendDeaths(j, pods, b.N)
+	appendDeaths(j, pods, b.N)
 	for range subscribers {
 		<-received
 	}
