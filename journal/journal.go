@@ -150,6 +150,8 @@ type Entry struct {
 	Transitions []Transition
 	Source      Source
 	Runtime     *RuntimeStatus
+
+	size int // entrySize, set by Append
 }
 
 // Transition is one lifecycle event of a pod: the kubelet's types
@@ -245,6 +247,7 @@ type Tombstone struct {
 // Append adds e (its Seq is given, and its Time when zero) and wakes the
 // watchers. It never blocks on a watcher.
 func (j *Journal) Append(e Entry) uint64 {
+	e.size = entrySize(&e) // outside the lock: it walks the pod's labels
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	j.head++
@@ -258,7 +261,7 @@ func (j *Journal) Append(e Entry) uint64 {
 	}
 	j.ring[(j.start+j.n)%j.size] = ep
 	j.n++
-	j.bytes += entrySize(ep)
+	j.bytes += ep.size
 	if e.Kind == KindPod && e.Pod != nil {
 		j.track(ep)
 	}
@@ -331,7 +334,7 @@ func (j *Journal) expireLocked(now time.Time) {
 
 // dropOldestLocked forgets the oldest retained entry.
 func (j *Journal) dropOldestLocked() {
-	j.bytes -= entrySize(j.ring[j.start])
+	j.bytes -= j.ring[j.start].size
 	j.ring[j.start] = nil
 	j.start = (j.start + 1) % j.size
 	j.n--
