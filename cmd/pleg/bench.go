@@ -24,6 +24,7 @@ type benchOptions struct {
 	parallel int
 	seed     uint64
 	cpuProf  string
+	heapProf string
 	budget   budgetFlags
 	// compareStreaming: --compare-list-streaming
 	compareStreaming bool
@@ -134,6 +135,7 @@ A full run takes about four minutes with --kubelet; --quick about a minute.`,
 	uint64Var(f, &o.seed, "seed", 1, "seed of the simulated node")
 	o.budget.addFlags(f)
 	f.BoolVar(&o.compareStreaming, "compare-list-streaming", false, "run pleg twice per scenario driven by hand, listing through the streaming RPCs and with the unary calls, and compare them (CPU, allocations, peak RSS, the list RPCs the runtime served)")
+	f.StringVar(&o.heapProf, "memprofile", "", "write a heap profile of pleg's generator process, as its scenario ends, to this file (each run writes it anew: the last run's stays; read it with go tool pprof -sample_index=inuse_space)")
 	f.StringVar(&o.cpuProf, "cpuprofile", "", "write a CPU profile of pleg's generator process, its whole life, to this file (each run writes it anew: the last run's stays)")
 	return cmd
 }
@@ -148,9 +150,11 @@ func runBench(cmd *cobra.Command, o *benchOptions) error {
 	}
 	var budget bench.Budget
 	budget.PodRelistRate, budget.PodRelistBurst, budget.PodRelistSpacing, budget.EarlyRelistGap = o.budget.options()
-	if o.cpuProf != "" {
-		if o.cpuProf, err = filepath.Abs(o.cpuProf); err != nil {
-			return err
+	for _, prof := range []*string{&o.cpuProf, &o.heapProf} {
+		if *prof != "" {
+			if *prof, err = filepath.Abs(*prof); err != nil {
+				return err
+			}
 		}
 	}
 	parent := cmd.Context()
@@ -167,6 +171,7 @@ func runBench(cmd *cobra.Command, o *benchOptions) error {
 		Relists:                o.relists,
 		MaxParallelInspections: o.parallel,
 		CPUProfile:             o.cpuProf,
+		HeapProfile:            o.heapProf,
 		Budget:                 budget,
 		GCPercent:              daemonGCPercent,
 		Seed:                   o.seed,

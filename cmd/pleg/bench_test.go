@@ -48,10 +48,10 @@ func TestBenchQuickJSON(t *testing.T) {
 	}
 }
 
-// The text report, and the CPU profile of pleg's generator process.
+// The text report, and the CPU and heap profiles of pleg's generator process.
 func TestBenchText(t *testing.T) {
-	prof := filepath.Join(t.TempDir(), "pleg.prof")
-	out := string(benchOutput(t, "--quick", "--scenario", "66x7", "--relists", "2", "--cpuprofile", prof))
+	prof, heap := filepath.Join(t.TempDir(), "pleg.prof"), filepath.Join(t.TempDir(), "heap.prof")
+	out := string(benchOutput(t, "--quick", "--scenario", "66x7", "--relists", "2", "--cpuprofile", prof, "--memprofile", heap))
 	for _, want := range []string{"pleg bench", "GOMAXPROCS", "== 66x7: 66 pods x 7 containers, 10 pods changed per relist, 1ms per runtime call",
 		"relist p50", "CPU / relist", "runs in a child process", "measured relists: pleg 2 (no kubelet baseline"} {
 		if !strings.Contains(out, want) {
@@ -63,6 +63,9 @@ func TestBenchText(t *testing.T) {
 	}
 	if fi, err := os.Stat(prof); err != nil || fi.Size() == 0 {
 		t.Errorf("CPU profile: %v", err)
+	}
+	if fi, err := os.Stat(heap); err != nil || fi.Size() == 0 {
+		t.Errorf("heap profile: %v", err)
 	}
 }
 

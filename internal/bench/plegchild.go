@@ -51,6 +51,9 @@ type plegConfig struct {
 	// CPUProfile, when set, is the file to write a CPU profile of the
 	// process to, from its start to its end.
 	CPUProfile string `json:"cpuProfile,omitempty"`
+	// HeapProfile, when set, is the file to write a heap profile of the
+	// process to as it ends (what is live then).
+	HeapProfile string `json:"heapProfile,omitempty"`
 }
 
 // Budget is the hint budget of started generators; zero fields are the
@@ -82,7 +85,7 @@ type Budget struct {
 //	           time <after> (ns); answers its delivery time (Unix ns)
 //
 // Either relist or start is used, not both.
-func servePLEG(in io.Reader, out io.Writer) error {
+func servePLEG(in io.Reader, out io.Writer) (err error) {
 	sc := lineproto.NewScanner(in)
 	var cfg plegConfig
 	if err := lineproto.ReadConfig(sc, &cfg); err != nil {
@@ -107,6 +110,13 @@ func servePLEG(in io.Reader, out io.Writer) error {
 		return err
 	}
 	defer p.close()
+	if cfg.HeapProfile != "" {
+		defer func() {
+			if werr := writeHeapProfile(cfg.HeapProfile); err == nil {
+				err = werr
+			}
+		}()
+	}
 	return lineproto.Serve(sc, out, "ready", p.command)
 }
 
@@ -809,4 +819,18 @@ func procStatusBytes(field string) (int64, error) {
 		}
 	}
 	return 0, fmt.Errorf("no %s in /proc/self/status", field)
+}
+
+// writeHeapProfile writes the heap profile of what is live now to path.
+func writeHeapProfile(path string) error {
+	goruntime.GC() // the profile's in-use figures are as of the last GC
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	if err := pprof.Lookup("heap").WriteTo(f, 0); err != nil {
+		f.Close()
+		return err
+	}
+	return f.Close()
 }

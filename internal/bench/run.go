@@ -51,6 +51,9 @@ type Options struct {
 	// profile of its life to; each run writes it anew, the last one's
 	// stays.
 	CPUProfile string
+	// HeapProfile, when set, is the file pleg's process writes a heap
+	// profile to as it ends; each run writes it anew.
+	HeapProfile string
 	// Seed seeds the simulated runtime (0: 1).
 	Seed uint64
 	// CompareListStreaming runs pleg's column twice in every scenario
@@ -106,7 +109,7 @@ func startRuntime(ctx context.Context, o Options, cfg simConfig) (*lineproto.Chi
 
 // startPLEG starts pleg's generator.
 func startPLEG(ctx context.Context, o Options, cfg plegConfig) (*lineproto.Child, error) {
-	cfg.GCPercent, cfg.CPUProfile = o.GCPercent, o.CPUProfile
+	cfg.GCPercent, cfg.CPUProfile, cfg.HeapProfile = o.GCPercent, o.CPUProfile, o.HeapProfile
 	c, _, err := startChild(ctx, o, rolePLEG, "pleg's generator", cfg)
 	return c, err
 }
