@@ -6,6 +6,7 @@ import (
 	"net"
 	"net/http"
 	"sync"
+	"sync/atomic"
 	"time"
 )
 
@@ -135,6 +136,10 @@ func (tc *trackedConn) Close() error {
 	return tc.Conn.Close()
 }
 
+// testHookConnState, set only by tests before a server starts, sees every
+// state change of a limited connection once the limiter has applied it.
+var testHookConnState atomic.Pointer[func(net.Conn, http.ConnState)]
+
 // connState is the http.Server's ConnState hook: it keeps the limiter's
 // list of connections not in a request. net/http reports StateActive once
 // a request's headers have been read, so a client that trickles its
@@ -143,6 +148,9 @@ func (l *connLimiter) connState(c net.Conn, st http.ConnState) {
 	tc, ok := c.(*trackedConn)
 	if !ok {
 		return
+	}
+	if hook := testHookConnState.Load(); hook != nil {
+		defer (*hook)(c, st) // after the limiter applied it
 	}
 	l.mu.Lock()
 	defer l.mu.Unlock()

@@ -95,6 +95,28 @@ func gauge(t *testing.T, c prometheus.Collector) int {
 func TestConnectionCapEvictsIdle(t *testing.T) {
 	s := New(Config{Generator: startGenerator(t, samplePods()), MaxConnections: 4})
 	addr := serve(t, s, true)
+	// net/http reports a connection idle after the client may have read
+	// its response: wait for that before the next connection, or it could
+	// find the one before still in its request.
+	idle := make(chan struct{}, 16)
+	hook := func(c net.Conn, st http.ConnState) {
+		if st == http.StateIdle && c.LocalAddr().String() == addr {
+			select {
+			case idle <- struct{}{}:
+			default:
+			}
+		}
+	}
+	testHookConnState.Store(&hook)
+	t.Cleanup(func() { testHookConnState.Store(nil) })
+	reportedIdle := func(what string) {
+		t.Helper()
+		select {
+		case <-idle:
+		case <-time.After(30 * time.Second):
+			t.Fatalf("the %s connection was never reported idle", what)
+		}
+	}
 	conns := s.metrics.connections.WithLabelValues(ListenerMetrics)
 	evicted := s.metrics.shed.WithLabelValues(ListenerMetrics, shedEvicted)
 
@@ -106,6 +128,7 @@ func TestConnectionCapEvictsIdle(t *testing.T) {
 		if st := roundTrip(t, c, "10.0.0.1:10266", "/healthz"); st != "200 OK" {
 			t.Fatalf("GET /healthz = %s", st)
 		}
+		reportedIdle("kept-alive")
 	}
 	slow := dial(t, addr)
 	if _, err := io.WriteString(slow, "GET /metrics HTTP/1.1\r\nHo"); err != nil {
@@ -123,6 +146,7 @@ func TestConnectionCapEvictsIdle(t *testing.T) {
 		if n := gauge(t, conns); n > 4 {
 			t.Fatalf("%d connections open, over the cap of 4", n)
 		}
+		reportedIdle("probe")
 	}
 	if n := gauge(t, evicted); n != 4 {
 		t.Errorf("idle connections evicted = %d, want 4", n)
