@@ -41,6 +41,7 @@ type simulateOptions struct {
 	keepEvents       time.Duration
 	replayEvents     int
 	replayEventAge   time.Duration
+	crioMux          bool
 }
 
 func newSimulateCmd() *cobra.Command {
@@ -96,6 +97,7 @@ func (o *simulateOptions) addFlags(f *pflag.FlagSet) {
 	intVar(f, &o.eventStorm, "event-storm", 0, 0, 100000, "stream this many container events per second, spread over every pod in turn, the pods unchanged (0: none)")
 	durationVar(f, &o.keepEvents, "keep-events", 0, 0, 24*time.Hour, "keep the events emitted while nobody subscribes for this long and send them to the next subscriber first, as containerd 2.x does for 5m (0: none)")
 	intVar(f, &o.replayEvents, "replay-events", 0, 0, 1000000, "send every new event subscriber this many old events first, about the containers there are (0: none)")
+	f.BoolVar(&o.crioMux, "crio-mux", false, "serve the socket behind cmux as CRI-O does: a connection whose first request's content-type is not exactly application/grpc is closed")
 	durationVar(f, &o.replayEventAge, "replay-event-age", sim.DefaultReplayAge, time.Millisecond, 24*time.Hour, "how old the events of --replay-events are")
 }
 
@@ -155,6 +157,7 @@ func (o *simulateOptions) config() (sim.Config, error) {
 		KeepEvents:           o.keepEvents,
 		ReplayEvents:         o.replayEvents,
 		ReplayAge:            o.replayEventAge,
+		CRIOMux:              o.crioMux,
 	}, nil
 }
 

@@ -603,7 +603,14 @@ func (w *wireItem) readLabel(b []byte) error {
 // hands everything else to the default proto codec.
 type leanCodec struct{}
 
-func (leanCodec) Name() string { return "proto" }
+// Name is empty on purpose. gRPC makes a forced codec's name the request's
+// content subtype: "proto" would send content-type application/grpc+proto,
+// and CRI-O serves its socket behind cmux, which closes a connection whose
+// first request is not exactly application/grpc (so a pleg whose first call
+// on a connection was a list or the event stream never reached CRI-O).
+// With no name the request says application/grpc, as the default codec's
+// do, and every runtime decodes it as protobuf.
+func (leanCodec) Name() string { return "" }
 
 func (leanCodec) Marshal(v any) (mem.BufferSlice, error) {
 	return encoding.GetCodecV2("proto").Marshal(v)

@@ -90,6 +90,13 @@ type Config struct {
 	// Runtime.SetReplay.
 	ReplayEvents int
 	ReplayAge    time.Duration
+
+	// CRIOMux serves the socket as CRI-O does: behind cmux, which hands a
+	// connection to the gRPC server only when its first request's
+	// content-type is exactly "application/grpc" and closes it otherwise
+	// (a client sending "application/grpc+proto" gets its connection
+	// reset, every time).
+	CRIOMux bool
 }
 
 // DefaultListStreamBatch is the number of items per message of a streamed

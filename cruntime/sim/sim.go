@@ -14,6 +14,7 @@ import (
 	"sync/atomic"
 	"time"
 
+	"github.com/soheilhy/cmux"
 	"google.golang.org/grpc"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 	"k8s.io/utils/clock"
@@ -24,6 +25,7 @@ import (
 type Runtime struct {
 	clock       clock.Clock
 	eventBuffer int
+	crioMux     bool
 
 	// mu guards the model, the workload settings and the subscribers.
 	// Lock order: mu before kmu.
@@ -92,6 +94,7 @@ func New(cfg Config) *Runtime {
 	r := &Runtime{
 		clock:         clk,
 		eventBuffer:   cfg.EventBuffer,
+		crioMux:       cfg.CRIOMux,
 		rng:           rand.New(rand.NewPCG(cfg.Seed, cfg.Seed^0x9e3779b97f4a7c15)),
 		pods:          map[string]*pod{},
 		sandboxes:     map[string]*sandbox{},
@@ -392,11 +395,26 @@ func (r *Runtime) listenLocked(path string) error {
 	r.genQuit = make(chan struct{})
 	done := make(chan struct{})
 	r.serveDone = done
+	served := lis
+	var mux cmux.CMux
+	if r.crioMux {
+		mux = cmux.New(lis)
+		served = mux.MatchWithWriters(cmux.HTTP2MatchHeaderFieldSendSettings("content-type", "application/grpc"))
+		r.wg.Add(1)
+		go func() {
+			defer r.wg.Done()
+			_ = mux.Serve() // ends when srv.Stop closes served, or lis fails
+		}()
+	}
 	r.wg.Add(1)
 	go func() {
 		defer r.wg.Done()
 		defer close(done)
-		_ = srv.Serve(lis)
+		_ = srv.Serve(served)
+		if mux != nil {
+			mux.Close()
+			_ = lis.Close()
+		}
 	}()
 	return nil
 }
