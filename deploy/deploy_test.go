@@ -466,8 +466,10 @@ func TestPrometheusRules(t *testing.T) {
 	alertName := regexp.MustCompile(`^[A-Z][A-Za-z0-9]*$`)
 	labelName := regexp.MustCompile(`^[a-zA-Z_][a-zA-Z0-9_]*$`)
 
-	// Recorded series are known to the rules after them, with their labels.
-	recorded := map[string][]string{}
+	// Recorded series are known to the rules after them, with their labels;
+	// so is up, Prometheus's own series for each target (its labels are
+	// the target's).
+	recorded := map[string][]string{"up": nil}
 	for _, g := range rf.Groups {
 		for _, r := range g.Rules {
 			if r.Record != "" {
@@ -562,6 +564,14 @@ func TestPrometheusRules(t *testing.T) {
 	}
 	if !strings.Contains(alerts["PlegPodInspectionTimeouts"].Expr, "pleg_pod_inspection_timeouts_total") {
 		t.Error("no alert on pleg_pod_inspection_timeouts_total")
+	}
+	// A dead daemon: its target down, or no target at all, on the job the
+	// ServiceMonitor sets.
+	if d := alerts["PlegDown"]; strings.TrimSpace(d.Expr) != `up{job="pleg"} == 0` || d.For == "" {
+		t.Errorf("PlegDown = %+v, want up{job=\"pleg\"} == 0 for a while", d)
+	}
+	if a := alerts["PlegAbsent"]; strings.TrimSpace(a.Expr) != `absent(up{job="pleg"})` || a.For == "" {
+		t.Errorf("PlegAbsent = %+v, want absent(up{job=\"pleg\"}) for a while", a)
 	}
 }
 
@@ -771,8 +781,11 @@ func TestNPDPluginConfig(t *testing.T) {
 		if r.Type == "permanent" && !conds[r.Condition] {
 			t.Errorf("rule sets unknown condition %q", r.Condition)
 		}
-		if !strings.HasPrefix(r.Path, "/") || len(r.Args) == 0 || r.Args[0] != "check" {
-			t.Errorf("rule runs %s %v, want the pleg binary's check", r.Path, r.Args)
+		// NPD exits at start when a rule's path does not exist; /bin/sh
+		// always does, and its script reports a pleg binary not in place
+		// yet as unknown (2) instead, and execs it otherwise.
+		if bin, check := npdPlegCommand(r.Path, r.Args); bin == "" || !strings.HasPrefix(bin, "/") || len(check) == 0 || check[0] != "check" {
+			t.Errorf("rule runs %s %q, want /bin/sh -c %q <pleg binary> check ...", r.Path, r.Args, npdWrapper)
 		}
 		rt, err := time.ParseDuration(r.Timeout)
 		if err != nil || rt >= interval {
@@ -790,6 +803,19 @@ func TestNPDPluginConfig(t *testing.T) {
 	}
 }
 
+// npdWrapper is the script the NPD rule runs with /bin/sh -c: $0 is the
+// pleg binary, the rest pleg's arguments.
+const npdWrapper = `test -x "$0" || { echo "cannot run pleg: $0 is not an executable file (not installed yet?)"; exit 2; }; exec "$0" "$@"`
+
+// npdPlegCommand returns the pleg binary an NPD rule runs through the
+// wrapper and pleg's arguments ("" if the rule is not the wrapper).
+func npdPlegCommand(path string, args []string) (string, []string) {
+	if path != "/bin/sh" || len(args) < 3 || args[0] != "-c" || args[1] != npdWrapper {
+		return "", nil
+	}
+	return args[2], args[3:]
+}
+
 // TestNPDPatch: the patch puts the binary where the plugin config runs it
 // and the config where NPD reads it.
 func TestNPDPatch(t *testing.T) {
@@ -802,9 +828,10 @@ func TestNPDPatch(t *testing.T) {
 	if at(t, spec, "hostNetwork") != true {
 		t.Error("NPD must use the host's network to reach pleg on 127.0.0.1")
 	}
+	bin, _ := npdPlegCommand(c.Rules[0].Path, c.Rules[0].Args)
 	init := list(t, spec, "initContainers.0.command")
-	if fmt.Sprint(init) != fmt.Sprintf("[cp /usr/local/bin/pleg %s]", c.Rules[0].Path) {
-		t.Errorf("init container %v does not copy the binary to %s", init, c.Rules[0].Path)
+	if fmt.Sprint(init) != fmt.Sprintf("[cp /usr/local/bin/pleg %s]", bin) {
+		t.Errorf("init container %v does not copy the binary to %s", init, bin)
 	}
 	args := list(t, spec, "containers.0.args")
 	cfg, _ := flagValue(args, "config.custom-plugin-monitor")
@@ -816,7 +843,7 @@ func TestNPDPatch(t *testing.T) {
 		mounts[str(t, m, "mountPath")] = str(t, m, "name")
 	}
 	if mounts[strings.TrimSuffix(cfg, "/pleg-plugin-monitor.json")] == "" ||
-		mounts[strings.TrimSuffix(c.Rules[0].Path, "/pleg")] == "" {
-		t.Errorf("mounts %v do not hold %s and %s", mounts, cfg, c.Rules[0].Path)
+		mounts[strings.TrimSuffix(bin, "/pleg")] == "" {
+		t.Errorf("mounts %v do not hold %s and %s", mounts, cfg, bin)
 	}
 }

@@ -5,7 +5,8 @@ package deploy
 // (prometheus/pleg-rules.test.yaml: each alert fires on series that should
 // fire it and stays silent on a healthy node), and a real Prometheus
 // scrapes a real generator, relisting the simulated runtime, through the
-// daemon's HTTP server and evaluates the recording rules against it.
+// daemon's HTTP server and evaluates the recording rules against it, then
+// sees pleg's target down when its server stops (PlegDown pending).
 //
 // When promtool or prometheus is missing and the test runs as root, it is
 // installed through test/apt-install.sh; when it cannot be, the tests fail,
@@ -95,7 +96,7 @@ func promtool(t *testing.T, args ...string) string {
 
 func TestPromtoolCheckRules(t *testing.T) {
 	out := promtool(t, "check", "rules", "pleg-rules.yaml")
-	if !strings.Contains(out, "SUCCESS: 7 rules found") {
+	if !strings.Contains(out, "SUCCESS: 9 rules found") {
 		t.Errorf("promtool check rules:\n%s", out)
 	}
 }
@@ -110,7 +111,7 @@ func TestPromtoolAlertUnitTests(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, alert := range []string{"KubeletPlegDurationHigh", "PlegRelistStalled", "PlegUnhealthy", "PlegPodInspectionTimeouts"} {
+	for _, alert := range []string{"KubeletPlegDurationHigh", "PlegRelistStalled", "PlegUnhealthy", "PlegPodInspectionTimeouts", "PlegDown", "PlegAbsent"} {
 		if !strings.Contains(string(tests), "alertname: "+alert) {
 			t.Errorf("no unit test for the alert %s", alert)
 		}
@@ -267,11 +268,37 @@ scrape_configs:
 			}
 		}
 	}
-	if n != 7 {
-		t.Errorf("%d rules loaded, want 7", n)
+	if n != 9 {
+		t.Errorf("%d rules loaded, want 9", n)
 	}
 	// A healthy node fires no alert.
 	if r := query(`ALERTS{alertstate="firing"}`); len(r) != 0 {
 		t.Errorf("alerts firing on a healthy node: %v", r)
+	}
+	if r := query(`ALERTS{alertname=~"PlegDown|PlegAbsent"}`); len(r) != 0 {
+		t.Errorf("a dead-daemon alert with pleg up: %v", r)
+	}
+
+	// pleg dies: its HTTP server stops, scrapes fail. Prometheus's up for
+	// the target turns 0 and PlegDown becomes pending for that instance
+	// (it would fire after its 5m).
+	cancel()
+	<-served
+	stopped := time.Now()
+	pending := fmt.Sprintf(`ALERTS{alertname="PlegDown", alertstate="pending", job="pleg", instance=%q}`, ln.Addr().String())
+	deadline = time.Now().Add(90 * time.Second)
+	for len(query(pending)) != 1 {
+		if time.Now().After(deadline) {
+			t.Fatalf("PlegDown not pending within 90 s of pleg's server stopping (up: %v, alerts: %v)",
+				query(`up{job="pleg"}`), query(`ALERTS`))
+		}
+		time.Sleep(500 * time.Millisecond)
+	}
+	t.Logf("PlegDown pending %v after pleg stopped", time.Since(stopped).Round(100*time.Millisecond))
+	if r := query(`up{job="pleg"} == 0`); len(r) != 1 {
+		t.Errorf("up{job=\"pleg\"} == 0: %v, want pleg's target", r)
+	}
+	if r := query(`ALERTS{alertname="PlegAbsent"}`); len(r) != 0 {
+		t.Errorf("PlegAbsent while pleg's target is known (down): %v", r)
 	}
 }

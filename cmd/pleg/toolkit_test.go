@@ -427,6 +427,7 @@ func TestDeployArgsAreRealFlags(t *testing.T) {
 	}
 	var npd struct {
 		Rules []struct {
+			Path string   `json:"path"`
 			Args []string `json:"args"`
 		} `json:"rules"`
 	}
@@ -434,9 +435,16 @@ func TestDeployArgsAreRealFlags(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, r := range npd.Rules {
-		parse("the NPD plugin", r.Args)
-		if u, ok := strings.CutPrefix(r.Args[1], "--url="); !ok || u != defaultDaemonURL("/readyz") {
-			t.Errorf("the NPD plugin checks %q, want the daemon's default %s", r.Args[1], defaultDaemonURL("/readyz"))
+		// /bin/sh -c <script> <pleg binary> <pleg's args> (deploy/deploy_test.go
+		// checks the script).
+		if r.Path != "/bin/sh" || len(r.Args) < 5 || r.Args[0] != "-c" {
+			t.Errorf("the NPD plugin runs %s %q, want /bin/sh -c <script> <pleg binary> check ...", r.Path, r.Args)
+			continue
+		}
+		args := r.Args[3:]
+		parse("the NPD plugin", args)
+		if u, ok := strings.CutPrefix(args[1], "--url="); !ok || u != defaultDaemonURL("/readyz") {
+			t.Errorf("the NPD plugin checks %q, want the daemon's default %s", args[1], defaultDaemonURL("/readyz"))
 		}
 	}
 }
