@@ -9,7 +9,8 @@
 # Before every run it removes:
 #   - the Debian packages the suites install (runc, chromium, prometheus and the
 #     packages only they pulled in, via autoremove);
-#   - .cache/e2e (containerd, test images) and .cache/node - the clone has
+#   - .cache/e2e (containerd, test images), .cache/npd (node-problem-detector)
+#     and .cache/node - the clone has
 #     none; npm's own cache is an empty directory for each run;
 #   - unless --warm-go: the Go build and module caches, by pointing GOCACHE
 #     and GOMODCACHE at empty directories (a new machine has neither).
@@ -67,7 +68,7 @@ unprovision() {
 	done
 	# Debian's package lists too: a new machine may have none.
 	rm -f /var/lib/apt/periodic/pleg-apt-install-update
-	rm -rf "$repo/.cache/e2e"
+	rm -rf "$repo/.cache/e2e" "$repo/.cache/npd"
 }
 
 results=()
