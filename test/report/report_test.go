@@ -74,6 +74,9 @@ func TestNever(t *testing.T) {}
 		"ok  \texample.com/m/b\t",
 		"?   \texample.com/m/c\t[no test files]",
 		"time per package",
+		"slowest tests (top-level, of 2):",
+		"pass example.com/m/a TestGood",
+		"fail example.com/m/a TestBad",
 		"\n1 passed, 1 failed, 1 skipped\n",
 	} {
 		if !strings.Contains(got, want) {
