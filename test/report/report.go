@@ -147,6 +147,22 @@ func goTestLine(l string) bool {
 
 func (r *reporter) pkgDone(e event) {
 	out := r.lines(e.Package, "")
+	// Tests still running when the package ended: a binary killed by
+	// its -timeout (whose panic names them) or one that exited in a
+	// test. Their output is what tells why.
+	var unfinished []string
+	for test := range r.out[e.Package] {
+		if test != "" && len(r.out[e.Package][test]) > 0 {
+			unfinished = append(unfinished, test)
+		}
+	}
+	slices.Sort(unfinished)
+	for _, test := range unfinished {
+		fmt.Fprintf(r.w, "--- output of %s %s, which never finished:\n", e.Package, test)
+		for _, l := range r.out[e.Package][test] {
+			fmt.Fprint(r.w, l)
+		}
+	}
 	delete(r.out, e.Package)
 	d := time.Duration(e.Elapsed * float64(time.Second)).Round(10 * time.Millisecond)
 	res := pkgResult{name: e.Package, elapsed: d}
