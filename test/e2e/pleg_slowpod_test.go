@@ -131,15 +131,25 @@ func TestDiagnoseHungShim(t *testing.T) {
 		t.Logf("shim stopped: %s answered in %v", c.name, d)
 	}
 	// The one status call that asks the shim (for its task's status):
-	// it hangs for the slow pod only.
+	// it hangs for the slow pod only, until the caller's deadline. How it
+	// ends at that deadline is a race inside containerd, not a fact about
+	// the shim: containerd's task.Status fails with the caller's expired
+	// context, and containerd either answers DeadlineExceeded or, having
+	// mapped the failure to an "unknown" task status, answers the status
+	// itself a moment after the deadline, which the client may still
+	// take (seen: <nil> after 1.002 s). So the test asserts the cause,
+	// the call lasting its whole deadline, and accepts either ending.
+	const verboseDeadline = time.Second
 	for _, id := range append([]string{sb}, healthy...) {
-		d, err := timedCRI(time.Second, func(ctx context.Context) error {
+		d, err := timedCRI(verboseDeadline, func(ctx context.Context) error {
 			_, err := rt.PodSandboxStatus(ctx, &runtimeapi.PodSandboxStatusRequest{PodSandboxId: id, Verbose: true})
 			return err
 		})
 		switch {
-		case id == sb && status.Code(err) != codes.DeadlineExceeded:
-			t.Fatalf("shim stopped: verbose PodSandboxStatus(slow): %v after %v, want DeadlineExceeded", err, d)
+		case id == sb && d < verboseDeadline/2: // a healthy pod answers in ~1 ms
+			t.Fatalf("shim stopped: verbose PodSandboxStatus(slow): %v after %v, want it to wait for the whole %v deadline (it asks the stopped shim)", errOr(err, "answered"), d, verboseDeadline)
+		case id == sb && err != nil && status.Code(err) != codes.DeadlineExceeded:
+			t.Fatalf("shim stopped: verbose PodSandboxStatus(slow): %v after %v, want DeadlineExceeded or a status answered at the deadline", err, d)
 		case id != sb && err != nil:
 			t.Fatalf("shim stopped: verbose PodSandboxStatus of a healthy pod: %v after %v", err, d)
 		case id == sb:
@@ -155,8 +165,11 @@ func TestDiagnoseHungShim(t *testing.T) {
 
 	rep, text, took := runDiagnose(t, 0)
 	t.Logf("shim stopped: diagnose took %v (report %.3fs): %s", took.Round(time.Millisecond), rep.TookSeconds, rep.Verdict)
-	if took > 3*time.Second {
-		t.Errorf("shim stopped: diagnose took %v, want well under 3s (nothing hangs)", took)
+	// Nothing hangs (the report's hung calls say so below); the bound
+	// only proves diagnose waits for no runtime timeout (2 min), with room
+	// for a loaded machine (it takes ~15 ms on a quiet one).
+	if took > 10*time.Second {
+		t.Errorf("shim stopped: diagnose took %v, want well under 10s (nothing hangs)", took)
 	}
 	if !rep.Healthy || rep.Cause != nil || rep.Estimate.ListFails || rep.Estimate.HungCalls != 0 {
 		t.Errorf("shim stopped: diagnose healthy=%v cause=%+v estimate=%+v, want healthy with no cause", rep.Healthy, rep.Cause, rep.Estimate)
@@ -253,8 +266,10 @@ func TestDiagnoseHungShim(t *testing.T) {
 
 	rep, text, took = runDiagnose(t, 1)
 	t.Logf("update outstanding: diagnose took %v (report %.3fs): %s", took.Round(time.Millisecond), rep.TookSeconds, rep.Verdict)
-	// The listing's 1s probe timeout, then the shim probe's.
-	if took > 5*time.Second {
+	// The listing's 1s probe timeout, then the shim probe's: ~2 s on a
+	// quiet machine; the bound proves it waits for no runtime timeout
+	// (2 min), with room for a loaded machine.
+	if took > 15*time.Second {
 		t.Errorf("update outstanding: diagnose took %v, want about two 1s probe timeouts", took)
 	}
 	if rep.Healthy || !rep.Estimate.ListFails || rep.Cause == nil ||

@@ -256,8 +256,10 @@ func TestDiagnose(t *testing.T) {
 				t.Errorf("verdict %q, want \"relist would take ~... (threshold 3m0s): healthy\" (JSON and the text's last line)", v)
 			}
 		}
-		if took > 3*time.Second {
-			t.Errorf("diagnose took %v, want well under 3s", took)
+		// ~20 ms on a quiet machine; the bound only proves diagnose
+		// waits for no timeout, with room for a loaded machine.
+		if took > 10*time.Second {
+			t.Errorf("diagnose took %v, want well under 10s", took)
 		}
 	})
 }

@@ -39,8 +39,18 @@ type reporter struct {
 	passed, failed, skipped int
 	skips                   []string // "pkg Test: reason"
 	pkgs                    []pkgResult
+	tests                   []testResult // top-level tests that passed or failed
 	buildFailed             []string
 }
+
+// testResult is how long one top-level test took.
+type testResult struct {
+	pkg, name, outcome string
+	elapsed            time.Duration
+}
+
+// slowestTests is how many tests the summary lists by time.
+const slowestTests = 10
 
 func newReporter(w io.Writer) *reporter {
 	return &reporter{w: w, out: map[string]map[string][]string{}}
@@ -92,6 +102,10 @@ func (r *reporter) step(e event) {
 func (r *reporter) testDone(e event) {
 	out := r.lines(e.Package, e.Test)
 	delete(r.out[e.Package], e.Test)
+	if e.Action != "skip" && !strings.Contains(e.Test, "/") {
+		r.tests = append(r.tests, testResult{pkg: e.Package, name: e.Test, outcome: e.Action,
+			elapsed: time.Duration(e.Elapsed * float64(time.Second)).Round(10 * time.Millisecond)})
+	}
 	switch e.Action {
 	case "pass":
 		r.passed++
@@ -133,6 +147,22 @@ func goTestLine(l string) bool {
 
 func (r *reporter) pkgDone(e event) {
 	out := r.lines(e.Package, "")
+	// Tests still running when the package ended: a binary killed by
+	// its -timeout (whose panic names them) or one that exited in a
+	// test. Their output is what tells why.
+	var unfinished []string
+	for test := range r.out[e.Package] {
+		if test != "" && len(r.out[e.Package][test]) > 0 {
+			unfinished = append(unfinished, test)
+		}
+	}
+	slices.Sort(unfinished)
+	for _, test := range unfinished {
+		fmt.Fprintf(r.w, "--- output of %s %s, which never finished:\n", e.Package, test)
+		for _, l := range r.out[e.Package][test] {
+			fmt.Fprint(r.w, l)
+		}
+	}
 	delete(r.out, e.Package)
 	d := time.Duration(e.Elapsed * float64(time.Second)).Round(10 * time.Millisecond)
 	res := pkgResult{name: e.Package, elapsed: d}
@@ -190,6 +220,14 @@ func (r *reporter) summary() bool {
 		fmt.Fprintln(r.w, "\ntime per package (test binary run time, slowest first):")
 		for _, p := range ran {
 			fmt.Fprintf(r.w, "  %8.1fs  %-4s %s\n", p.elapsed.Seconds(), p.outcome, p.name)
+		}
+	}
+	if len(r.tests) > 0 {
+		tests := slices.Clone(r.tests)
+		slices.SortStableFunc(tests, func(a, b testResult) int { return int(b.elapsed - a.elapsed) })
+		fmt.Fprintf(r.w, "\nslowest tests (top-level, of %d):\n", len(tests))
+		for _, t := range tests[:min(slowestTests, len(tests))] {
+			fmt.Fprintf(r.w, "  %8.1fs  %-4s %s %s\n", t.elapsed.Seconds(), t.outcome, t.pkg, t.name)
 		}
 	}
 	ok := r.failed == 0 && len(r.buildFailed) == 0

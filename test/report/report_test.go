@@ -49,8 +49,20 @@ func TestMain(m *testing.M) {
 func TestNever(t *testing.T) {}
 `)
 	write("c/c.go", "package c\n")
+	write("d/d_test.go", `package d
 
-	cmd := exec.Command("go", "test", "-count=1", "-json", "./...")
+import (
+	"testing"
+	"time"
+)
+
+func TestHangs(t *testing.T) {
+	t.Log("waiting for something that never comes")
+	time.Sleep(time.Hour)
+}
+`)
+
+	cmd := exec.Command("go", "test", "-count=1", "-json", "-timeout=3s", "./...")
 	cmd.Dir = dir
 	cmd.Env = append(os.Environ(), "GOFLAGS=", "GOWORK=off")
 	js, err := cmd.Output()
@@ -73,7 +85,13 @@ func TestNever(t *testing.T) {}
 		"FAIL\texample.com/m/a\t",
 		"ok  \texample.com/m/b\t",
 		"?   \texample.com/m/c\t[no test files]",
+		"--- output of example.com/m/d TestHangs, which never finished:",
+		"waiting for something that never comes",
+		"FAIL\texample.com/m/d\t",
 		"time per package",
+		"slowest tests (top-level, of 2):",
+		"pass example.com/m/a TestGood",
+		"fail example.com/m/a TestBad",
 		"\n1 passed, 1 failed, 1 skipped\n",
 	} {
 		if !strings.Contains(got, want) {
