@@ -112,6 +112,8 @@ func (r *runtimeServer) GetContainerEvents(_ *runtimeapi.GetEventsRequest, strea
 		return status.Errorf(codes.Internal, "watching the journal: %v", err)
 	}
 	defer jw.Close()
+	s.watching.Add(1)
+	defer s.watching.Add(-1)
 
 	q := make(chan *runtimeapi.ContainerEventResponse, s.cfg.QueueSize)
 	s.senders.Add(1)

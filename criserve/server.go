@@ -135,6 +135,9 @@ type Server struct {
 	slots  chan struct{} // passed-through calls in flight
 	bucket *bucket
 	events chan struct{} // one token per open GetContainerEvents
+	// watching counts the GetContainerEvents streams watching the
+	// journal (tests wait for it).
+	watching atomic.Int32
 
 	vmu      sync.Mutex
 	version  *runtimeapi.VersionResponse
