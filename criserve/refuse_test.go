@@ -9,6 +9,7 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -201,9 +202,16 @@ func TestPassThroughBounded(t *testing.T) {
 	if _, err := r.pleg.PodSandboxStatus(ctx, &runtimeapi.PodSandboxStatusRequest{PodSandboxId: pod.SandboxID(), Verbose: true}); err != nil {
 		t.Fatal(err)
 	}
-	// The simulator serves no image service: its answer passes through.
-	if _, err := r.images.ListImages(ctx, &runtimeapi.ListImagesRequest{}); status.Code(err) != codes.Unimplemented {
-		t.Errorf("ListImages: %v, want the simulator's Unimplemented", err)
+	imgs, err := r.images.ListImages(ctx, &runtimeapi.ListImagesRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	wantImgs, err := runtimeapi.NewImageServiceClient(dialCRI(t, r.sim.Endpoint())).ListImages(ctx, &runtimeapi.ListImagesRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(imgs.GetImages()) == 0 || !proto.Equal(imgs, wantImgs) {
+		t.Errorf("ListImages through pleg %v, straight %v", imgs, wantImgs)
 	}
 	ver, err := r.pleg.Version(ctx, &runtimeapi.VersionRequest{})
 	if err != nil {
@@ -216,8 +224,8 @@ func TestPassThroughBounded(t *testing.T) {
 		t.Fatal(err)
 	}
 	calls := r.sim.Calls()
-	if calls["ContainerStatus"] != 1 || calls["PodSandboxStatus"] != 1 || calls["Version"] != 1 {
-		t.Errorf("runtime calls %v, want one verbose ContainerStatus, one PodSandboxStatus and one Version (the second cached)", calls)
+	if calls["ContainerStatus"] != 1 || calls["PodSandboxStatus"] != 1 || calls["Version"] != 1 || calls["ListImages"] != 2 {
+		t.Errorf("runtime calls %v, want one verbose ContainerStatus, one PodSandboxStatus, one Version (the second cached), two ListImages (pleg's and the test's)", calls)
 	}
 
 	// Concurrency: one call hangs in the runtime; another waits for its
