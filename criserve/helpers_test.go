@@ -30,7 +30,7 @@ func TestMain(m *testing.M) {
 
 // waitFor polls cond until it holds, failing the test after patience with
 // cond's last explanation.
-func waitFor(t *testing.T, what string, cond func() (bool, string)) {
+func waitFor(t testing.TB, what string, cond func() (bool, string)) {
 	t.Helper()
 	deadline := time.Now().Add(patience)
 	for {
@@ -65,7 +65,7 @@ type rig struct {
 
 // newRig starts everything; cfg's Journal, Runtime, Images and Conditions
 // are set here.
-func newRig(t *testing.T, sc sim.Config, cfg Config) *rig {
+func newRig(t testing.TB, sc sim.Config, cfg Config) *rig {
 	t.Helper()
 	r := &rig{sim: sim.New(sc)}
 	dir := t.TempDir()
@@ -121,7 +121,7 @@ func newRig(t *testing.T, sc sim.Config, cfg Config) *rig {
 
 // serve serves srv on a unix socket at sock until the returned function
 // (also run when the test ends) stops it.
-func serve(t *testing.T, srv *Server, sock string) func() {
+func serve(t testing.TB, srv *Server, sock string) func() {
 	t.Helper()
 	ln, err := server.ListenUnix(sock, 0o600, -1)
 	if err != nil {
@@ -150,7 +150,7 @@ func serve(t *testing.T, srv *Server, sock string) func() {
 	return stop
 }
 
-func dialCRI(t *testing.T, target string) *grpc.ClientConn {
+func dialCRI(t testing.TB, target string) *grpc.ClientConn {
 	t.Helper()
 	conn, err := grpc.NewClient(target, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
@@ -162,7 +162,7 @@ func dialCRI(t *testing.T, target string) *grpc.ClientConn {
 
 // synced waits until pleg's listing has what the simulator's has (the
 // same IDs and states).
-func (r *rig) synced(t *testing.T) {
+func (r *rig) synced(t testing.TB) {
 	t.Helper()
 	waitFor(t, "pleg's listing to match the simulator's", func() (bool, string) {
 		ctx, cancel := context.WithTimeout(context.Background(), patience)
