@@ -2,6 +2,7 @@ package criserve
 
 import (
 	"context"
+	"fmt"
 	"maps"
 	"slices"
 	"strings"
@@ -182,25 +183,29 @@ type fakeStream struct{ grpc.ServerStream }
 func (fakeStream) Context() context.Context { return context.Background() }
 
 // TestPassThroughBounded: verbose statuses and images reach the runtime;
-// beyond the rate a call is refused at once, beyond the concurrency limit
-// it waits (within its deadline) without reaching the runtime.
+// a verbose status is kept while pleg's state of its item is unchanged,
+// and callers asking for it at once share one runtime call; beyond the
+// concurrency limit a call waits (within its deadline) without reaching
+// the runtime.
 func TestPassThroughBounded(t *testing.T) {
-	r := newRig(t, sim.Config{Seed: 5, Pods: 2, ContainersPerPod: 1}, Config{MaxInFlight: 1, Rate: 1000, Burst: 1000})
+	r := newRig(t, sim.Config{Seed: 5, Pods: 4, ContainersPerPod: 1}, Config{MaxInFlight: 1, Rate: 1000, Burst: 1000})
 	r.synced(t)
 	r.stopGen()
 	ctx := context.Background()
-	pod := r.sim.Pods()[0]
-	id := pod.ContainerIDs()[0]
+	pods := r.sim.Pods()
+	id := pods[0].ContainerIDs()[0]
 	r.sim.ResetCalls()
-	v, err := r.pleg.ContainerStatus(ctx, &runtimeapi.ContainerStatusRequest{ContainerId: id, Verbose: true})
-	if err != nil {
-		t.Fatal(err)
-	}
-	if v.GetInfo()["info"] == "" {
-		t.Errorf("verbose ContainerStatus has no info: %v", v)
-	}
-	if _, err := r.pleg.PodSandboxStatus(ctx, &runtimeapi.PodSandboxStatusRequest{PodSandboxId: pod.SandboxID(), Verbose: true}); err != nil {
-		t.Fatal(err)
+	for range 3 {
+		v, err := r.pleg.ContainerStatus(ctx, &runtimeapi.ContainerStatusRequest{ContainerId: id, Verbose: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+		if v.GetInfo()["info"] == "" {
+			t.Errorf("verbose ContainerStatus has no info: %v", v)
+		}
+		if _, err := r.pleg.PodSandboxStatus(ctx, &runtimeapi.PodSandboxStatusRequest{PodSandboxId: pods[0].SandboxID(), Verbose: true}); err != nil {
+			t.Fatal(err)
+		}
 	}
 	imgs, err := r.images.ListImages(ctx, &runtimeapi.ListImagesRequest{})
 	if err != nil {
@@ -225,40 +230,47 @@ func TestPassThroughBounded(t *testing.T) {
 	}
 	calls := r.sim.Calls()
 	if calls["ContainerStatus"] != 1 || calls["PodSandboxStatus"] != 1 || calls["Version"] != 1 || calls["ListImages"] != 2 {
-		t.Errorf("runtime calls %v, want one verbose ContainerStatus, one PodSandboxStatus, one Version (the second cached), two ListImages (pleg's and the test's)", calls)
+		t.Errorf("runtime calls %v, want one verbose ContainerStatus and one PodSandboxStatus (the others kept), one Version (the second cached), two ListImages (pleg's and the test's)", calls)
 	}
 
-	// Concurrency: one call hangs in the runtime; another waits for its
-	// slot until its deadline, and never reaches the runtime.
-	r.sim.SetHung(pod.UID, true)
+	// Callers asking at once share one runtime call.
+	r.sim.SetHung(pods[1].UID, true)
 	r.sim.ResetCalls()
-	hungDone := make(chan error, 1)
-	go func() {
-		_, err := r.pleg.ContainerStatus(ctx, &runtimeapi.ContainerStatusRequest{ContainerId: id, Verbose: true})
-		hungDone <- err
-	}()
+	shared := pods[1].ContainerIDs()[0]
+	const callers = 20
+	errs := make(chan error, callers)
+	for range callers {
+		go func() {
+			_, err := r.pleg.ContainerStatus(ctx, &runtimeapi.ContainerStatusRequest{ContainerId: shared, Verbose: true})
+			errs <- err
+		}()
+	}
 	waitFor(t, "the first verbose status to reach the runtime", func() (bool, string) {
-		return r.sim.Calls()["ContainerStatus"] == 1, "not yet"
+		return r.sim.Calls()["ContainerStatus"] == 1, fmt.Sprint(r.sim.Calls())
 	})
+	// Concurrency: that call holds the only slot; another item's call
+	// waits for it until its deadline, and never reaches the runtime.
 	dctx, cancel := context.WithTimeout(ctx, 300*time.Millisecond)
-	_, err = r.pleg.ContainerStatus(dctx, &runtimeapi.ContainerStatusRequest{ContainerId: r.sim.Pods()[1].ContainerIDs()[0], Verbose: true})
+	_, err = r.pleg.ContainerStatus(dctx, &runtimeapi.ContainerStatusRequest{ContainerId: pods[2].ContainerIDs()[0], Verbose: true})
 	cancel()
 	if c := status.Code(err); c != codes.DeadlineExceeded && c != codes.ResourceExhausted {
-		t.Errorf("a second call beyond the concurrency limit: %v, want it to wait out its deadline", err)
+		t.Errorf("a call beyond the concurrency limit: %v, want it to wait out its deadline", err)
+	}
+	r.sim.SetHung(pods[1].UID, false)
+	for range callers {
+		if err := <-errs; err != nil {
+			t.Errorf("a caller of the shared verbose status: %v", err)
+		}
 	}
 	if n := r.sim.Calls()["ContainerStatus"]; n != 1 {
-		t.Errorf("the runtime had %d ContainerStatus calls, want 1 (the second waited in pleg)", n)
-	}
-	r.sim.SetHung(pod.UID, false)
-	if err := <-hungDone; err != nil {
-		t.Errorf("the hung call, released: %v", err)
+		t.Errorf("the runtime had %d ContainerStatus calls for %d callers and one waiting in pleg, want 1", n, callers)
 	}
 }
 
 // TestRateRefusesAtOnce: past the burst, a call whose token would come
 // after its timeout is refused at once and never reaches the runtime.
 func TestRateRefusesAtOnce(t *testing.T) {
-	r := newRig(t, sim.Config{Seed: 5, Pods: 1, ContainersPerPod: 1}, Config{Rate: 0.001, Burst: 1, Timeout: time.Minute})
+	r := newRig(t, sim.Config{Seed: 5, Pods: 2, ContainersPerPod: 1}, Config{Rate: 0.001, Burst: 1, Timeout: time.Minute})
 	r.synced(t)
 	r.stopGen()
 	ctx := context.Background()
@@ -267,7 +279,7 @@ func TestRateRefusesAtOnce(t *testing.T) {
 	if _, err := r.pleg.ContainerStatus(ctx, &runtimeapi.ContainerStatusRequest{ContainerId: id, Verbose: true}); err != nil {
 		t.Fatal(err)
 	}
-	_, err := r.pleg.ContainerStatus(ctx, &runtimeapi.ContainerStatusRequest{ContainerId: id, Verbose: true})
+	_, err := r.pleg.ContainerStatus(ctx, &runtimeapi.ContainerStatusRequest{ContainerId: r.sim.Pods()[1].ContainerIDs()[0], Verbose: true})
 	if st, _ := status.FromError(err); st.Code() != codes.ResourceExhausted || !strings.Contains(st.Message(), "ContainerStatus") {
 		t.Errorf("a call past the rate: %v, want ResourceExhausted naming it", err)
 	}

@@ -139,6 +139,7 @@ type Server struct {
 	// journal (tests wait for it).
 	watching atomic.Int32
 
+	verbose  verboseCache
 	vmu      sync.Mutex
 	version  *runtimeapi.VersionResponse
 	versionT time.Time
@@ -192,6 +193,7 @@ func New(cfg Config) (*Server, error) {
 	s := &Server{cfg: cfg, j: cfg.Journal, log: cfg.Logger, slots: make(chan struct{}, cfg.MaxInFlight),
 		bucket: newBucket(cfg.Clock, cfg.Rate, cfg.Burst), events: make(chan struct{}, cfg.MaxStreams)}
 	s.stopping, s.stop = context.WithCancelCause(context.Background())
+	s.verbose.stopping = s.stopping
 	return s, nil
 }
 
@@ -273,6 +275,7 @@ func (s *Server) Serve(ctx context.Context, lns ...net.Listener) error {
 		}
 	}
 	s.senders.Wait()
+	s.verbose.fetches.Wait()
 	return err
 }
 

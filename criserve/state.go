@@ -318,9 +318,11 @@ func (r *runtimeServer) PodSandboxStatus(ctx context.Context, req *runtimeapi.Po
 	}
 	if req.GetVerbose() {
 		req.PodSandboxId = sb.ID
-		return passUnary(s, ctx, "PodSandboxStatus", func(ctx context.Context) (*runtimeapi.PodSandboxStatusResponse, error) {
-			return s.cfg.Runtime.PodSandboxStatus(ctx, req)
-		})
+		return typed[*runtimeapi.PodSandboxStatusResponse](s.verbose.get(ctx, verboseKey("PodSandboxStatus", sb.ID, sb.State), func(ctx context.Context) (any, error) {
+			return passUnary(s, ctx, "PodSandboxStatus", func(ctx context.Context) (*runtimeapi.PodSandboxStatusResponse, error) {
+				return s.cfg.Runtime.PodSandboxStatus(ctx, req)
+			})
+		}))
 	}
 	resp := &runtimeapi.PodSandboxStatusResponse{Status: sandboxStatus(p, sb), Timestamp: nanos(p.ObservedAt)}
 	for i := range p.Containers {
@@ -342,9 +344,11 @@ func (r *runtimeServer) ContainerStatus(ctx context.Context, req *runtimeapi.Con
 	}
 	if req.GetVerbose() {
 		req.ContainerId = c.ID
-		return passUnary(s, ctx, "ContainerStatus", func(ctx context.Context) (*runtimeapi.ContainerStatusResponse, error) {
-			return s.cfg.Runtime.ContainerStatus(ctx, req)
-		})
+		return typed[*runtimeapi.ContainerStatusResponse](s.verbose.get(ctx, verboseKey("ContainerStatus", c.ID, c.State), func(ctx context.Context) (any, error) {
+			return passUnary(s, ctx, "ContainerStatus", func(ctx context.Context) (*runtimeapi.ContainerStatusResponse, error) {
+				return s.cfg.Runtime.ContainerStatus(ctx, req)
+			})
+		}))
 	}
 	return &runtimeapi.ContainerStatusResponse{Status: containerStatus(c)}, nil
 }
