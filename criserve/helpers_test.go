@@ -64,8 +64,15 @@ type rig struct {
 }
 
 // newRig starts everything; cfg's Journal, Runtime, Images and Conditions
-// are set here.
+// are set here. pleg relists, and checks the runtime's status, every 20 ms.
 func newRig(t testing.TB, sc sim.Config, cfg Config) *rig {
+	t.Helper()
+	return newRigPeriod(t, sc, cfg, 20*time.Millisecond)
+}
+
+// newRigPeriod is newRig with pleg relisting, and checking the runtime's
+// status, every period.
+func newRigPeriod(t testing.TB, sc sim.Config, cfg Config, period time.Duration) *rig {
 	t.Helper()
 	r := &rig{sim: sim.New(sc)}
 	dir := t.TempDir()
@@ -79,11 +86,11 @@ func newRig(t testing.TB, sc sim.Config, cfg Config) *rig {
 	}
 	r.client = client
 	t.Cleanup(func() { client.Close() })
-	r.gen, err = pleg.New(pleg.Options{Runtime: client, RelistPeriod: 20 * time.Millisecond})
+	r.gen, err = pleg.New(pleg.Options{Runtime: client, RelistPeriod: period})
 	if err != nil {
 		t.Fatal(err)
 	}
-	r.ready = pleg.NewReadiness(r.gen, pleg.ReadinessOptions{Runtime: client, Interval: 20 * time.Millisecond})
+	r.ready = pleg.NewReadiness(r.gen, pleg.ReadinessOptions{Runtime: client, Interval: period})
 	rctx, rcancel := context.WithCancel(context.Background())
 	r.gen.Start()
 	readyDone := make(chan struct{})
