@@ -1,8 +1,3 @@
-// Package crictl proves pleg's read-only CRI endpoint with the real
-// crictl (cri-tools, built from its module by the test): its listings and
-// inspections through pleg equal those straight from the runtime but for
-// the fields docs/cri.md lists, and its writes are refused without
-// reaching the runtime.
 package crictl
 
 import (
@@ -177,12 +172,13 @@ func equalJSON(t *testing.T, what string, a, b any) {
 	}
 }
 
-// TestCrictl compares crictl's pods, ps -a, inspect and inspectp, as
+// TestCrictl proves pleg's read-only CRI endpoint with the real crictl on
+// the simulator: it compares crictl's pods, ps -a, inspect and inspectp, as
 // tables and as JSON, through pleg and straight to the runtime, and checks
 // that runp, stopp, rmp, stop, rm and exec are refused and change
 // nothing.
 func TestCrictl(t *testing.T) {
-	crictl, src, err := buildCrictl()
+	crictl, src, err := Build()
 	if err != nil {
 		t.Fatal(err)
 	}

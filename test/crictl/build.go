@@ -1,3 +1,5 @@
+// Package crictl builds the real crictl (cri-tools) for the tests that
+// prove pleg's CRI endpoint with it (this package's, and test/e2e's).
 package crictl
 
 import (
@@ -26,11 +28,11 @@ func repoRoot() string {
 	return filepath.Join(filepath.Dir(file), "..", "..")
 }
 
-// buildCrictl returns the path of crictl, built by `go install` of the
-// first source that builds into <repo>/.cache/crictl/<source>/ once,
-// under a file lock (test binaries run at once must not build twice or
-// see half a binary).
-func buildCrictl() (path, source string, err error) {
+// Build returns the path of crictl, built by `go install` of the first
+// source that builds into <repo>/.cache/crictl/<source>/ once, under a
+// file lock (test binaries run at once must not build twice or see half a
+// binary), and the source it came from.
+func Build() (path, source string, err error) {
 	cache := filepath.Join(repoRoot(), ".cache", "crictl")
 	if err := os.MkdirAll(cache, 0o755); err != nil {
 		return "", "", err
