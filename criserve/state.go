@@ -118,7 +118,7 @@ func sandboxID(p *journal.Pod, c *journal.Container) string {
 func container(p *journal.Pod, c *journal.Container) *runtimeapi.Container {
 	return &runtimeapi.Container{Id: c.ID, PodSandboxId: sandboxID(p, c),
 		Metadata: &runtimeapi.ContainerMetadata{Name: c.Name, Attempt: c.Attempt},
-		Image:    &runtimeapi.ImageSpec{Image: c.Image, UserSpecifiedImage: c.Image}, ImageRef: c.ImageRef,
+		Image:    &runtimeapi.ImageSpec{Image: c.Image}, ImageRef: c.ImageRef,
 		State: containerState(c.State), CreatedAt: nanos(c.CreatedAt), Labels: c.Labels, Annotations: c.Annotations}
 }
 
@@ -127,7 +127,7 @@ func container(p *journal.Pod, c *journal.Container) *runtimeapi.Container {
 func containerStatus(c *journal.Container) *runtimeapi.ContainerStatus {
 	st := &runtimeapi.ContainerStatus{Id: c.ID, Metadata: &runtimeapi.ContainerMetadata{Name: c.Name, Attempt: c.Attempt},
 		State: containerState(c.State), CreatedAt: nanos(c.CreatedAt), StartedAt: nanos(c.StartedAt), FinishedAt: nanos(c.FinishedAt),
-		Image: &runtimeapi.ImageSpec{Image: c.Image, UserSpecifiedImage: c.Image}, ImageRef: c.ImageRef,
+		Image: &runtimeapi.ImageSpec{Image: c.Image}, ImageRef: c.ImageRef,
 		Reason: c.Reason, Message: c.Message, Labels: c.Labels, Annotations: c.Annotations}
 	if c.ExitCode != nil {
 		st.ExitCode = *c.ExitCode

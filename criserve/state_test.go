@@ -22,7 +22,16 @@ import (
 func normContainer(c *runtimeapi.Container) *runtimeapi.Container {
 	c = proto.Clone(c).(*runtimeapi.Container)
 	c.ImageRef, c.ImageId = "", "" // the listing's image ID: pleg keeps the status's image reference
+	clearUserImage(c.Image)
 	return c
+}
+
+// clearUserImage clears the image as the user gave it, which pleg does
+// not keep (containerd does not list it either).
+func clearUserImage(i *runtimeapi.ImageSpec) {
+	if i != nil {
+		i.UserSpecifiedImage = ""
+	}
 }
 
 func normSandbox(sb *runtimeapi.PodSandbox) *runtimeapi.PodSandbox {
@@ -34,6 +43,7 @@ func normSandbox(sb *runtimeapi.PodSandbox) *runtimeapi.PodSandbox {
 func normContainerStatus(s *runtimeapi.ContainerStatus) *runtimeapi.ContainerStatus {
 	s = proto.Clone(s).(*runtimeapi.ContainerStatus)
 	s.ImageId, s.LogPath, s.Mounts, s.Resources, s.User = "", "", nil, nil, nil
+	clearUserImage(s.Image)
 	return s
 }
 

@@ -146,7 +146,8 @@ func lines(out string) string {
 }
 
 // items decodes crictl's -o json listing into its items by ID, dropping
-// the fields of drop (docs/cri.md, "What differs").
+// the fields of drop (docs/cri.md, "What differs") and the image as the
+// user gave it (which the simulator lists and containerd does not).
 func items(t *testing.T, out, key string, drop ...string) map[string]map[string]any {
 	t.Helper()
 	var doc map[string][]map[string]any
@@ -157,6 +158,9 @@ func items(t *testing.T, out, key string, drop ...string) map[string]map[string]
 	for _, it := range doc[key] {
 		for _, d := range drop {
 			delete(it, d)
+		}
+		if img, ok := it["image"].(map[string]any); ok {
+			delete(img, "userSpecifiedImage")
 		}
 		m[it["id"].(string)] = it
 	}

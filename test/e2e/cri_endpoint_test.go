@@ -1,0 +1,231 @@
+package e2e
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"regexp"
+	"sort"
+	"strings"
+	"testing"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/proto"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/podlifecycle/pleg/test/crictl"
+)
+
+// criTool is the real crictl pointed at one endpoint.
+type criTool struct {
+	bin, config string
+}
+
+func newCriTool(t *testing.T) *criTool {
+	t.Helper()
+	bin, src, err := crictl.Build()
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("crictl from %s", src)
+	cfg := filepath.Join(t.TempDir(), "crictl.yaml")
+	if err := os.WriteFile(cfg, nil, 0o644); err != nil {
+		t.Fatal(err)
+	}
+	return &criTool{bin: bin, config: cfg}
+}
+
+// run runs crictl on endpoint and returns its output and exit code.
+func (c *criTool) run(t *testing.T, endpoint string, args ...string) (string, int) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	all := append([]string{"--config", c.config, "--runtime-endpoint", endpoint, "--image-endpoint", endpoint, "--timeout", "20s"}, args...)
+	cmd := exec.CommandContext(ctx, c.bin, all...)
+	var out, errOut bytes.Buffer
+	cmd.Stdout, cmd.Stderr = &out, &errOut
+	err := cmd.Run()
+	code := 0
+	if ee, ok := err.(*exec.ExitError); ok {
+		code = ee.ExitCode()
+	} else if err != nil {
+		t.Fatalf("crictl %v: %v", args, err)
+	}
+	return out.String() + errOut.String(), code
+}
+
+// both runs crictl on the runtime and through pleg; both must succeed.
+func (c *criTool) both(t *testing.T, plegEndpoint string, args ...string) (runtimeOut, plegOut string) {
+	t.Helper()
+	r, rc := c.run(t, CRIEndpoint(), args...)
+	p, pc := c.run(t, plegEndpoint, args...)
+	if rc != 0 || pc != 0 {
+		t.Fatalf("crictl %v: exit %d straight to the runtime (%s), %d through pleg (%s)", args, rc, r, pc, p)
+	}
+	return r, p
+}
+
+func sortedLines(out string) string {
+	ls := strings.Split(strings.TrimSpace(out), "\n")
+	sort.Strings(ls)
+	return strings.Join(ls, "\n")
+}
+
+// ageRE is crictl's age column ("Less than a second ago", "3 seconds
+// ago", "About a minute ago"): two runs a moment apart may differ.
+var ageRE = regexp.MustCompile(`(Less than a second|About an? \w+|\d+ \w+) ago`)
+
+// table normalizes a crictl table: ages masked, columns single-spaced,
+// rows sorted.
+func table(out string) string {
+	out = ageRE.ReplaceAllString(out, "AGE")
+	var ls []string
+	for _, l := range strings.Split(strings.TrimSpace(out), "\n") {
+		ls = append(ls, strings.Join(strings.Fields(l), " "))
+	}
+	sort.Strings(ls)
+	return strings.Join(ls, "\n")
+}
+
+// criItems decodes crictl's -o json listing into its items by ID, without
+// the fields of drop (docs/cri.md, "What differs").
+func criItems(t *testing.T, out, key string, drop ...string) map[string]map[string]any {
+	t.Helper()
+	var doc map[string][]map[string]any
+	if err := json.Unmarshal([]byte(out), &doc); err != nil {
+		t.Fatalf("crictl's JSON: %v\n%s", err, out)
+	}
+	m := map[string]map[string]any{}
+	for _, it := range doc[key] {
+		for _, d := range drop {
+			delete(it, d)
+		}
+		m[it["id"].(string)] = it
+	}
+	return m
+}
+
+func sameJSON(t *testing.T, what string, a, b any) {
+	t.Helper()
+	ja, _ := json.MarshalIndent(a, "", " ")
+	jb, _ := json.MarshalIndent(b, "", " ")
+	if !bytes.Equal(ja, jb) {
+		t.Errorf("%s differs:\nruntime: %s\npleg:    %s", what, ja, jb)
+	}
+}
+
+// TestCRIEndpointCrictl runs the real crictl (cri-tools v1.36.0) through
+// `pleg run --cri-socket` and straight to each containerd: pods, ps -a,
+// inspect and inspectp, as tables and as JSON, are equal but for the
+// fields docs/cri.md lists; runp, stopp, rmp, stop, rm and exec through
+// pleg are refused and containerd is unchanged.
+func TestCRIEndpointCrictl(t *testing.T) {
+	tool := newCriTool(t)
+	forEachRuntime(t, func(t *testing.T, e *env) {
+		sock := filepath.Join(t.TempDir(), "cri.sock")
+		startDaemon(t, "pleg-cri", "--cri-socket", sock)
+		ep := "unix://" + sock
+		sb, _ := RunPod(t, "cri-endpoint")
+		app := CreateAndStart(t, sb, "app", []string{"run"})
+		exited := CreateAndStart(t, sb, "exiter", []string{"exit", "3"})
+		WaitContainerState(t, exited, runtimeapi.ContainerState_CONTAINER_EXITED, 30*time.Second)
+		eventually(t, 30*time.Second, "pleg's listing matches containerd's", func() error {
+			r, p := tool.both(t, ep, "ps", "-a")
+			rp, pp := tool.both(t, ep, "pods")
+			if table(r) != table(p) || table(rp) != table(pp) {
+				return &mismatch{"ps -a / pods", r + rp, p + pp}
+			}
+			return nil
+		})
+		r, p := tool.both(t, ep, "pods", "-o", "json")
+		sameJSON(t, "crictl pods -o json", criItems(t, r, "items", "runtimeHandler"), criItems(t, p, "items", "runtimeHandler"))
+		r, p = tool.both(t, ep, "ps", "-a", "-o", "json")
+		sameJSON(t, "crictl ps -a -o json", criItems(t, r, "containers", "imageId"), criItems(t, p, "containers", "imageId"))
+		for _, id := range []string{app, exited} {
+			r, p = tool.both(t, ep, "inspect", "-o", "json", id)
+			if r != p {
+				t.Errorf("crictl inspect %s differs:\nruntime:\n%s\npleg:\n%s", id, r, p)
+			}
+		}
+		r, p = tool.both(t, ep, "inspectp", "-o", "json", sb)
+		if r != p {
+			t.Errorf("crictl inspectp differs:\nruntime:\n%s\npleg:\n%s", r, p)
+		}
+
+		// The non-verbose statuses, served from pleg's state, with a CRI
+		// client: equal but for the fields pleg does not keep.
+		conn, err := grpc.NewClient(ep, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		through := runtimeapi.NewRuntimeServiceClient(conn)
+		for _, id := range []string{app, exited} {
+			want, err := RuntimeClient().ContainerStatus(criCtx(t), &runtimeapi.ContainerStatusRequest{ContainerId: id})
+			if err != nil {
+				t.Fatal(err)
+			}
+			got, err := through.ContainerStatus(criCtx(t), &runtimeapi.ContainerStatusRequest{ContainerId: id})
+			if err != nil {
+				t.Fatal(err)
+			}
+			w, g := want.GetStatus(), got.GetStatus()
+			w.ImageId, w.LogPath, w.Mounts, w.Resources, w.User, w.StopSignal = "", "", nil, nil, nil, 0
+			if w.Image != nil {
+				w.Image.UserSpecifiedImage = ""
+			}
+			if !proto.Equal(w, g) {
+				t.Errorf("ContainerStatus %s differs:\nruntime: %v\npleg:    %v", id, w, g)
+			}
+		}
+		wantSb, err := RuntimeClient().PodSandboxStatus(criCtx(t), &runtimeapi.PodSandboxStatusRequest{PodSandboxId: sb})
+		if err != nil {
+			t.Fatal(err)
+		}
+		gotSb, err := through.PodSandboxStatus(criCtx(t), &runtimeapi.PodSandboxStatusRequest{PodSandboxId: sb})
+		if err != nil {
+			t.Fatal(err)
+		}
+		w, g := wantSb.GetStatus(), gotSb.GetStatus()
+		w.RuntimeHandler = ""
+		if o := w.GetLinux().GetNamespaces().GetOptions(); o != nil {
+			o.Pid, o.Ipc, o.TargetId, o.UsernsOptions = 0, 0, "", nil
+		}
+		if !proto.Equal(w, g) {
+			t.Errorf("PodSandboxStatus differs:\nruntime: %v\npleg:    %v", w, g)
+		}
+
+		before, _ := tool.run(t, CRIEndpoint(), "ps", "-a", "-q")
+		beforePods, _ := tool.run(t, CRIEndpoint(), "pods", "-q")
+		cfg := filepath.Join(t.TempDir(), "pod.json")
+		if err := os.WriteFile(cfg, []byte(`{"metadata":{"name":"intruder","namespace":"e2e","uid":"intruder-uid","attempt":0},"log_directory":"/tmp","linux":{}}`), 0o644); err != nil {
+			t.Fatal(err)
+		}
+		for _, args := range [][]string{{"runp", cfg}, {"stopp", sb}, {"rmp", "-f", sb}, {"stop", app}, {"rm", "-f", exited}, {"exec", app, "id"}, {"exec", "-s", app, "id"}} {
+			out, code := tool.run(t, ep, args...)
+			if code == 0 || !strings.Contains(out, "PermissionDenied") {
+				t.Errorf("crictl %v through pleg: exit %d, %q; want a PermissionDenied refusal", args, code, out)
+			}
+		}
+		after, _ := tool.run(t, CRIEndpoint(), "ps", "-a", "-q")
+		afterPods, _ := tool.run(t, CRIEndpoint(), "pods", "-q")
+		if sortedLines(after) != sortedLines(before) || sortedLines(afterPods) != sortedLines(beforePods) {
+			t.Errorf("containerd changed: containers %s -> %s, pods %s -> %s", before, after, beforePods, afterPods)
+		}
+		if st := ContainerState(t, app); st != runtimeapi.ContainerState_CONTAINER_RUNNING {
+			t.Errorf("the app container is %v after the refused writes", st)
+		}
+	})
+}
+
+// mismatch is a comparison that does not hold yet.
+type mismatch struct{ what, runtime, pleg string }
+
+func (m *mismatch) Error() string {
+	return m.what + " differs:\nruntime:\n" + m.runtime + "\npleg:\n" + m.pleg
+}
