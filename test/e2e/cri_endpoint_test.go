@@ -4,11 +4,13 @@ import (
 	"bytes"
 	"context"
 	"encoding/json"
+	"errors"
 	"os"
 	"os/exec"
 	"path/filepath"
 	"regexp"
 	"sort"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -228,4 +230,105 @@ type mismatch struct{ what, runtime, pleg string }
 
 func (m *mismatch) Error() string {
 	return m.what + " differs:\nruntime:\n" + m.runtime + "\npleg:\n" + m.pleg
+}
+
+// criEvents reads a GetContainerEvents stream until it ends.
+type criEvents struct {
+	ch   chan *runtimeapi.ContainerEventResponse
+	done chan error
+}
+
+func followCRIEvents(t *testing.T, endpoint string) *criEvents {
+	t.Helper()
+	conn, err := grpc.NewClient(endpoint, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	s, err := runtimeapi.NewRuntimeServiceClient(conn).GetContainerEvents(ctx, &runtimeapi.GetEventsRequest{})
+	if err != nil {
+		cancel()
+		conn.Close()
+		t.Fatal(err)
+	}
+	ev := &criEvents{ch: make(chan *runtimeapi.ContainerEventResponse, 1024), done: make(chan error, 1)}
+	go func() {
+		for {
+			m, err := s.Recv()
+			if err != nil {
+				ev.done <- err
+				close(ev.ch)
+				return
+			}
+			ev.ch <- m
+		}
+	}()
+	t.Cleanup(func() {
+		cancel()
+		for range ev.ch {
+		}
+		conn.Close()
+	})
+	return ev
+}
+
+// expect reads events until each of want (container ID -> event type)
+// has come, failing on the stream's end or after timeout.
+func (ev *criEvents) expect(t *testing.T, timeout time.Duration, want map[string]runtimeapi.ContainerEventType) {
+	t.Helper()
+	deadline := time.After(timeout)
+	for len(want) > 0 {
+		select {
+		case m, ok := <-ev.ch:
+			if !ok {
+				t.Fatalf("GetContainerEvents through pleg ended: %v; still waiting for %v", <-ev.done, want)
+			}
+			if typ, ok := want[m.GetContainerId()]; ok && typ == m.GetContainerEventType() {
+				delete(want, m.GetContainerId())
+			}
+		case <-deadline:
+			t.Fatalf("no %v through pleg within %v", want, timeout)
+		}
+	}
+}
+
+// TestCRIEndpointEventsThroughRestart: a GetContainerEvents client of
+// pleg's CRI endpoint stays connected while containerd is killed and
+// started again, and gets every transition: before, during (a container
+// that exits while containerd is down) and after.
+func TestCRIEndpointEventsThroughRestart(t *testing.T) {
+	forEachRuntime(t, func(t *testing.T, e *env) {
+		sock := filepath.Join(t.TempDir(), "cri.sock")
+		startDaemon(t, "pleg-cri-events", "--cri-socket", sock)
+		ev := followCRIEvents(t, "unix://"+sock)
+		sb, _ := RunPod(t, "cri-events")
+		// The stream watches pleg's journal from when its call arrived:
+		// wait until it delivers (a container started after it opened).
+		warm := CreateAndStart(t, sb, "warm", []string{"run"})
+		ev.expect(t, 30*time.Second, map[string]runtimeapi.ContainerEventType{warm: runtimeapi.ContainerEventType_CONTAINER_STARTED_EVENT})
+
+		before := CreateAndStart(t, sb, "before", []string{"exit", "3", "2s"})
+		ev.expect(t, 30*time.Second, map[string]runtimeapi.ContainerEventType{before: runtimeapi.ContainerEventType_CONTAINER_STARTED_EVENT})
+		pid := containerPID(t, before)
+		KillContainerd(t)
+		eventually(t, 30*time.Second, "the container to exit while containerd is down", func() error {
+			if _, err := os.Stat(filepath.Join("/proc", strconv.Itoa(pid))); err == nil {
+				return errors.New("still running")
+			}
+			return nil
+		})
+		StartContainerd(t)
+		after := CreateAndStart(t, sb, "after", []string{"exit", "4"})
+		ev.expect(t, 60*time.Second, map[string]runtimeapi.ContainerEventType{
+			before: runtimeapi.ContainerEventType_CONTAINER_STOPPED_EVENT,
+			after:  runtimeapi.ContainerEventType_CONTAINER_STOPPED_EVENT,
+		})
+		RemoveContainer(t, after)
+		ev.expect(t, 30*time.Second, map[string]runtimeapi.ContainerEventType{after: runtimeapi.ContainerEventType_CONTAINER_DELETED_EVENT})
+		select {
+		case err := <-ev.done:
+			t.Fatalf("the stream ended: %v", err)
+		default:
+		}
+	})
 }
