@@ -137,6 +137,7 @@ func (r *runtimeServer) GetContainerEvents(_ *runtimeapi.GetEventsRequest, strea
 		}
 		switch m.Type {
 		case journal.ResyncRequired:
+			s.cfg.Metrics.cuts.WithLabelValues(s.cfg.Flag, "fell_behind").Inc()
 			return status.Errorf(codes.Aborted, "pleg's CRI endpoint: this GetContainerEvents stream fell behind the journal's retention (%s): events were lost; list again and call GetContainerEvents again", m.Reason)
 		case journal.Event:
 		default:
@@ -173,6 +174,7 @@ func (s *Server) push(ctx context.Context, q chan<- *runtimeapi.ContainerEventRe
 // err.
 func (s *Server) eventsEnded(ctx context.Context, err error) error {
 	if errors.Is(err, errCut) {
+		s.cfg.Metrics.cuts.WithLabelValues(s.cfg.Flag, "not_reading").Inc()
 		s.log.Info("Cut a GetContainerEvents client that did not read", "stallTimeout", s.cfg.StallTimeout, "peer", peerString(ctx))
 		return status.Errorf(codes.ResourceExhausted, "pleg's CRI endpoint: the client read no event for %v; call GetContainerEvents again (events meanwhile are lost: list again)", s.cfg.StallTimeout)
 	}

@@ -98,6 +98,7 @@ func passUnary[T any](s *Server, ctx context.Context, method string, call func(c
 		return zero, err
 	}
 	defer release()
+	s.cfg.Metrics.runtime.WithLabelValues(s.cfg.Flag, method).Inc()
 	return call(ctx)
 }
 
@@ -114,6 +115,7 @@ func passStream[T any](s *Server, ctx context.Context, method string, open func(
 		return err
 	}
 	defer release()
+	s.cfg.Metrics.runtime.WithLabelValues(s.cfg.Flag, method).Inc()
 	in, err := open(ctx)
 	if err != nil {
 		return err

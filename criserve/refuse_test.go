@@ -10,6 +10,8 @@ import (
 	"time"
 
 	"github.com/go-logr/logr"
+	"github.com/prometheus/client_golang/prometheus"
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -60,7 +62,11 @@ func TestMethodsClassified(t *testing.T) {
 // the method and the flag, and the runtime sees no call and does not
 // change.
 func TestRefusedNeverReachRuntime(t *testing.T) {
-	r := newRig(t, sim.Config{Seed: 3, Pods: 3, ContainersPerPod: 1}, Config{Flag: "--cri-socket"})
+	m, err := NewMetrics(prometheus.NewRegistry())
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := newRig(t, sim.Config{Seed: 3, Pods: 3, ContainersPerPod: 1}, Config{Flag: "--cri-socket", Metrics: m})
 	r.synced(t)
 	r.stopGen()
 	before := states(listAll(t, r))
@@ -98,7 +104,7 @@ func TestRefusedNeverReachRuntime(t *testing.T) {
 	}
 	// The typed client too, with real requests.
 	pods := r.sim.Pods()
-	_, err := r.pleg.RunPodSandbox(ctx, &runtimeapi.RunPodSandboxRequest{Config: &runtimeapi.PodSandboxConfig{
+	_, err = r.pleg.RunPodSandbox(ctx, &runtimeapi.RunPodSandboxRequest{Config: &runtimeapi.PodSandboxConfig{
 		Metadata: &runtimeapi.PodSandboxMetadata{Name: "evil", Namespace: "default", Uid: "evil-uid"}}})
 	if status.Code(err) != codes.PermissionDenied {
 		t.Errorf("RunPodSandbox: %v, want PermissionDenied", err)
@@ -117,6 +123,15 @@ func TestRefusedNeverReachRuntime(t *testing.T) {
 	}
 	if after := states(listAll(t, r)); after != before {
 		t.Errorf("the runtime changed:\nbefore %s\nafter  %s", before, after)
+	}
+	if n := testutil.ToFloat64(m.calls.WithLabelValues("--cri-socket", "RunPodSandbox", "refused")); n != 2 {
+		t.Errorf("pleg_cri_requests_total{method=RunPodSandbox,served=refused} = %v, want 2", n)
+	}
+	if n := testutil.ToFloat64(m.calls.WithLabelValues("--cri-socket", "Attach", "refused")); n != 1 {
+		t.Errorf("pleg_cri_requests_total{method=Attach,served=refused} = %v, want 1", n)
+	}
+	if n := testutil.CollectAndCount(m.runtime); n != 0 {
+		t.Errorf("pleg_cri_runtime_calls_total has %d series, want none", n)
 	}
 }
 
@@ -188,7 +203,11 @@ func (fakeStream) Context() context.Context { return context.Background() }
 // concurrency limit a call waits (within its deadline) without reaching
 // the runtime.
 func TestPassThroughBounded(t *testing.T) {
-	r := newRig(t, sim.Config{Seed: 5, Pods: 4, ContainersPerPod: 1}, Config{MaxInFlight: 1, Rate: 1000, Burst: 1000})
+	m, err := NewMetrics(nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r := newRig(t, sim.Config{Seed: 5, Pods: 4, ContainersPerPod: 1}, Config{MaxInFlight: 1, Rate: 1000, Burst: 1000, Metrics: m})
 	r.synced(t)
 	r.stopGen()
 	ctx := context.Background()
@@ -227,6 +246,12 @@ func TestPassThroughBounded(t *testing.T) {
 	}
 	if _, err := r.pleg.Version(ctx, &runtimeapi.VersionRequest{}); err != nil {
 		t.Fatal(err)
+	}
+	if n := testutil.ToFloat64(m.runtime.WithLabelValues("--cri-socket", "ContainerStatus")); n != 1 {
+		t.Errorf("pleg_cri_runtime_calls_total{method=ContainerStatus} = %v, want 1", n)
+	}
+	if n := testutil.ToFloat64(m.calls.WithLabelValues("--cri-socket", "ContainerStatus", "state")); n != 3 {
+		t.Errorf("pleg_cri_requests_total{method=ContainerStatus} = %v, want 3", n)
 	}
 	calls := r.sim.Calls()
 	if calls["ContainerStatus"] != 1 || calls["PodSandboxStatus"] != 1 || calls["Version"] != 1 || calls["ListImages"] != 2 {

@@ -91,6 +91,9 @@ type Config struct {
 	// socket's rules).
 	Access server.Access
 	Logger logr.Logger
+	// Metrics receives the pleg_cri_* metrics (none when nil), labelled
+	// with Flag.
+	Metrics *Metrics
 
 	// Timeout bounds every passed-through call, its wait for admission
 	// included (default DefaultTimeout).
@@ -190,6 +193,13 @@ func New(cfg Config) (*Server, error) {
 	if cfg.Logger.GetSink() == nil {
 		cfg.Logger = logr.Discard()
 	}
+	if cfg.Metrics == nil {
+		m, err := NewMetrics(nil)
+		if err != nil {
+			return nil, err
+		}
+		cfg.Metrics = m
+	}
 	s := &Server{cfg: cfg, j: cfg.Journal, log: cfg.Logger, slots: make(chan struct{}, cfg.MaxInFlight),
 		bucket: newBucket(cfg.Clock, cfg.Rate, cfg.Burst), events: make(chan struct{}, cfg.MaxStreams)}
 	s.stopping, s.stop = context.WithCancelCause(context.Background())
@@ -199,6 +209,37 @@ func New(cfg Config) (*Server, error) {
 
 // errShutdown ends the event streams when Serve stops.
 var errShutdown = errors.New("pleg is shutting down")
+
+// served is how a full method name is served.
+var served = Methods()
+
+// method is the short name of a full method name.
+func method(full string) string {
+	for i := len(full) - 1; i >= 0; i-- {
+		if full[i] == '/' {
+			return full[i+1:]
+		}
+	}
+	return full
+}
+
+func (s *Server) count(full string) {
+	how, ok := served[full]
+	if !ok {
+		how = Refused
+	}
+	s.cfg.Metrics.calls.WithLabelValues(s.cfg.Flag, method(full), string(how)).Inc()
+}
+
+func (s *Server) countUnary(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+	s.count(info.FullMethod)
+	return h(ctx, req)
+}
+
+func (s *Server) countStream(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
+	s.count(info.FullMethod)
+	return h(srv, ss)
+}
 
 // Register registers both services on g.
 func (s *Server) Register(g *grpc.Server) {
@@ -227,7 +268,9 @@ func (s *Server) Serve(ctx context.Context, lns ...net.Listener) error {
 			grpc.MaxRecvMsgSize(1<<20),
 			grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
 			grpc.KeepaliveParams(keepalive.ServerParameters{MaxConnectionIdle: 2 * time.Minute}),
-			grpc.Creds(server.NewPeerCredentials("CRI endpoint", s.cfg.Access, s.log, nil)),
+			grpc.Creds(server.NewPeerCredentials("CRI endpoint", s.cfg.Access, s.log, s.cfg.Metrics.rejected.WithLabelValues(s.cfg.Flag))),
+			grpc.ChainUnaryInterceptor(s.countUnary),
+			grpc.ChainStreamInterceptor(s.countStream),
 		)
 		s.Register(g)
 		servers[i] = g
@@ -362,9 +405,15 @@ func guarded(desc grpc.ServiceDesc, served map[string]How, flag string, log logr
 			continue
 		}
 		name := m.MethodName
-		out.Methods[i].Handler = func(_ any, ctx context.Context, _ func(any) error, _ grpc.UnaryServerInterceptor) (any, error) {
-			log.V(1).Info("Refused a CRI call", "method", name, "peer", peerString(ctx))
-			return nil, refusal(desc.ServiceName, name, flag)
+		out.Methods[i].Handler = func(srv any, ctx context.Context, _ func(any) error, icpt grpc.UnaryServerInterceptor) (any, error) {
+			refuse := func(ctx context.Context, _ any) (any, error) {
+				log.V(1).Info("Refused a CRI call", "method", name, "peer", peerString(ctx))
+				return nil, refusal(desc.ServiceName, name, flag)
+			}
+			if icpt == nil {
+				return refuse(ctx, nil)
+			}
+			return icpt(ctx, nil, &grpc.UnaryServerInfo{Server: srv, FullMethod: "/" + desc.ServiceName + "/" + name}, refuse)
 		}
 	}
 	out.Streams = make([]grpc.StreamDesc, len(desc.Streams))

@@ -7,6 +7,7 @@ import (
 	"os"
 	"strconv"
 
+	"github.com/prometheus/client_golang/prometheus"
 	"github.com/spf13/pflag"
 
 	"github.com/podlifecycle/pleg/api/lifecycle/server"
@@ -110,7 +111,16 @@ func (f *criFlags) listen(d *daemon, rf *runtimeFlags, cf *lifecycleFlags) (*cri
 		return nil, nil
 	}
 	api := &criAPI{}
+	var reg prometheus.Registerer
+	if d.reg != nil {
+		reg = d.reg
+	}
+	m, err := criserve.NewMetrics(reg)
+	if err != nil {
+		return nil, err
+	}
 	base := criserve.Config{
+		Metrics:      m,
 		Journal:      d.gen.Journal(),
 		Runtime:      d.client.RuntimeService(),
 		Images:       d.client.ImageService(),
