@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -331,4 +332,110 @@ func TestCRIEndpointEventsThroughRestart(t *testing.T) {
 		default:
 		}
 	})
+}
+
+// TestMeasureCRIAgents measures, on containerd 2.2, containerd's CPU and
+// the runtime calls while agentWorkload runs (pods start, crash, restart
+// and are removed), with 50 unmodified typical agents (list, follow
+// GetContainerEvents, a status call per event: a verbose ContainerStatus
+// for a container) pointed at `pleg run --cri-socket` instead of the
+// runtime, and without them, in the order without, with, with, without;
+// a control pleg beside it, which no agent uses, gives the calls' baseline
+// in the same windows. pleg's runtime calls are its relisting's
+// (kubelet_runtime_operations_total) and those its CRI endpoint passed
+// through (pleg_cri_runtime_calls_total).
+//
+// The goal is 1.1x pleg alone for both; the MEASURE line gives the
+// figures. The test's bounds (1.5x) catch agents reaching the runtime one
+// call each: straight to containerd they cost it 2.9x its CPU and ~30x
+// pleg's calls (TestMeasureAgents).
+func TestMeasureCRIAgents(t *testing.T) {
+	e := useRuntime(t, "2.2")
+	PlegBinary(t)
+	pid := containerdPid(t, e)
+	t.Cleanup(func() { drainEventBacklog(t, e) })
+
+	sock := filepath.Join(suite.dir, "cri-agents.sock")
+	d := startDaemon(t, "pleg-cri-agents", "--cri-socket", sock)
+	ctrl := startDaemon(t, "pleg-cri-control")
+	calls := func(base string) float64 {
+		return plegRuntimeCalls(t, base) + metricSum(t, base, "pleg_cri_runtime_calls_total")
+	}
+	type phase struct {
+		cpu         time.Duration
+		calls, ctrl float64
+		passed      float64 // of calls, passed through for agents
+	}
+	round := 100 // pod names apart from TestMeasureAgents'
+	run := func(name string) phase {
+		t.Helper()
+		round++
+		waitQuiet(t, pid)
+		c0, n0, q0, p0 := threadCPU(t, pid), calls(d.base), calls(ctrl.base), metricSum(t, d.base, "pleg_cri_runtime_calls_total")
+		start := time.Now()
+		agentWorkload(t, round)
+		if el := time.Since(start); el > agentWindow-2*time.Second {
+			t.Fatalf("%s: the workload took %v, longer than the window allows (%v)", name, el, agentWindow)
+		}
+		time.Sleep(time.Until(start.Add(agentWindow))) // the window's fixed length: as many periodic relists in each phase
+		c1, n1, q1, p1 := threadCPU(t, pid), calls(d.base), calls(ctrl.base), metricSum(t, d.base, "pleg_cri_runtime_calls_total")
+		p := phase{cpu: c1.since(c0), calls: n1 - n0, ctrl: q1 - q0, passed: p1 - p0}
+		t.Logf("%s: containerd CPU %v, pleg's runtime calls %.0f (%.0f passed through), the control's %.0f, over %v", name, p.cpu, p.calls, p.passed, p.ctrl, agentWindow)
+		return p
+	}
+	add := func(a, b phase) phase {
+		return phase{cpu: a.cpu + b.cpu, calls: a.calls + b.calls, ctrl: a.ctrl + b.ctrl, passed: a.passed + b.passed}
+	}
+
+	alone := run("pleg alone (1)")
+	ctx, cancel := context.WithCancel(context.Background())
+	agents := make([]*typicalAgent, measuredAgents)
+	var stops []func()
+	stopAgents := func() {
+		cancel()
+		for _, s := range stops {
+			s()
+		}
+		stops = nil
+	}
+	t.Cleanup(stopAgents)
+	for i := range agents {
+		a, stop, err := runTypicalAgent(ctx, "unix://"+sock)
+		if err != nil {
+			t.Fatal(err)
+		}
+		agents[i], stops = a, append(stops, stop)
+	}
+	eventually(t, 10*time.Second, "every typical agent listed and subscribed through pleg", func() error {
+		for i, a := range agents {
+			if a.calls.Load() < 3 {
+				return fmt.Errorf("agent %d: %d calls", i, a.calls.Load())
+			}
+		}
+		return nil
+	})
+	through := add(run(fmt.Sprintf("pleg + %d typical agents on its CRI socket (1)", measuredAgents)),
+		run(fmt.Sprintf("pleg + %d typical agents on its CRI socket (2)", measuredAgents)))
+	stopAgents()
+	var minEvents int64 = 1 << 62
+	for _, a := range agents {
+		minEvents = min(minEvents, a.events.Load())
+	}
+	alone = add(alone, run("pleg alone (2)"))
+
+	cpuRatio := float64(through.cpu) / float64(alone.cpu)
+	callRatio := through.calls / through.ctrl
+	measure(t, "cri_agents=%d windows=2x%v containerd_cpu pleg_alone=%s pleg+agents_on_cri_socket=%s (%.2fx) runtime_calls pleg_serving_agents=%.0f (passed_through=%.0f) control_pleg_same_windows=%.0f (%.2fx) pleg_alone_windows=%.0f control=%.0f (%.2fx) events_per_agent>=%d",
+		measuredAgents, agentWindow, ms(alone.cpu), ms(through.cpu), cpuRatio, through.calls, through.passed, through.ctrl, callRatio,
+		alone.calls, alone.ctrl, alone.calls/alone.ctrl, minEvents)
+	const atLeast = 2 * (6 + 6) // two windows: every pod's sandbox and app container started
+	if minEvents < atLeast {
+		t.Errorf("an agent on pleg's CRI socket had %d events, want at least %d", minEvents, atLeast)
+	}
+	if cpuRatio > 1.5 {
+		t.Errorf("containerd's CPU with %d agents on pleg's CRI socket is %.2fx without them, want at most 1.5x (goal 1.1x)", measuredAgents, cpuRatio)
+	}
+	if callRatio > 1.5 {
+		t.Errorf("the runtime calls of the pleg serving %d agents on its CRI socket are %.2fx the control pleg's, want at most 1.5x (goal 1.1x)", measuredAgents, callRatio)
+	}
 }
