@@ -34,6 +34,9 @@ func eventType(t string) (runtimeapi.ContainerEventType, bool) {
 func containerEvents(m journal.Message) []*runtimeapi.ContainerEventResponse {
 	var out []*runtimeapi.ContainerEventResponse
 	p := m.Pod
+	if p == nil {
+		return nil
+	}
 	for _, t := range m.Transitions {
 		typ, ok := eventType(t.Type)
 		if !ok || t.ContainerID == "" {

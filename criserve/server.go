@@ -241,7 +241,10 @@ func (s *Server) countStream(srv any, ss grpc.ServerStream, info *grpc.StreamSer
 	return h(srv, ss)
 }
 
-// Register registers both services on g.
+// Register registers both services on g. Serve does it for its own
+// servers, and also stops what the services start; with Register alone,
+// stop g before the server is dropped (its event streams and verbose
+// fetches end with their calls).
 func (s *Server) Register(g *grpc.Server) {
 	rd := guarded(runtimeapi.RuntimeService_ServiceDesc, runtimeMethods, s.cfg.Flag, s.log)
 	g.RegisterService(&rd, &runtimeServer{s: s})
