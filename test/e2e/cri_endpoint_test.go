@@ -21,6 +21,9 @@ import (
 	"google.golang.org/protobuf/proto"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
+	"github.com/podlifecycle/pleg"
+	"github.com/podlifecycle/pleg/criserve"
+	"github.com/podlifecycle/pleg/cruntime/cri"
 	"github.com/podlifecycle/pleg/test/crictl"
 )
 
@@ -438,4 +441,39 @@ func TestMeasureCRIAgents(t *testing.T) {
 	if callRatio > 1.5 {
 		t.Errorf("the runtime calls of the pleg serving %d agents on its CRI socket are %.2fx the control pleg's, want at most 1.5x (goal 1.1x)", measuredAgents, callRatio)
 	}
+}
+
+// TestCRIPodScopeOnContainerd: the pod-scoped socket's mapping
+// (criserve.ProcScope: PID -> /proc/PID/cgroup -> a container ID pleg
+// knows -> its pod) finds a real container's process in its pod, from the
+// cgroups containerd made, through a generator that relisted containerd;
+// the test's own process is in none.
+func TestCRIPodScopeOnContainerd(t *testing.T) {
+	forEachRuntime(t, func(t *testing.T, e *env) {
+		sb, uid := RunPod(t, "cri-scope")
+		app := CreateAndStart(t, sb, "app", []string{"run"})
+		c, err := cri.Dial(CRIEndpoint())
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer c.Close()
+		g, err := pleg.New(pleg.Options{Runtime: c, Events: pleg.EventsOff})
+		if err != nil {
+			t.Fatal(err)
+		}
+		t.Cleanup(g.Stop)
+		if err := g.Relist(criCtx(t)); err != nil {
+			t.Fatal(err)
+		}
+		pid := containerPID(t, app)
+		cg, _ := os.ReadFile(filepath.Join("/proc", strconv.Itoa(pid), "cgroup"))
+		t.Logf("the app's process %d, cgroups:\n%s", pid, cg)
+		pod, ok := criserve.ProcScope{}.PodOf(int32(pid), g.Journal())
+		if !ok || string(pod.UID) != uid {
+			t.Errorf("the app's process %d (cgroups %q) maps to %v (found %t), want pod %s", pid, cg, pod, ok, uid)
+		}
+		if p, ok := (criserve.ProcScope{}).PodOf(int32(os.Getpid()), g.Journal()); ok {
+			t.Errorf("the test's own process maps to pod %s", p.UID)
+		}
+	})
 }
