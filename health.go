@@ -59,6 +59,8 @@ type Readiness struct {
 	runtimeErr  error     // the runtime answered, but not ready
 	networkErr  error
 	lastStatErr error // the last Status call failed
+	lastConds   []cruntime.Condition
+	lastCondsAt time.Time // when the runtime last answered Status
 }
 
 // ReadinessOptions configure a Readiness.
@@ -139,6 +141,7 @@ func (r *Readiness) CheckRuntime(ctx context.Context) {
 	if err != nil {
 		return
 	}
+	r.lastConds, r.lastCondsAt = conds, r.clock.Now()
 	r.runtimeErr, r.networkErr = runtimeConditions(conds)
 	if r.runtimeErr == nil {
 		r.lastSync = r.clock.Now()
@@ -187,6 +190,15 @@ func formatCondition(typ string, c *cruntime.Condition) string {
 		return typ + " condition is missing"
 	}
 	return fmt.Sprintf("%s=%t reason:%s message:%s", c.Type, c.Status, c.Reason, c.Message)
+}
+
+// RuntimeConditions returns the runtime's conditions as its last answered
+// Status call gave them, when that was (zero: never), and the error of the
+// last call if it failed since.
+func (r *Readiness) RuntimeConditions() (conds []cruntime.Condition, at time.Time, lastErr error) {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.lastConds, r.lastCondsAt, r.lastStatErr
 }
 
 // Errors returns the failing checks in the kubelet's order: the runtime's

@@ -65,11 +65,10 @@ func (f *lifecycleFlags) addFlags(fs *pflag.FlagSet) {
 }
 
 func (f *lifecycleFlags) validate() error {
-	mode, err := strconv.ParseUint(f.socketMode, 8, 32)
-	if err != nil || mode > 0o777 {
-		return usageErrorf("invalid --lifecycle-socket-mode %q: want octal permissions such as 0660", f.socketMode)
+	var err error
+	if f.mode, err = socketMode("lifecycle-socket-mode", f.socketMode); err != nil {
+		return err
 	}
-	f.mode = os.FileMode(mode)
 	f.gid = -1
 	if f.socketGroup != "" {
 		if f.gid, err = lookupGroup(f.socketGroup); err != nil {

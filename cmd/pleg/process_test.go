@@ -353,6 +353,14 @@ func TestBadFlags(t *testing.T) {
 		{[]string{"run", "--lifecycle-socket-group", "no-such-group-here"}, `pleg: invalid --lifecycle-socket-group "no-such-group-here": group: unknown group no-such-group-here`},
 		{[]string{"run", "--journal-size", "0"}, `pleg: invalid argument "0" for "--journal-size" flag: must be from 1 to 1048576`},
 		{[]string{"run", "--lifecycle-stall-timeout", "10ms"}, `pleg: invalid argument "10ms" for "--lifecycle-stall-timeout" flag: must be from 1s to 1h`},
+		{[]string{"run", "--cri-socket-mode", "0999"}, `pleg: invalid --cri-socket-mode "0999": want octal permissions such as 0660`},
+		{[]string{"run", "--cri-pod-socket-mode", "rw"}, `pleg: invalid --cri-pod-socket-mode "rw": want octal permissions such as 0660`},
+		{[]string{"run", "--cri-socket-group", "no-such-group-here"}, `pleg: invalid --cri-socket-group "no-such-group-here": group: unknown group no-such-group-here`},
+		{[]string{"run", "--cri-socket", "/tmp/x.sock", "--cri-pod-socket", "/tmp/x.sock"}, `pleg: --cri-socket and --cri-pod-socket are the same path "/tmp/x.sock": give each its own`},
+		{[]string{"run", "--cri-max-in-flight", "0"}, `pleg: invalid argument "0" for "--cri-max-in-flight" flag: must be from 1 to 256`},
+		{[]string{"run", "--cri-pass-through-rate", "0"}, `pleg: invalid argument "0" for "--cri-pass-through-rate" flag: must be a number from 0.1 to 10000`},
+		{[]string{"run", "--cri-pass-through-burst", "1099511627776"}, `pleg: invalid argument "1099511627776" for "--cri-pass-through-burst" flag: must be from 1 to 100000`},
+		{[]string{"run", "--cri-max-event-streams", "-1"}, `pleg: invalid argument "-1" for "--cri-max-event-streams" flag: must be from 1 to 65536`},
 	}
 	for _, tc := range tests {
 		t.Run(strings.Join(tc.args, " "), func(t *testing.T) {

@@ -19,6 +19,7 @@ func newRunCmd() *cobra.Command {
 	rf := &runtimeFlags{}
 	lf := &listenFlags{}
 	cf := &lifecycleFlags{}
+	crf := &criFlags{}
 	cmd := &cobra.Command{
 		Use:   "run",
 		Short: "Run the PLEG as a daemon with health, metrics and an HTTP API",
@@ -42,6 +43,16 @@ decide who may connect; every client's UID, GID and PID are logged and can
 be restricted (--lifecycle-allowed-uids, --lifecycle-allowed-gids).
 --lifecycle-tcp-address also serves it on loopback TCP.
 
+--cri-socket serves the CRI (runtime.v1 RuntimeService and ImageService)
+read-only for agents that speak CRI (docs/cri.md): listings, statuses,
+Status and GetContainerEvents from pleg's state with no runtime call;
+verbose statuses, images and stats passed through, bounded
+(--cri-max-in-flight, --cri-pass-through-rate, --runtime-request-timeout);
+every call that creates, changes, removes, execs, attaches or forwards
+refused (PermissionDenied). Its mode, group and allowed peers are set as the
+lifecycle socket's. --cri-pod-socket serves the same for one pod: a caller
+sees only the pod its process runs in, and nothing when it is in none.
+
 --listen-address should stay on loopback (the default): the pod API and the
 dashboard show pod names, IPs and errors without authentication.
 --metrics-address serves only /healthz, /readyz and /metrics, for
@@ -58,11 +69,12 @@ forever; /healthz and /readyz say why meanwhile. With -v=2 every event is
 logged as the kubelet does ("SyncLoop (PLEG): event for pod").
 SIGINT or SIGTERM stops it gracefully with exit code 0.`,
 		Args: cobra.NoArgs,
-		RunE: func(cmd *cobra.Command, _ []string) error { return runDaemon(cmd, rf, lf, cf) },
+		RunE: func(cmd *cobra.Command, _ []string) error { return runDaemon(cmd, rf, lf, cf, crf) },
 	}
 	rf.addFlags(cmd.Flags())
 	lf.addFlags(cmd.Flags())
 	cf.addFlags(cmd.Flags())
+	crf.addFlags(cmd.Flags())
 	return cmd
 }
 
@@ -82,7 +94,7 @@ func setDaemonGC() {
 	}
 }
 
-func runDaemon(cmd *cobra.Command, rf *runtimeFlags, lf *listenFlags, cf *lifecycleFlags) error {
+func runDaemon(cmd *cobra.Command, rf *runtimeFlags, lf *listenFlags, cf *lifecycleFlags, crf *criFlags) error {
 	if err := rf.validate(); err != nil {
 		return err
 	}
@@ -90,6 +102,9 @@ func runDaemon(cmd *cobra.Command, rf *runtimeFlags, lf *listenFlags, cf *lifecy
 		return err
 	}
 	if err := cf.validate(); err != nil {
+		return err
+	}
+	if err := crf.validate(); err != nil {
 		return err
 	}
 	setDaemonGC()
@@ -125,6 +140,18 @@ func runDaemon(cmd *cobra.Command, rf *runtimeFlags, lf *listenFlags, cf *lifecy
 		_ = d.client.Close()
 		return err
 	}
+	capi, err := crf.listen(d, rf, cf)
+	if err != nil {
+		ln.Close()
+		if public != nil {
+			public.Close()
+		}
+		if lapi != nil {
+			lapi.close()
+		}
+		_ = d.client.Close()
+		return err
+	}
 	if !loopbackOnly(lf.address) {
 		d.log.Info("WARNING: --listen-address is not loopback: the pod API (/api/v1/) and the dashboard, which show pod names, IPs and errors, are served without authentication; keep it on 127.0.0.1 and use --metrics-address for Prometheus and probes (it answers only loopback Host headers unless --allowed-hosts names others)",
 			"listenAddress", lf.address)
@@ -141,6 +168,9 @@ func runDaemon(cmd *cobra.Command, rf *runtimeFlags, lf *listenFlags, cf *lifecy
 	d.spawn(func() { d.logRuntimeVersion(ctx, rf.dialTimeout()) })
 	if lapi != nil {
 		lapi.serve(ctx, d, cancel)
+	}
+	if capi != nil {
+		capi.serve(ctx, d, cancel)
 	}
 
 	if public != nil {

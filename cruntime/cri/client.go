@@ -215,6 +215,13 @@ func socketPath(endpoint string) (string, error) {
 // are not timed out, counted or traced by the Client.
 func (c *Client) RuntimeService() runtimeapi.RuntimeServiceClient { return c.rs }
 
+// ImageService returns the raw CRI image service client on the Client's
+// connection (pleg's CRI endpoint passes image queries through). Calls
+// made on it are not timed out, counted or traced by the Client.
+func (c *Client) ImageService() runtimeapi.ImageServiceClient {
+	return runtimeapi.NewImageServiceClient(c.conn)
+}
+
 // Endpoint returns the endpoint as given to Dial.
 func (c *Client) Endpoint() string { return c.endpoint }
 

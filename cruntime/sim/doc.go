@@ -10,8 +10,10 @@
 // (10.88.x.y) of a kubelet-managed runtime. It answers Version, Status,
 // ListPodSandbox and ListContainers (with filters), PodSandboxStatus,
 // ContainerStatus and the GetContainerEvents stream, and runs, stops and
-// removes sandboxes and containers through the CRI lifecycle calls. Every
-// other method answers codes.Unimplemented.
+// removes sandboxes and containers through the CRI lifecycle calls; its
+// ImageService answers ListImages, ImageStatus and ImageFsInfo with the
+// images its containers use. Every other method answers
+// codes.Unimplemented.
 //
 // The model changes three ways:
 //   - Step advances a workload one tick, deterministically from

@@ -391,6 +391,7 @@ func (r *Runtime) listenLocked(path string) error {
 	}
 	srv := grpc.NewServer(grpc.MaxRecvMsgSize(16<<20), grpc.MaxSendMsgSize(16<<20))
 	runtimeapi.RegisterRuntimeServiceServer(srv, &service{r: r})
+	runtimeapi.RegisterImageServiceServer(srv, &imageService{r: r})
 	r.srv = srv
 	r.genQuit = make(chan struct{})
 	done := make(chan struct{})

@@ -81,33 +81,46 @@ func (a Access) Allows(p Peer) bool {
 // that access does not allow. The connection itself is not changed (a
 // unix socket on the node needs no encryption).
 type peerCredentials struct {
+	api      string // what is served, for logs and errors: "lifecycle API"
 	access   Access
 	log      logr.Logger
-	rejected prometheus.Counter
+	rejected prometheus.Counter // nil: not counted
+}
+
+// NewPeerCredentials returns the transport credentials of a unix socket
+// serving api (named in logs and errors, e.g. "CRI endpoint"): each
+// connection's peer credentials (SO_PEERCRED) are read and logged, a peer
+// that access does not allow is refused (and counted in rejected, if not
+// nil), and the others' calls find a PeerInfo in
+// peer.FromContext(ctx).AuthInfo.
+func NewPeerCredentials(api string, access Access, log logr.Logger, rejected prometheus.Counter) credentials.TransportCredentials {
+	return &peerCredentials{api: api, access: access, log: log, rejected: rejected}
 }
 
 func (c *peerCredentials) ServerHandshake(conn net.Conn) (net.Conn, credentials.AuthInfo, error) {
 	sc, ok := conn.(syscall.Conn)
 	if !ok {
-		return nil, nil, fmt.Errorf("lifecycle API: peer credentials need a unix socket connection, not %T", conn)
+		return nil, nil, fmt.Errorf("%s: peer credentials need a unix socket connection, not %T", c.api, conn)
 	}
 	p, err := peerOf(sc)
 	if err != nil {
-		c.log.Error(err, "Cannot read a lifecycle API client's credentials; closing its connection")
+		c.log.Error(err, "Cannot read a client's credentials; closing its connection", "api", c.api)
 		return nil, nil, err
 	}
 	if !c.access.Allows(p) {
-		c.rejected.Inc()
-		c.log.Info("Refused a lifecycle API client: neither its UID nor its GID is allowed", "peer", p.String(),
+		if c.rejected != nil {
+			c.rejected.Inc()
+		}
+		c.log.Info("Refused a "+c.api+" client: neither its UID nor its GID is allowed", "peer", p.String(),
 			"allowedUIDs", c.access.AllowedUIDs, "allowedGIDs", c.access.AllowedGIDs)
 		return nil, nil, fmt.Errorf("%w: %s", ErrPeerNotAllowed, p)
 	}
-	c.log.Info("Lifecycle API client connected", "uid", p.UID, "gid", p.GID, "pid", p.PID, "command", p.Command)
+	c.log.Info(strings.ToUpper(c.api[:1])+c.api[1:]+" client connected", "uid", p.UID, "gid", p.GID, "pid", p.PID, "command", p.Command)
 	return conn, PeerInfo{CommonAuthInfo: credentials.CommonAuthInfo{SecurityLevel: credentials.PrivacyAndIntegrity}, Peer: p}, nil
 }
 
 func (c *peerCredentials) ClientHandshake(context.Context, string, net.Conn) (net.Conn, credentials.AuthInfo, error) {
-	return nil, nil, errors.New("lifecycle API: peer credentials are server-side only")
+	return nil, nil, fmt.Errorf("%s: peer credentials are server-side only", c.api)
 }
 
 func (c *peerCredentials) Info() credentials.ProtocolInfo {
@@ -284,3 +297,8 @@ func (c *limitedConn) SyscallConn() (syscall.RawConn, error) {
 	}
 	return sc.SyscallConn()
 }
+
+// LimitListener returns ln accepting at most n connections at once: Accept
+// waits for one to close beyond that. Its connections keep their file
+// descriptor reachable (syscall.Conn) for the peer's credentials.
+func LimitListener(ln net.Listener, n int) net.Listener { return newLimitListener(ln, n) }

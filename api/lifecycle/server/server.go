@@ -191,7 +191,7 @@ func (s *Server) Serve(ctx context.Context, lns ...net.Listener) error {
 			grpc.KeepaliveParams(keepalive.ServerParameters{MaxConnectionIdle: s.cfg.IdleTimeout}),
 		}
 		if _, unix := ln.Addr().(*net.UnixAddr); unix {
-			opts = append(opts, grpc.Creds(&peerCredentials{access: s.cfg.Access, log: s.log, rejected: s.m.rejected}))
+			opts = append(opts, grpc.Creds(NewPeerCredentials("lifecycle API", s.cfg.Access, s.log, s.m.rejected)))
 		} else if s.cfg.Access.Restricted() {
 			for _, l := range lns {
 				l.Close()
