@@ -58,7 +58,11 @@ type Options struct {
 	// OnIdentityWanted, when set, is called (without the journal's lock)
 	// when the first watcher that asked for identities opens (true) and
 	// when the last one closes (false): the generator fetches identities
-	// only in between.
+	// only in between. Calls never overlap, each tells the wish as it
+	// stands when it is made, and only when it differs from the last one
+	// told: the last call tells the current wish, however Watch and Close
+	// race. A slow call delays no Watch or Close (the call that is being
+	// made tells the changes made meanwhile, after it returns).
 	OnIdentityWanted func(bool)
 }
 
@@ -87,6 +91,8 @@ type Journal struct {
 	// onIdentity is told when it leaves or reaches zero.
 	identities int
 	onIdentity func(bool)
+	// telling: a tellIdentity call is telling; told: the last wish told.
+	telling, told bool
 }
 
 // New returns an empty journal.
@@ -114,6 +120,37 @@ func New(o Options) *Journal {
 	return &Journal{size: o.Size, maxBytes: o.MaxBytes, maxAge: o.MaxAge, bookmark: o.BookmarkInterval, clock: o.Clock, epoch: o.Epoch,
 		ring: make([]*Entry, o.Size), pods: make(map[types.UID]*Pod), removed: make(map[string]*Tombstone),
 		changed: make(chan struct{}), watches: make(map[*Watcher]struct{}), onIdentity: o.OnIdentityWanted}
+}
+
+// tellIdentity tells onIdentity the identity wish as it stands, if it
+// changed since the last call. It is called without the journal's lock,
+// after each change of the count, and never waits: one caller at a time
+// tells (the teller), reading the count again after each call until what
+// it told is current; a caller that finds a teller at work leaves the
+// change to it. So calls never overlap, and the last one tells the
+// current wish.
+func (j *Journal) tellIdentity() {
+	if j.onIdentity == nil {
+		return
+	}
+	j.mu.Lock()
+	if j.telling {
+		j.mu.Unlock()
+		return
+	}
+	j.telling = true
+	for {
+		wanted := j.identities > 0
+		if wanted == j.told {
+			j.telling = false
+			j.mu.Unlock()
+			return
+		}
+		j.told = wanted
+		j.mu.Unlock()
+		j.onIdentity(wanted)
+		j.mu.Lock()
+	}
 }
 
 // Epoch returns the journal's epoch: cursors of another epoch cannot be

@@ -6,7 +6,9 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"reflect"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -422,4 +424,49 @@ func TestFilteredWatcherSkipsBatches(t *testing.T) {
 	if err != nil || m.Type != Event || m.Pod != mine || m.Cursor.Seq != seq {
 		t.Fatalf("Next = %+v, %v; want the event of pod m at %d", m, err, seq)
 	}
+}
+
+// OnIdentityWanted's last call tells the current wish however Watch and
+// Close race: here the call that tells "false" (the last identity watcher
+// closed) is slow, and another identity watcher opens meanwhile. Told
+// after the wish went back to true, a late false would stop identities
+// while a watcher wants them.
+func TestIdentityWantedLateFalse(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var mu sync.Mutex
+		var told []bool
+		last := func() (bool, []bool) {
+			mu.Lock()
+			defer mu.Unlock()
+			return len(told) > 0 && told[len(told)-1], slices.Clone(told)
+		}
+		release := make(chan struct{})
+		j := New(Options{OnIdentityWanted: func(wanted bool) {
+			mu.Lock()
+			slow := !wanted && len(told) == 1
+			mu.Unlock()
+			if slow {
+				<-release // the first false is slow to be told
+			}
+			mu.Lock()
+			told = append(told, wanted)
+			mu.Unlock()
+		}})
+		withID, _ := NewFilter(FilterSpec{Identity: true})
+		a, _ := j.Watch("", withID)
+		go a.Close() // tells false, slowly
+		synctest.Wait()
+		var b *Watcher
+		go func() { b, _ = j.Watch("", withID) }() // the wish is true again
+		synctest.Wait()
+		close(release)
+		synctest.Wait()
+		if l, all := last(); !j.IdentityWanted() || !l {
+			t.Fatalf("told %v while a watcher wants identities (IdentityWanted %v)", all, j.IdentityWanted())
+		}
+		b.Close()
+		if l, all := last(); l {
+			t.Fatalf("told %v after the last identity watcher closed", all)
+		}
+	})
 }

@@ -100,8 +100,8 @@ func (j *Journal) Watch(cursor string, f *Filter) (*Watcher, error) {
 	first := false
 	defer func() {
 		j.mu.Unlock()
-		if first && j.onIdentity != nil {
-			j.onIdentity(true)
+		if first {
+			j.tellIdentity()
 		}
 	}()
 	switch {
@@ -256,7 +256,7 @@ func (w *Watcher) Close() {
 	w.done = true
 	w.snapshot = nil
 	j.mu.Unlock()
-	if last && j.onIdentity != nil {
-		j.onIdentity(false)
+	if last {
+		j.tellIdentity()
 	}
 }
