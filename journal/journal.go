@@ -495,14 +495,22 @@ type Found struct {
 // Container finds a container or sandbox by ID among the current pods and
 // those removed within the retention.
 func (j *Journal) Container(id string) (Found, bool) {
+	// Under the lock, only the pods are taken (they are immutable): the
+	// scan of their containers runs without it, so Append and the
+	// watchers do not wait for it.
 	j.mu.Lock()
-	defer j.mu.Unlock()
+	pods := make([]*Pod, 0, len(j.pods))
 	for _, p := range j.pods {
+		pods = append(pods, p)
+	}
+	t := j.removed[id]
+	j.mu.Unlock()
+	for _, p := range pods {
 		if f, ok := find(p, id); ok {
 			return f, true
 		}
 	}
-	if t := j.removed[id]; t != nil {
+	if t != nil {
 		if f, ok := find(t.Pod, id); ok {
 			f.Removed, f.RemovedAt = true, t.RemovedAt
 			return f, true

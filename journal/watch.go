@@ -96,6 +96,21 @@ func (j *Journal) Watch(cursor string, f *Filter) (*Watcher, error) {
 			return nil, err
 		}
 	}
+	if cursor == "" {
+		// The snapshot is taken under the lock and sorted without it
+		// (pods are immutable); the watcher reads on from the head it
+		// was taken at.
+		j.mu.Lock()
+		for _, p := range j.pods {
+			if f.matchPod(p) {
+				w.snapshot = append(w.snapshot, p)
+			}
+		}
+		w.pos = j.head
+		j.mu.Unlock()
+		sortPods(w.snapshot)
+		w.snapshotting = true
+	}
 	j.mu.Lock()
 	first := false
 	defer func() {
@@ -106,14 +121,6 @@ func (j *Journal) Watch(cursor string, f *Filter) (*Watcher, error) {
 	}()
 	switch {
 	case cursor == "":
-		for _, p := range j.pods {
-			if f.matchPod(p) {
-				w.snapshot = append(w.snapshot, p)
-			}
-		}
-		sortPods(w.snapshot)
-		w.snapshotting = true
-		w.pos = j.head
 	case c.Epoch != j.epoch:
 		w.resync, w.pos = ReasonOtherEpoch, j.head
 	case c.Seq > j.head:
