@@ -109,14 +109,26 @@ func (g *Generator) step(in input) {
 // far as far as the hint budget allows. It is for generators that are
 // driven by hand (benchmarks, tools, tests) and fails if Start was called.
 func (g *Generator) Relist(ctx context.Context) error {
+	g.manual.Lock()
+	defer g.manual.Unlock()
 	g.lifecycle.Lock()
-	defer g.lifecycle.Unlock()
 	if g.started {
+		g.lifecycle.Unlock()
 		return errRelistStarted
 	}
 	if g.rootCtx.Err() != nil {
+		g.lifecycle.Unlock()
 		return errRelistStopped
 	}
+	// Stop waits for this relist (wg) but does not wait for the lock
+	// across its runtime calls: it cancels the generator's context,
+	// which ends the calls and the wait below.
+	g.wg.Add(1)
+	g.lifecycle.Unlock()
+	defer g.wg.Done()
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	defer context.AfterFunc(g.rootCtx, cancel)()
 	g.lastStat = RelistStat{}
 	g.step(relistNow{})
 	var batch []input
@@ -130,6 +142,9 @@ func (g *Generator) Relist(ctx context.Context) error {
 		}
 		batch = g.next(ctx, batch[:0])
 		if ctx.Err() != nil {
+			if g.rootCtx.Err() != nil {
+				return errStoppedInRelist
+			}
 			return ctx.Err()
 		}
 		for _, in := range batch {

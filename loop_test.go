@@ -424,3 +424,43 @@ func TestSubscriptionCloseWhileNextWaits(t *testing.T) {
 		}
 	})
 }
+
+// Stop does not wait for a Relist's runtime calls: it ends them. Here the
+// listing hangs until its context ends (a runtime that never answers
+// before the request timeout): Stop returns at once and the Relist
+// reports the stop.
+func TestStopDuringRelist(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		rt := &hangingListRuntime{fakeRuntime: newFakeRuntime()}
+		g := newLoopGenerator(t, rt, nil)
+		relisted := make(chan error, 1)
+		go func() { relisted <- g.Relist(context.Background()) }()
+		synctest.Wait() // the relist waits in ListPods
+		start := time.Now()
+		stopped := make(chan struct{})
+		go func() {
+			g.Stop()
+			close(stopped)
+		}()
+		synctest.Wait()
+		select {
+		case <-stopped:
+		default:
+			t.Fatal("Stop waits for the Relist's runtime call")
+		}
+		if el := time.Since(start); el != 0 {
+			t.Fatalf("Stop took %v of the bubble's time", el)
+		}
+		if err := <-relisted; !errors.Is(err, errStoppedInRelist) {
+			t.Fatalf("Relist: %v, want errStoppedInRelist", err)
+		}
+	})
+}
+
+// hangingListRuntime's ListPods blocks until its context ends.
+type hangingListRuntime struct{ *fakeRuntime }
+
+func (h *hangingListRuntime) ListPods(ctx context.Context) ([]*cruntime.Pod, error) {
+	<-ctx.Done()
+	return nil, ctx.Err()
+}
