@@ -27,13 +27,15 @@ func (g *Generator) run(ctx context.Context) {
 }
 
 // next waits for what happens next and returns it as inputs: a tick when
-// the core's wake time has come, a call's result, or what the inbox holds.
-// It returns none when ctx ends.
+// the core's wake time has come (after the results of the calls that
+// returned by then: a call that returned is never taken for one out),
+// the calls' results, or what the inbox holds. It returns none when ctx
+// ends.
 func (g *Generator) next(ctx context.Context, into []input) []input {
 	now := g.clock.Now()
 	wake := g.core.Wake()
 	if !wake.IsZero() && !now.Before(wake) {
-		return append(into, tick{waiting: g.pool.waiting()})
+		return g.tick(into)
 	}
 	var timeout <-chan time.Time
 	if !wake.IsZero() {
@@ -45,12 +47,20 @@ func (g *Generator) next(ctx context.Context, into []input) []input {
 	case <-ctx.Done():
 		return into
 	case <-timeout:
-		return append(into, tick{waiting: g.pool.waiting()})
-	case in := <-g.pool.results:
-		return append(into, in)
+		return g.tick(into)
+	case <-g.pool.ready:
+		into, _ = g.pool.collect(into, false)
+		return into
 	case <-g.inbox.wake:
 		return g.inbox.take(into)
 	}
+}
+
+// tick returns the results collected so far, then a tick with the
+// progress of the calls still out.
+func (g *Generator) tick(into []input) []input {
+	into, waiting := g.pool.collect(into, true)
+	return append(into, tick{waiting: waiting})
 }
 
 // step steps the core with in at the clock's time and carries out the

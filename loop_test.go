@@ -464,3 +464,44 @@ func (h *hangingListRuntime) ListPods(ctx context.Context) ([]*cruntime.Pod, err
 	<-ctx.Done()
 	return nil, ctx.Err()
 }
+
+// A call that returns by its deadline, before the loop looks, is a
+// result, not a timeout: the loop takes the results that came before the
+// tick. Here a pod's status call returns exactly at its deadline, and the
+// loop looks after it returned: on the old code the tick came first, and
+// the call was abandoned as timed out with no runtime call named (an
+// empty operation_type).
+func TestCallReturningAtDeadline(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		rt := newFakeRuntime()
+		rt.setPods(pod("a", "c1=running"))
+		hang := make(chan struct{})
+		rt.hang["a"] = hang
+		m := metrics.New(nil)
+		g := newLoopGenerator(t, rt, func(o *Options) { o.Metrics = m })
+		ctx := context.Background()
+		g.step(relistNow{}) // the listing
+		synctest.Wait()
+		for _, in := range g.next(ctx, nil) { // the listing's result: a's status call
+			g.step(in)
+		}
+		synctest.Wait()
+		if rt.count("Status") != 1 {
+			t.Fatalf("calls %v, want a's status call out", rt.calls)
+		}
+		time.Sleep(g.opts.PodInspectionTimeout) // its deadline
+		close(hang)                              // it returns
+		synctest.Wait()
+		for _, in := range g.next(ctx, nil) {
+			g.step(in)
+		}
+		if _, err := g.Cache().Get("a"); err != nil {
+			t.Fatalf("a's status: %v, want the call's result", err)
+		}
+		for _, op := range []string{"", opUnknown, "container_status"} {
+			if n := testutil.ToFloat64(m.InspectionTimeouts.WithLabelValues(op)); n != 0 {
+				t.Fatalf("%v timeouts with operation_type %q", n, op)
+			}
+		}
+	})
+}
