@@ -260,3 +260,30 @@ func sameMultiset(a, b []string) bool {
 	}
 	return true
 }
+
+// A Next waits for another Next only as long as its own context lets it:
+// it does not wait on a lock the other holds across its wait for an
+// event.
+func TestSubscriptionNextWaitsWithItsContext(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		g := newLoopGenerator(t, newFakeRuntime(), nil)
+		sub := g.Subscribe()
+		defer sub.Close()
+		if u, err := sub.Next(context.Background()); err != nil || !u.Resync {
+			t.Fatalf("first update %+v, %v; want the resync", u, err)
+		}
+		waiting, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		go func() { _, _ = sub.Next(waiting) }() // waits for an event
+		synctest.Wait()
+		ctx, stop := context.WithTimeout(context.Background(), time.Second)
+		defer stop()
+		start := time.Now()
+		if _, err := sub.Next(ctx); !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("second Next: %v, want its context's deadline", err)
+		}
+		if el := time.Since(start); el != time.Second {
+			t.Fatalf("second Next returned after %v, want its 1s deadline", el)
+		}
+	})
+}

@@ -2,7 +2,6 @@ package pleg
 
 import (
 	"context"
-	"sync"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -26,7 +25,11 @@ type Subscription struct {
 	m      *metrics.Metrics
 	log    logr.Logger
 
-	mu      sync.Mutex
+	// turn is held (a value in it) by the one Next or Close that reads
+	// or changes w, pending and closed: a Next waits for its turn only
+	// as long as its context lets it, never on a lock held across
+	// another Next's wait.
+	turn    chan struct{}
 	w       *journal.Watcher
 	pending []Event // the rest of the last entry's events
 	closed  bool
@@ -39,14 +42,20 @@ type Subscription struct {
 func (g *Generator) Subscribe() *Subscription {
 	w, _ := g.journal.Watch("", nil) // no cursor: cannot fail
 	ctx, cancel := context.WithCancel(g.rootCtx)
-	return &Subscription{j: g.journal, ctx: ctx, cancel: cancel, m: g.m, log: g.log, w: w}
+	return &Subscription{j: g.journal, ctx: ctx, cancel: cancel, m: g.m, log: g.log, w: w, turn: make(chan struct{}, 1)}
 }
 
 // Next returns the next update, blocking until there is one, the context
 // ends, or the subscription or its generator is closed (ErrClosed).
 func (s *Subscription) Next(ctx context.Context) (Update, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	select {
+	case s.turn <- struct{}{}:
+	default:
+		if err := s.waitTurn(ctx); err != nil {
+			return Update{}, err
+		}
+	}
+	defer func() { <-s.turn }()
 	if s.closed {
 		return Update{}, ErrClosed
 	}
@@ -94,12 +103,28 @@ func (s *Subscription) Next(ctx context.Context) (Update, error) {
 	}
 }
 
+// waitTurn waits for the turn while ctx lets it and the subscription is
+// open.
+func (s *Subscription) waitTurn(ctx context.Context) error {
+	select {
+	case s.turn <- struct{}{}:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-s.ctx.Done():
+		if ctx.Err() == nil {
+			return ErrClosed
+		}
+		return ctx.Err()
+	}
+}
+
 // Close ends the subscription; Next then returns ErrClosed, also a Next
 // waiting on another goroutine.
 func (s *Subscription) Close() {
-	s.cancel() // before the lock: a waiting Next holds it
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	s.cancel() // before the turn: a waiting Next holds it, and returns
+	s.turn <- struct{}{}
+	defer func() { <-s.turn }()
 	s.closed = true
 	s.w.Close()
 }
