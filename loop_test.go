@@ -490,7 +490,7 @@ func TestCallReturningAtDeadline(t *testing.T) {
 			t.Fatalf("calls %v, want a's status call out", rt.calls)
 		}
 		time.Sleep(g.opts.PodInspectionTimeout) // its deadline
-		close(hang)                              // it returns
+		close(hang)                             // it returns
 		synctest.Wait()
 		for _, in := range g.next(ctx, nil) {
 			g.step(in)
