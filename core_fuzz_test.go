@@ -150,6 +150,13 @@ func (fz *fuzzer) stepCore(in input) {
 		}
 	}
 	fz.apply(fz.c.Step(fz.now, in), observed)
+	// Queries change nothing: the token bucket is as the step left it.
+	before := fz.c.hints
+	fz.c.Settled()
+	fz.c.Wake()
+	if after := fz.c.hints; after.tokens != before.tokens || !after.tokensAt.Equal(before.tokensAt) || after.started != before.started {
+		fz.t.Fatalf("a query changed the token bucket: %+v -> %+v", before, after)
+	}
 }
 
 // waiting is what every call out waits on, as the pool would report.
