@@ -2,6 +2,7 @@ package journal
 
 import (
 	"fmt"
+	"github.com/podlifecycle/pleg/internal/textfmt"
 	"slices"
 	"strings"
 
@@ -44,7 +45,7 @@ type FilterError struct {
 }
 
 func (e *FilterError) Error() string {
-	return fmt.Sprintf("invalid filter: %s %q: %s", e.Field, e.Value, e.Reason)
+	return fmt.Sprintf("invalid filter: %s %s: %s", e.Field, textfmt.Echo(e.Value), e.Reason)
 }
 
 // NewFilter checks s and returns its filter.
@@ -52,14 +53,14 @@ func NewFilter(s FilterSpec) (*Filter, error) {
 	f := &Filter{}
 	for _, ns := range s.Namespaces {
 		if errs := validation.IsDNS1123Label(ns); len(errs) > 0 {
-			return nil, &FilterError{Field: "namespaces", Value: ns, Reason: strings.Join(errs, "; ")}
+			return nil, &FilterError{Field: "namespaces", Value: ns, Reason: textfmt.Bound(strings.Join(errs, "; "), textfmt.ReasonMax)}
 		}
 		f.namespaces = append(f.namespaces, ns)
 	}
 	if strings.TrimSpace(s.LabelSelector) != "" {
 		sel, err := labels.Parse(s.LabelSelector)
 		if err != nil {
-			return nil, &FilterError{Field: "labelSelector", Value: s.LabelSelector, Reason: err.Error()}
+			return nil, &FilterError{Field: "labelSelector", Value: s.LabelSelector, Reason: textfmt.Bound(err.Error(), textfmt.ReasonMax)}
 		}
 		f.selector = sel
 	}

@@ -26,6 +26,7 @@ import (
 	"time"
 
 	"github.com/podlifecycle/pleg/cruntime"
+	"github.com/podlifecycle/pleg/internal/textfmt"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/clock"
 )
@@ -443,11 +444,11 @@ var ErrInvalidCursor = errors.New("invalid cursor")
 func ParseCursor(s string) (Cursor, error) {
 	i := strings.LastIndexByte(s, '-')
 	if i <= 0 {
-		return Cursor{}, fmt.Errorf("%w %q: want EPOCH-SEQUENCE, as a message of a watch carried it", ErrInvalidCursor, s)
+		return Cursor{}, fmt.Errorf("%w %s: want EPOCH-SEQUENCE, as a message of a watch carried it", ErrInvalidCursor, textfmt.Echo(s))
 	}
 	seq, err := strconv.ParseUint(s[i+1:], 10, 64)
 	if err != nil {
-		return Cursor{}, fmt.Errorf("%w %q: bad sequence number", ErrInvalidCursor, s)
+		return Cursor{}, fmt.Errorf("%w %s: bad sequence number", ErrInvalidCursor, textfmt.Echo(s))
 	}
 	return Cursor{Epoch: s[:i], Seq: seq}, nil
 }

@@ -5,6 +5,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"github.com/podlifecycle/pleg/internal/textfmt"
 	"net/http"
 	"net/url"
 	"strings"
@@ -75,14 +76,14 @@ func parseEventsRequest(r *http.Request) (eventsRequest, error) {
 	}
 	for _, f := range listParam(q, "fields") {
 		if f != server.FieldIdentity {
-			return req, fmt.Errorf("invalid query parameter fields: unknown field %q: want %q", f, server.FieldIdentity)
+			return req, fmt.Errorf("invalid query parameter fields: unknown field %s: want %q", textfmt.Echo(f), server.FieldIdentity)
 		}
 		spec.Identity, req.identity = true, true
 	}
 	f, err := journal.NewFilter(spec)
 	var fe *journal.FilterError
 	if errors.As(err, &fe) {
-		return req, fmt.Errorf("invalid query parameter %s %q: %s", queryParams[fe.Field], fe.Value, fe.Reason)
+		return req, fmt.Errorf("invalid query parameter %s %s: %s", queryParams[fe.Field], textfmt.Echo(fe.Value), fe.Reason)
 	}
 	req.filter = f
 	return req, err

@@ -19,6 +19,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	reflectionpb "google.golang.org/grpc/reflection/grpc_reflection_v1"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	lifecyclev1 "github.com/podlifecycle/pleg/api/lifecycle/v1"
 	"github.com/podlifecycle/pleg/cruntime"
@@ -529,4 +530,45 @@ func TestIdleConnectionFreesItsSlot(t *testing.T) {
 	if _, err := second.ListPods(ctx, &lifecyclev1.ListPodsRequest{}); err != nil {
 		t.Fatalf("a second connection, once the first idled out: %v", err)
 	}
+}
+
+// An error echoes a client's value bounded: a 40,000-byte cursor, label
+// selector, namespace, field or ID gets an error whose status (the
+// grpc-message and grpc-status-details-bin trailers) stays small, where
+// echoing the whole value twice made a trailer over Node's 64 KiB header
+// limit and wedged the client's connection.
+func TestErrorsEchoValuesBounded(t *testing.T) {
+	h := newHarness(t, journal.Options{}, Config{})
+	long := strings.Repeat("x", 40000)
+	const maxStatus = 2048 // bytes of the whole status, details included
+	check := func(what string, err error, want codes.Code) {
+		t.Helper()
+		st := status.Convert(err)
+		if st.Code() != want {
+			t.Errorf("%s: %v, want %v", what, st.Code(), want)
+		}
+		if n := proto.Size(st.Proto()); n > maxStatus {
+			t.Errorf("%s: the status is %d bytes (message %d), want at most %d", what, n, len(st.Message()), maxStatus)
+		}
+		if !strings.Contains(st.Message(), "... (400") {
+			t.Errorf("%s: the message does not say the value's length: %.200s", what, st.Message())
+		}
+	}
+	for what, req := range map[string]*lifecyclev1.WatchRequest{
+		"cursor":         {Cursor: long},
+		"cursor (epoch)": {Cursor: long + "-x"},
+		"label selector": {Filter: &lifecyclev1.Filter{LabelSelector: "app in (" + long}},
+		"label value":    {Filter: &lifecyclev1.Filter{LabelSelector: "app=" + long}},
+		"namespace":      {Filter: &lifecyclev1.Filter{Namespaces: []string{long}}},
+		"fields":         {Fields: []string{long}},
+	} {
+		_, err := recvErr(h.watch(t, req))
+		check("Watch "+what, err, codes.InvalidArgument)
+	}
+	_, err := h.client.ListPods(context.Background(), &lifecyclev1.ListPodsRequest{Filter: &lifecyclev1.Filter{LabelSelector: "app in (" + long}})
+	check("ListPods label selector", err, codes.InvalidArgument)
+	_, err = h.client.GetPod(context.Background(), &lifecyclev1.GetPodRequest{Uid: long})
+	check("GetPod", err, codes.NotFound)
+	_, err = h.client.GetContainer(context.Background(), &lifecyclev1.GetContainerRequest{Id: long})
+	check("GetContainer", err, codes.NotFound)
 }
