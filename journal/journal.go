@@ -47,7 +47,10 @@ type Options struct {
 	// DefaultMaxBytes): the oldest go first.
 	MaxBytes int
 	// MaxAge is how long an entry, and a removed container's tombstone,
-	// is retained at most (default DefaultMaxAge).
+	// is retained at most (default DefaultMaxAge). Tombstones are kept
+	// by age, not by count: a busy node's stream of entries does not
+	// evict them; their own estimated memory is bounded by MaxBytes too
+	// (the oldest go first).
 	MaxAge time.Duration
 	// BookmarkInterval is how long a watcher waits for a message before
 	// it gets a bookmark (default DefaultBookmarkInterval).
@@ -86,6 +89,7 @@ type Journal struct {
 	pods    map[types.UID]*Pod
 	removed map[string]*Tombstone // container or sandbox ID -> its removal
 	gone    []string              // removed's keys in removal order
+	dead    int                   // the tombstones' estimated size
 	changed chan struct{}         // closed and replaced on every Append
 	watches map[*Watcher]struct{}
 	// identities counts the open watchers that asked for identities;
@@ -280,6 +284,8 @@ type Identity struct {
 type Tombstone struct {
 	Pod       *Pod
 	RemovedAt time.Time
+
+	size int // what it is charged in Journal.dead
 }
 
 // Append adds e (its Seq is given, and its Time when zero) and wakes the
@@ -332,14 +338,25 @@ func (j *Journal) track(e *Entry) {
 			keep[s.ID] = true
 		}
 	}
+	// The tombstones of one removal share prev: the first is charged
+	// its size.
+	podBytes := -1
 	bury := func(id string) {
 		if keep[id] {
 			return
 		}
-		if _, ok := j.removed[id]; !ok {
+		size := tombstoneSize + len(id)
+		if podBytes < 0 {
+			podBytes = podSize(prev)
+			size += podBytes
+		}
+		if old, ok := j.removed[id]; ok {
+			j.dead -= old.size
+		} else {
 			j.gone = append(j.gone, id)
 		}
-		j.removed[id] = &Tombstone{Pod: prev, RemovedAt: e.Time}
+		j.removed[id] = &Tombstone{Pod: prev, RemovedAt: e.Time, size: size}
+		j.dead += size
 	}
 	for _, c := range prev.Containers {
 		bury(c.ID)
@@ -350,7 +367,7 @@ func (j *Journal) track(e *Entry) {
 }
 
 // expireLocked drops the entries and tombstones older than the maximum
-// age, and the tombstones beyond the size.
+// age, and the oldest of each beyond the maximum bytes.
 func (j *Journal) expireLocked(now time.Time) {
 	cutoff := now.Add(-j.maxAge)
 	for j.n > 1 && (j.ring[j.start].Time.Before(cutoff) || j.bytes > j.maxBytes) {
@@ -359,8 +376,11 @@ func (j *Journal) expireLocked(now time.Time) {
 	drop := 0
 	for drop < len(j.gone) {
 		t := j.removed[j.gone[drop]]
-		if t != nil && !t.RemovedAt.Before(cutoff) && len(j.gone)-drop <= j.size {
+		if t != nil && !t.RemovedAt.Before(cutoff) && j.dead <= j.maxBytes {
 			break
+		}
+		if t != nil {
+			j.dead -= t.size
 		}
 		delete(j.removed, j.gone[drop])
 		drop++
@@ -386,18 +406,28 @@ func entrySize(e *Entry) int {
 	for _, t := range e.Transitions {
 		n += len(t.ContainerID) + len(t.ContainerName)
 	}
-	if p := e.Pod; p != nil {
-		n += 160 + len(p.Name) + len(p.Namespace) + len(p.UID) + mapSize(p.Labels) + mapSize(p.Annotations)
-		for _, ip := range p.IPs {
-			n += 16 + len(ip)
-		}
-		for _, s := range p.Sandboxes {
-			n += 128 + len(s.ID) + mapSize(s.Labels) + mapSize(s.Annotations)
-		}
-		for _, c := range p.Containers {
-			n += 256 + len(c.ID) + len(c.Name) + len(c.Image) + len(c.ImageRef) + len(c.Reason) + len(c.Message) +
-				mapSize(c.Labels) + mapSize(c.Annotations)
-		}
+	if e.Pod != nil {
+		n += podSize(e.Pod)
+	}
+	return n
+}
+
+// tombstoneSize estimates a tombstone's struct, its map entry and its
+// place in the removal order, without its ID and pod.
+const tombstoneSize = 112
+
+// podSize estimates the memory a pod state holds.
+func podSize(p *Pod) int {
+	n := 160 + len(p.Name) + len(p.Namespace) + len(p.UID) + mapSize(p.Labels) + mapSize(p.Annotations)
+	for _, ip := range p.IPs {
+		n += 16 + len(ip)
+	}
+	for _, s := range p.Sandboxes {
+		n += 128 + len(s.ID) + mapSize(s.Labels) + mapSize(s.Annotations)
+	}
+	for _, c := range p.Containers {
+		n += 256 + len(c.ID) + len(c.Name) + len(c.Image) + len(c.ImageRef) + len(c.Reason) + len(c.Message) +
+			mapSize(c.Labels) + mapSize(c.Annotations)
 	}
 	return n
 }

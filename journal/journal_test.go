@@ -470,3 +470,44 @@ func TestIdentityWantedLateFalse(t *testing.T) {
 		}
 	})
 }
+
+// Removed containers are kept for lookups by age, not by count: many
+// removals and entries after one (more than the journal's size) do not
+// evict it within the maximum age. Their estimated bytes are bounded by
+// MaxBytes: the oldest go first.
+func TestRemovedContainersKeptByAge(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		j := New(Options{Size: 40, MaxAge: 20 * time.Second})
+		for i := range 100 { // 100 pods, each with one container, then removed
+			uid := fmt.Sprintf("p%d", i)
+			j.Append(podEntry(pod(uid, "ns", nil, "c-"+uid+"=running"), "ContainerStarted"))
+			j.Append(podEntry(pod(uid, "ns", nil), "ContainerRemoved"))
+			time.Sleep(30 * time.Millisecond)
+		}
+		for i := range 100 {
+			if f, ok := j.Container(fmt.Sprintf("c-p%d", i)); !ok || !f.Removed {
+				t.Fatalf("c-p%d, removed %v ago: %+v %v; want it found within the maximum age", i, time.Duration(100-i)*30*time.Millisecond, f, ok)
+			}
+		}
+		time.Sleep(20 * time.Second)
+		j.Append(podEntry(pod("b", "ns", nil)))
+		if _, ok := j.Container("c-p99"); ok {
+			t.Fatal("c-p99 still found past the maximum age")
+		}
+	})
+	t.Run("bytes", func(t *testing.T) {
+		j := New(Options{MaxBytes: 64 << 10, MaxAge: time.Hour})
+		big := map[string]string{"note": strings.Repeat("x", 4000)}
+		for i := range 40 { // each tombstone ~4.5 KB: about 14 fit
+			uid := fmt.Sprintf("p%d", i)
+			j.Append(podEntry(pod(uid, "ns", big, "c-"+uid+"=running"), "ContainerStarted"))
+			j.Append(podEntry(pod(uid, "ns", big), "ContainerRemoved"))
+		}
+		if _, ok := j.Container("c-p0"); ok {
+			t.Fatal("the oldest tombstone kept beyond MaxBytes")
+		}
+		if f, ok := j.Container("c-p39"); !ok || !f.Removed {
+			t.Fatalf("the newest tombstone: %+v %v", f, ok)
+		}
+	})
+}
