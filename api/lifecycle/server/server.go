@@ -183,9 +183,12 @@ func (s *Server) Serve(ctx context.Context, lns ...net.Listener) error {
 	}
 	servers := make([]*grpc.Server, len(lns))
 	for i, ln := range lns {
+		bad := &badRequests{}
 		opts := []grpc.ServerOption{
 			grpc.MaxRecvMsgSize(maxRequestSize),
-			grpc.ForceServerCodecV2(newServerCodec()),
+			grpc.ForceServerCodecV2(newServerCodec(bad)),
+			grpc.UnaryInterceptor(bad.unary),
+			grpc.StreamInterceptor(bad.stream),
 			// Clients may keep idle connections alive (any language's
 			// defaults are at least this long).
 			grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),

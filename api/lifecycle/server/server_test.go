@@ -18,6 +18,7 @@ import (
 	"google.golang.org/grpc/codes"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	reflectionpb "google.golang.org/grpc/reflection/grpc_reflection_v1"
+	"google.golang.org/grpc/mem"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
@@ -572,3 +573,50 @@ func TestErrorsEchoValuesBounded(t *testing.T) {
 	_, err = h.client.GetContainer(context.Background(), &lifecyclev1.GetContainerRequest{Id: long})
 	check("GetContainer", err, codes.NotFound)
 }
+
+// A request that is not a valid message is INVALID_ARGUMENT, as the docs'
+// table says (gRPC's own answer to a codec error is INTERNAL), for the
+// unary calls and for Watch; the connection serves on.
+func TestUndecodableRequestInvalidArgument(t *testing.T) {
+	h := newHarness(t, journal.Options{}, Config{})
+	garbage := &bytesFrame{b: []byte{0x0a, 0xff, 0xff}} // field 1, a length past the end
+	ctx := context.Background()
+	for _, method := range []string{lifecyclev1.Lifecycle_ListPods_FullMethodName, lifecyclev1.Lifecycle_GetPod_FullMethodName, lifecyclev1.Lifecycle_GetContainer_FullMethodName} {
+		err := h.conn.Invoke(ctx, method, garbage, &bytesFrame{}, grpc.ForceCodecV2(bytesCodec{}))
+		if st := status.Convert(err); st.Code() != codes.InvalidArgument {
+			t.Errorf("%s: %v, want InvalidArgument", method, err)
+		}
+	}
+	s, err := h.conn.NewStream(ctx, &lifecyclev1.Lifecycle_ServiceDesc.Streams[0], lifecyclev1.Lifecycle_Watch_FullMethodName, grpc.ForceCodecV2(bytesCodec{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.SendMsg(garbage); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.CloseSend(); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.RecvMsg(&bytesFrame{}); status.Code(err) != codes.InvalidArgument {
+		t.Errorf("Watch: %v, want InvalidArgument", err)
+	}
+	if _, err := h.client.ListPods(ctx, &lifecyclev1.ListPodsRequest{}); err != nil {
+		t.Fatalf("a valid request after: %v", err)
+	}
+}
+
+// bytesFrame is a message sent and received as raw bytes (bytesCodec).
+type bytesFrame struct{ b []byte }
+
+type bytesCodec struct{}
+
+func (bytesCodec) Marshal(v any) (mem.BufferSlice, error) {
+	return mem.BufferSlice{mem.SliceBuffer(v.(*bytesFrame).b)}, nil
+}
+
+func (bytesCodec) Unmarshal(data mem.BufferSlice, v any) error {
+	v.(*bytesFrame).b = data.Materialize()
+	return nil
+}
+
+func (bytesCodec) Name() string { return "proto" }
