@@ -148,6 +148,10 @@ func (g *Generator) Relist(ctx context.Context) error {
 			g.step(in)
 		}
 		if g.core.Settled() && len(batch) == 0 {
+			if g.lastStat.err != nil && g.rootCtx.Err() != nil {
+				// The listing failed because Stop ended its call.
+				return errStoppedInRelist
+			}
 			return g.lastStat.err
 		}
 		batch = g.next(ctx, batch[:0])
