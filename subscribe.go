@@ -1,7 +1,9 @@
 package pleg
 
 import (
+	"cmp"
 	"context"
+	"slices"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -171,7 +173,8 @@ func journalEntry(p publication, now time.Time) journal.Entry {
 }
 
 // journalPod is the state of pod uid: its listing (nil: gone, last: the
-// listing before) joined with its status, newest first as the status is.
+// listing before) joined with its status, its sandboxes and containers
+// newest first (by creation, as listed), as docs/stream.md says.
 func journalPod(uid types.UID, last, listing *cruntime.Pod, status *cruntime.PodStatus, ids map[string]*cruntime.Identity, now time.Time) *journal.Pod {
 	if listing == nil {
 		p := &journal.Pod{UID: uid, Gone: true, ObservedAt: now}
@@ -190,7 +193,7 @@ func journalPod(uid types.UID, last, listing *cruntime.Pod, status *cruntime.Pod
 	for _, s := range status.SandboxStatuses {
 		sbs[s.ID] = s
 	}
-	for _, c := range listing.Sandboxes {
+	for _, c := range newestFirst(listing.Sandboxes) {
 		s := journal.Sandbox{ID: c.ID, Name: c.Name, State: c.State, Attempt: c.Attempt}
 		if st := sbs[c.ID]; st != nil {
 			s.CreatedAt, s.IPs, s.HostNetwork, s.Labels, s.Annotations = st.CreatedAt, st.IPs, st.HostNetwork, st.Labels, st.Annotations
@@ -201,7 +204,7 @@ func journalPod(uid types.UID, last, listing *cruntime.Pod, status *cruntime.Pod
 	for _, s := range status.ContainerStatuses {
 		cts[s.ID] = s
 	}
-	for _, c := range listing.Containers {
+	for _, c := range newestFirst(listing.Containers) {
 		jc := journal.Container{ID: c.ID, Name: c.Name, State: c.State, Attempt: c.Attempt, Image: c.Image}
 		if st := cts[c.ID]; st != nil {
 			jc.ImageRef, jc.CreatedAt, jc.StartedAt, jc.FinishedAt = st.ImageRef, st.CreatedAt, st.StartedAt, st.FinishedAt
@@ -230,4 +233,16 @@ func journalPod(uid types.UID, last, listing *cruntime.Pod, status *cruntime.Pod
 		p.Labels, p.Annotations = newest.Labels, newest.Annotations
 	}
 	return p
+}
+
+// newestFirst returns cs ordered by creation time, newest first (ties in
+// their listed order); cs itself when it already is.
+func newestFirst(cs []*cruntime.Container) []*cruntime.Container {
+	newer := func(a, b *cruntime.Container) int { return cmp.Compare(b.CreatedAt, a.CreatedAt) }
+	if slices.IsSortedFunc(cs, newer) {
+		return cs
+	}
+	cs = slices.Clone(cs)
+	slices.SortStableFunc(cs, newer)
+	return cs
 }
