@@ -505,3 +505,25 @@ func TestCallReturningAtDeadline(t *testing.T) {
 		}
 	})
 }
+
+// The hand-off to the loop and the core's queue of pods are two bounds,
+// each with its own counter: hints the loop has not taken yet, over the
+// hand-off's bound, are not counted as the queue of pods dropping them.
+func TestInboxDropsCountedApart(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		m := metrics.New(nil)
+		g := newLoopGenerator(t, newFakeRuntime(), func(o *Options) { o.Metrics, o.PodRelistQueue = m, 2 })
+		// Not started: no loop takes the inbox.
+		for i, want := range []bool{true, true, false} {
+			if got := g.RequestRelist("a"); got != want {
+				t.Fatalf("hint %d put %v, want %v", i, got, want)
+			}
+		}
+		if n := testutil.ToFloat64(m.PodRelistQueueDropped); n != 0 {
+			t.Errorf("pleg_pod_relist_requests_dropped_total %v: the queue of pods never saw the hints", n)
+		}
+		if n := testutil.ToFloat64(m.HintsInboxDropped); n != 1 {
+			t.Errorf("pleg_hints_inbox_dropped_total %v, want 1", n)
+		}
+	})
+}
