@@ -118,6 +118,8 @@ func (g *Generator) step(in input) {
 // listing error, if any; then it runs the single-pod relists requested so
 // far as far as the hint budget allows. It is for generators that are
 // driven by hand (benchmarks, tools, tests) and fails if Start was called.
+// Relist calls are serialized; Stop does not wait for one's runtime calls:
+// it ends them, and the Relist returns an error.
 func (g *Generator) Relist(ctx context.Context) error {
 	g.manual.Lock()
 	defer g.manual.Unlock()
