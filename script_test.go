@@ -3,6 +3,7 @@ package pleg
 import (
 	"flag"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -13,6 +14,7 @@ import (
 	"time"
 
 	"github.com/podlifecycle/pleg/cruntime"
+	"github.com/podlifecycle/pleg/journal"
 	"github.com/podlifecycle/pleg/podcache"
 	"k8s.io/apimachinery/pkg/types"
 )
@@ -108,6 +110,9 @@ type harness struct {
 	out   map[callID]callReq
 	hung  map[types.UID]callID      // calls the runtime holds
 	moved map[string]cruntime.State // items whose status shows another state than their listing
+	// abandoned: Ready.Abandoned after the last step (scripts print a
+	// change of it).
+	abandoned int
 }
 
 type block struct {
@@ -362,9 +367,56 @@ func (h *harness) step(in input) stepped {
 			s.lines = append(s.lines, l)
 		}
 	}
+	s.lines = append(s.lines, h.readyLines(rd)...)
 	s.relist = rd.Relist
 	h.checkInvariants()
 	return s
+}
+
+// readyLines renders the rest of a Ready, so that a script shows every
+// effect of a step: the publications (their events are shown grouped by
+// pod at the end), the relist's start, health, the runtime's status and
+// a change of the abandoned calls out.
+func (h *harness) readyLines(rd Ready) []string {
+	var out []string
+	for _, p := range rd.Publish {
+		line := "publish " + string(p.uid)
+		if p.relist {
+			line += " (relist)"
+		} else {
+			line += " (hint)"
+		}
+		if p.update {
+			line += " update"
+		}
+		if p.pod == nil {
+			line += " gone"
+		}
+		if len(p.identities) > 0 {
+			ids := slices.Sorted(maps.Keys(p.identities))
+			line += " identities: " + strings.Join(ids, " ")
+		}
+		out = append(out, line)
+	}
+	if !rd.RelistStarted.IsZero() {
+		out = append(out, "relist started")
+	}
+	if !rd.Healthy.IsZero() {
+		out = append(out, "healthy")
+	}
+	if r := rd.Runtime; r != nil {
+		line := "runtime: " + map[journal.RuntimeState]string{journal.RuntimeReachable: "reachable", journal.RuntimeUnreachable: "unreachable",
+			journal.RuntimeEventStreamLost: "event stream lost", journal.RuntimeEventStreamConnected: "event stream connected"}[r.State]
+		if r.Message != "" {
+			line += " (" + r.Message + ")"
+		}
+		out = append(out, line)
+	}
+	if rd.Abandoned != h.abandoned {
+		out = append(out, fmt.Sprintf("abandoned calls out: %d", rd.Abandoned))
+		h.abandoned = rd.Abandoned
+	}
+	return out
 }
 
 // checkInvariants fails the test when the core breaks a rule that holds
@@ -402,6 +454,16 @@ func noteLine(n note) string {
 		return "defer " + string(n.uid) + ": " + n.reason
 	case noteIdentityFailed:
 		return "identity failed: " + string(n.uid)
+	case noteRelistInterval:
+		return "relist interval " + n.d.String()
+	case noteGauges:
+		return fmt.Sprintf("gauges: %d running pods, containers by state %v", n.n, n.byState)
+	case notePodRelistDone:
+		return "pod relist done in " + n.d.String()
+	case noteStatusItems:
+		return fmt.Sprintf("status items: %d fetched, %d reused", n.n, n.reused)
+	case noteHintLatency:
+		return "hint latency " + n.d.String()
 	}
 	return ""
 }
