@@ -58,9 +58,8 @@ func (c *core) invariants() error {
 			return fmt.Errorf("pod %s's record holds call %d, which is not out", uid, r.call.id)
 		}
 	}
-	// The queue's length is not bounded by budget.queue here: a hint
-	// that waited for its pod's call is queued when the call returns
-	// without the bound's check (FuzzCore found 4 pods queued with a
-	// bound of 3); each pod is in it once at most (above).
+	if len(c.hints.order) > c.cfg.budget.queue {
+		return fmt.Errorf("%d pods in the hint queue, %d at most", len(c.hints.order), c.cfg.budget.queue)
+	}
 	return nil
 }
