@@ -2,13 +2,14 @@ package journal
 
 import (
 	"fmt"
-	"github.com/podlifecycle/pleg/internal/textfmt"
 	"slices"
 	"strings"
 
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/validation"
+
+	"github.com/podlifecycle/pleg/internal/textfmt"
 )
 
 // Filter selects pods and events. A nil Filter selects everything.

@@ -5,7 +5,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/podlifecycle/pleg/internal/textfmt"
 	"net/http"
 	"net/url"
 	"strings"
@@ -16,6 +15,7 @@ import (
 	"github.com/podlifecycle/pleg/api/lifecycle/server"
 	lifecyclev1 "github.com/podlifecycle/pleg/api/lifecycle/v1"
 	"github.com/podlifecycle/pleg/internal/outbox"
+	"github.com/podlifecycle/pleg/internal/textfmt"
 	"github.com/podlifecycle/pleg/journal"
 )
 

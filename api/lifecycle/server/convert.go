@@ -2,13 +2,13 @@ package server
 
 import (
 	"fmt"
-	"github.com/podlifecycle/pleg/internal/textfmt"
 	"time"
 
 	"google.golang.org/protobuf/types/known/timestamppb"
 
 	lifecyclev1 "github.com/podlifecycle/pleg/api/lifecycle/v1"
 	"github.com/podlifecycle/pleg/cruntime"
+	"github.com/podlifecycle/pleg/internal/textfmt"
 	"github.com/podlifecycle/pleg/journal"
 )
 

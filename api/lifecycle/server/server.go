@@ -20,7 +20,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"github.com/podlifecycle/pleg/internal/textfmt"
 	"net"
 	"sync"
 	"sync/atomic"
@@ -42,6 +41,7 @@ import (
 
 	lifecyclev1 "github.com/podlifecycle/pleg/api/lifecycle/v1"
 	"github.com/podlifecycle/pleg/internal/entrycache"
+	"github.com/podlifecycle/pleg/internal/textfmt"
 	"github.com/podlifecycle/pleg/journal"
 )
 
