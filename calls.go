@@ -21,19 +21,27 @@ import (
 // so that abandoning it does not cancel it (its pod keeps one call out
 // until it returns, by the runtime's request timeout at the latest); Stop
 // cancels them all.
+//
+// A call is out (in out, with its progress) until its result is queued
+// (in done), in one step under the pool's lock, and the loop takes the
+// results and the progress of the calls still out together (collect): a
+// call that returned by the time the loop looks is a result, never a call
+// out, so a call that returns at its deadline is not taken for a timeout
+// with no runtime call to name.
 type pool struct {
-	rt      cruntime.Runtime
-	ctx     context.Context
-	wg      *sync.WaitGroup
-	m       *metrics.Metrics
-	results chan input
+	rt    cruntime.Runtime
+	ctx   context.Context
+	wg    *sync.WaitGroup
+	m     *metrics.Metrics
+	ready chan struct{} // capacity 1: "there are results to collect"
 
-	mu  sync.Mutex
-	out map[callID]*callTracker // the progress of each call out
+	mu   sync.Mutex
+	out  map[callID]*callTracker // the progress of each call out
+	done []input                 // the results not collected yet
 }
 
 func newPool(ctx context.Context, rt cruntime.Runtime, wg *sync.WaitGroup, m *metrics.Metrics) *pool {
-	return &pool{rt: rt, ctx: ctx, wg: wg, m: m, results: make(chan input), out: make(map[callID]*callTracker)}
+	return &pool{rt: rt, ctx: ctx, wg: wg, m: m, ready: make(chan struct{}, 1), out: make(map[callID]*callTracker)}
 }
 
 // start makes the call req on a goroutine of its own.
@@ -55,12 +63,28 @@ func (p *pool) start(req callReq) {
 		}
 		p.mu.Lock()
 		delete(p.out, req.ID)
+		p.done = append(p.done, res)
 		p.mu.Unlock()
 		select {
-		case p.results <- res:
-		case <-p.ctx.Done():
+		case p.ready <- struct{}{}:
+		default:
 		}
 	}()
+}
+
+// collect appends the results not collected yet to into, in the order
+// the calls returned; with progress, it also returns what each call still
+// out waits on (see waiting), taken at the same instant.
+func (p *pool) collect(into []input, progress bool) ([]input, map[callID]trackedCall) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	into = append(into, p.done...)
+	clear(p.done)
+	p.done = p.done[:0]
+	if !progress {
+		return into, nil
+	}
+	return into, p.waitingLocked()
 }
 
 // do makes one call and returns its result as the core's input.
@@ -84,11 +108,9 @@ func (p *pool) do(ctx context.Context, req callReq) input {
 	return statusFetched{call: req.ID, sandboxes: sbs, containers: cts, err: err}
 }
 
-// waiting returns, for each call out, the runtime call it is waiting on
-// now; "unknown" when the runtime reported none (see cruntime.CallTracer).
-func (p *pool) waiting() map[callID]trackedCall {
-	p.mu.Lock()
-	defer p.mu.Unlock()
+// waitingLocked returns, for each call out, the runtime call it is
+// waiting on now; "unknown" when the runtime reported none (see cruntime.CallTracer).
+func (p *pool) waitingLocked() map[callID]trackedCall {
 	if len(p.out) == 0 {
 		return nil
 	}

@@ -79,6 +79,9 @@ type coreConfig struct {
 	statusTimeout time.Duration
 	full          bool // inspect every item, as the kubelet (Options.FullInspection)
 	budget        hintBudget
+	// check: check the core's invariants after every step (Ready.Broken);
+	// the scripts and the fuzzer set it.
+	check bool
 }
 
 // callID identifies one runtime call the core asked for.
@@ -266,6 +269,9 @@ type Ready struct {
 	Runtime *journal.RuntimeStatus
 	// Abandoned is how many abandoned calls are out after the step.
 	Abandoned int
+	// Broken is the first invariant the step left broken (core_invariants.go),
+	// when the core checks them (coreConfig.check).
+	Broken error
 }
 
 // Step steps the core with in at time now and returns what to carry out.
@@ -298,6 +304,9 @@ func (c *core) Step(now time.Time, in input) Ready {
 	}
 	c.dispatch()
 	c.out.Abandoned = c.abandoned
+	if c.cfg.check {
+		c.out.Broken = c.invariants()
+	}
 	out := c.out
 	c.out = Ready{}
 	return out

@@ -57,7 +57,7 @@ type fuzzer struct {
 func newFuzzer(t *testing.T, data []byte) *fuzzer {
 	h := newHarness(t)
 	h.c.cfg = coreConfig{period: time.Second, slots: 2, timeout: 2 * time.Second, statusTimeout: 2 * time.Second,
-		budget: hintBudget{rate: 3, burst: 2, spacing: 300 * time.Millisecond, early: 200 * time.Millisecond, queue: 3}}
+		budget: hintBudget{rate: 3, burst: 2, spacing: 300 * time.Millisecond, early: 200 * time.Millisecond, queue: 3}, check: true}
 	return &fuzzer{harness: h, data: data, told: map[types.UID]*cruntime.Pod{}}
 }
 
@@ -149,7 +149,18 @@ func (fz *fuzzer) stepCore(in input) {
 			observed[uid] = maps.Clone(r.observed)
 		}
 	}
-	fz.apply(fz.c.Step(fz.now, in), observed)
+	rd := fz.c.Step(fz.now, in)
+	if rd.Broken != nil {
+		fz.t.Fatalf("the core broke an invariant: %v", rd.Broken)
+	}
+	fz.apply(rd, observed)
+	// Queries change nothing: the token bucket is as the step left it.
+	before := fz.c.hints
+	fz.c.Settled()
+	fz.c.Wake()
+	if after := fz.c.hints; after.tokens != before.tokens || !after.tokensAt.Equal(before.tokensAt) || after.started != before.started {
+		fz.t.Fatalf("a query changed the token bucket: %+v -> %+v", before, after)
+	}
 }
 
 // waiting is what every call out waits on, as the pool would report.

@@ -243,6 +243,19 @@ func (c *core) refill() {
 	}
 }
 
+// tokensNow returns the tokens the bucket holds at the step's time,
+// without refilling it: queries (Settled) change nothing.
+func (c *core) tokensNow() float64 {
+	b, q := c.cfg.budget, &c.hints
+	if !q.started {
+		return float64(b.burst)
+	}
+	if el := c.stepNow.Sub(q.tokensAt); el > 0 {
+		return min(float64(b.burst), q.tokens+b.rate*el.Seconds())
+	}
+	return q.tokens
+}
+
 // hintsBlocked reports whether the global relist holds hints back now.
 func (c *core) hintsBlocked() bool {
 	return c.relist.phase == relistListing || len(c.relist.todo) > 0
@@ -292,11 +305,8 @@ func (c *core) hintsDispatchable() bool {
 	if len(c.hints.order) == 0 || c.hintsBlocked() || c.active >= c.cfg.slots {
 		return false
 	}
-	if c.cfg.budget.rate > 0 {
-		c.refill()
-		if c.hints.tokens < 1 {
-			return false
-		}
+	if c.cfg.budget.rate > 0 && c.tokensNow() < 1 {
+		return false
 	}
 	for _, uid := range c.hints.order {
 		if !c.spaced(c.records[uid]) {

@@ -69,7 +69,9 @@ func (c *core) inspectOwed(uid types.UID, r *record) {
 }
 
 // afterCall relists the pod uid if a hint came while its call was out,
-// and forgets it if nothing is left.
+// and forgets it if nothing is left. The hint joins the queue within its
+// bound, as any hint does (core_hints.go): over it, it is dropped, and
+// the next global relist covers the pod.
 func (c *core) afterCall(uid types.UID) {
 	r := c.records[uid]
 	if r == nil {
@@ -77,7 +79,16 @@ func (c *core) afterCall(uid types.UID) {
 	}
 	if r.call == nil && r.hint.again {
 		r.hint.again = false
-		c.queueHint(uid, r)
+		switch {
+		case r.hint.queued:
+			// It waits in the queue already (queued before the call
+			// started).
+		case len(c.hints.order) >= c.cfg.budget.queue:
+			r.hint = pendingHint{}
+			c.note(note{kind: noteHintDropped, uid: uid})
+		default:
+			c.queueHint(uid, r)
+		}
 	}
 	c.forget(uid)
 }

@@ -55,3 +55,34 @@ func TestCoreIsPure(t *testing.T) {
 		t.Fatalf("only %d core files checked", n)
 	}
 }
+
+// The core's invariants catch a broken state: each corruption below is
+// reported (the check can fail).
+func TestInvariantsCatchBreaks(t *testing.T) {
+	for name, corrupt := range map[string]func(c *core){
+		"active count":    func(c *core) { c.active++ },
+		"abandoned count": func(c *core) { c.abandoned++ },
+		"hint again without a call": func(c *core) {
+			c.record("x").hint.again = true
+		},
+		"queued hint not in the queue": func(c *core) { c.record("x").hint.queued = true },
+		"queue entry not queued": func(c *core) {
+			c.record("x")
+			c.hints.order = append(c.hints.order, "x")
+		},
+		"call not held by its record": func(c *core) {
+			c.record("x")
+			c.calls[99] = &call{id: 99, kind: callListPod, uid: "x"}
+			c.active++
+		},
+	} {
+		c := newCore(coreConfig{slots: 2, budget: hintBudget{queue: 4}, check: true})
+		if err := c.invariants(); err != nil {
+			t.Fatalf("%s: a new core breaks an invariant: %v", name, err)
+		}
+		corrupt(c)
+		if err := c.invariants(); err == nil {
+			t.Errorf("%s: not caught", name)
+		}
+	}
+}

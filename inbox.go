@@ -11,6 +11,12 @@ import (
 // time it wakes. Putting never blocks. Hints are bounded (a hint over the
 // bound is dropped: hints are only hints, the next global relist covers
 // the pod); reinspection requests coalesce per pod and are never dropped.
+//
+// The inbox's bound is on hints the loop has not taken yet (a hand-off
+// that holds one entry per event), not on pods waiting for a single-pod
+// relist (the core's queue, whose drops are the core's noteHintDropped):
+// each has its own counter, so that pleg_pod_relist_requests_dropped_total
+// means what semantics.md says it means.
 type inbox struct {
 	mu        sync.Mutex
 	limit     int
@@ -21,12 +27,12 @@ type inbox struct {
 }
 
 // hint puts h in the inbox (RequestRelist, a runtime event); a hint over
-// the inbox's bound is dropped and counted, as one over the core's queue
-// is. It reports whether h was put.
+// the inbox's bound is dropped and counted (pleg_hints_inbox_dropped_total).
+// It reports whether h was put.
 func (g *Generator) hint(h hintIn) bool {
 	ok := g.inbox.hint(h)
 	if !ok {
-		g.m.PodRelistQueueDropped.Inc()
+		g.m.HintsInboxDropped.Inc()
 	}
 	return ok
 }

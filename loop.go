@@ -27,13 +27,15 @@ func (g *Generator) run(ctx context.Context) {
 }
 
 // next waits for what happens next and returns it as inputs: a tick when
-// the core's wake time has come, a call's result, or what the inbox holds.
-// It returns none when ctx ends.
+// the core's wake time has come (after the results of the calls that
+// returned by then: a call that returned is never taken for one out),
+// the calls' results, or what the inbox holds. It returns none when ctx
+// ends.
 func (g *Generator) next(ctx context.Context, into []input) []input {
 	now := g.clock.Now()
 	wake := g.core.Wake()
 	if !wake.IsZero() && !now.Before(wake) {
-		return append(into, tick{waiting: g.pool.waiting()})
+		return g.tick(into)
 	}
 	var timeout <-chan time.Time
 	if !wake.IsZero() {
@@ -45,12 +47,20 @@ func (g *Generator) next(ctx context.Context, into []input) []input {
 	case <-ctx.Done():
 		return into
 	case <-timeout:
-		return append(into, tick{waiting: g.pool.waiting()})
-	case in := <-g.pool.results:
-		return append(into, in)
+		return g.tick(into)
+	case <-g.pool.ready:
+		into, _ = g.pool.collect(into, false)
+		return into
 	case <-g.inbox.wake:
 		return g.inbox.take(into)
 	}
+}
+
+// tick returns the results collected so far, then a tick with the
+// progress of the calls still out.
+func (g *Generator) tick(into []input) []input {
+	into, waiting := g.pool.collect(into, true)
+	return append(into, tick{waiting: waiting})
 }
 
 // step steps the core with in at the clock's time and carries out the
@@ -108,15 +118,29 @@ func (g *Generator) step(in input) {
 // listing error, if any; then it runs the single-pod relists requested so
 // far as far as the hint budget allows. It is for generators that are
 // driven by hand (benchmarks, tools, tests) and fails if Start was called.
+// Relist calls are serialized; Stop does not wait for one's runtime calls:
+// it ends them, and the Relist returns an error.
 func (g *Generator) Relist(ctx context.Context) error {
+	g.manual.Lock()
+	defer g.manual.Unlock()
 	g.lifecycle.Lock()
-	defer g.lifecycle.Unlock()
 	if g.started {
+		g.lifecycle.Unlock()
 		return errRelistStarted
 	}
 	if g.rootCtx.Err() != nil {
+		g.lifecycle.Unlock()
 		return errRelistStopped
 	}
+	// Stop waits for this relist (wg) but does not wait for the lock
+	// across its runtime calls: it cancels the generator's context,
+	// which ends the calls and the wait below.
+	g.wg.Add(1)
+	g.lifecycle.Unlock()
+	defer g.wg.Done()
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	defer context.AfterFunc(g.rootCtx, cancel)()
 	g.lastStat = RelistStat{}
 	g.step(relistNow{})
 	var batch []input
@@ -126,10 +150,17 @@ func (g *Generator) Relist(ctx context.Context) error {
 			g.step(in)
 		}
 		if g.core.Settled() && len(batch) == 0 {
+			if g.lastStat.err != nil && g.rootCtx.Err() != nil {
+				// The listing failed because Stop ended its call.
+				return errStoppedInRelist
+			}
 			return g.lastStat.err
 		}
 		batch = g.next(ctx, batch[:0])
 		if ctx.Err() != nil {
+			if g.rootCtx.Err() != nil {
+				return errStoppedInRelist
+			}
 			return ctx.Err()
 		}
 		for _, in := range batch {

@@ -424,3 +424,106 @@ func TestSubscriptionCloseWhileNextWaits(t *testing.T) {
 		}
 	})
 }
+
+// Stop does not wait for a Relist's runtime calls: it ends them. Here the
+// listing hangs until its context ends (a runtime that never answers
+// before the request timeout): Stop returns at once and the Relist
+// reports the stop.
+func TestStopDuringRelist(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		rt := &hangingListRuntime{fakeRuntime: newFakeRuntime()}
+		g := newLoopGenerator(t, rt, nil)
+		relisted := make(chan error, 1)
+		go func() { relisted <- g.Relist(context.Background()) }()
+		synctest.Wait() // the relist waits in ListPods
+		start := time.Now()
+		stopped := make(chan struct{})
+		go func() {
+			g.Stop()
+			close(stopped)
+		}()
+		synctest.Wait()
+		select {
+		case <-stopped:
+		default:
+			t.Fatal("Stop waits for the Relist's runtime call")
+		}
+		if el := time.Since(start); el != 0 {
+			t.Fatalf("Stop took %v of the bubble's time", el)
+		}
+		if err := <-relisted; !errors.Is(err, errStoppedInRelist) {
+			t.Fatalf("Relist: %v, want errStoppedInRelist", err)
+		}
+	})
+}
+
+// hangingListRuntime's ListPods blocks until its context ends.
+type hangingListRuntime struct{ *fakeRuntime }
+
+func (h *hangingListRuntime) ListPods(ctx context.Context) ([]*cruntime.Pod, error) {
+	<-ctx.Done()
+	return nil, ctx.Err()
+}
+
+// A call that returns by its deadline, before the loop looks, is a
+// result, not a timeout: the loop takes the results that came before the
+// tick. Here a pod's status call returns exactly at its deadline, and the
+// loop looks after it returned: on the old code the tick came first, and
+// the call was abandoned as timed out with no runtime call named (an
+// empty operation_type).
+func TestCallReturningAtDeadline(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		rt := newFakeRuntime()
+		rt.setPods(pod("a", "c1=running"))
+		hang := make(chan struct{})
+		rt.hang["a"] = hang
+		m := metrics.New(nil)
+		g := newLoopGenerator(t, rt, func(o *Options) { o.Metrics = m })
+		ctx := context.Background()
+		g.step(relistNow{}) // the listing
+		synctest.Wait()
+		for _, in := range g.next(ctx, nil) { // the listing's result: a's status call
+			g.step(in)
+		}
+		synctest.Wait()
+		if rt.count("Status") != 1 {
+			t.Fatalf("calls %v, want a's status call out", rt.calls)
+		}
+		time.Sleep(g.opts.PodInspectionTimeout) // its deadline
+		close(hang)                             // it returns
+		synctest.Wait()
+		for _, in := range g.next(ctx, nil) {
+			g.step(in)
+		}
+		if _, err := g.Cache().Get("a"); err != nil {
+			t.Fatalf("a's status: %v, want the call's result", err)
+		}
+		for _, op := range []string{"", opUnknown, "container_status"} {
+			if n := testutil.ToFloat64(m.InspectionTimeouts.WithLabelValues(op)); n != 0 {
+				t.Fatalf("%v timeouts with operation_type %q", n, op)
+			}
+		}
+	})
+}
+
+// The hand-off to the loop and the core's queue of pods are two bounds,
+// each with its own counter: hints the loop has not taken yet, over the
+// hand-off's bound, are not counted as the queue of pods dropping them.
+func TestInboxDropsCountedApart(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		m := metrics.New(nil)
+		g := newLoopGenerator(t, newFakeRuntime(), func(o *Options) { o.Metrics, o.PodRelistQueue = m, 2 })
+		// Not started: no loop takes the inbox.
+		for i, want := range []bool{true, true, false} {
+			if got := g.RequestRelist("a"); got != want {
+				t.Fatalf("hint %d put %v, want %v", i, got, want)
+			}
+		}
+		if n := testutil.ToFloat64(m.PodRelistQueueDropped); n != 0 {
+			t.Errorf("pleg_pod_relist_requests_dropped_total %v: the queue of pods never saw the hints", n)
+		}
+		if n := testutil.ToFloat64(m.HintsInboxDropped); n != 1 {
+			t.Errorf("pleg_hints_inbox_dropped_total %v, want 1", n)
+		}
+	})
+}

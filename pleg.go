@@ -221,7 +221,11 @@ type Generator struct {
 
 	inbox *inbox
 
+	// lifecycle guards started and the start of goroutines against
+	// Stop; it is never held across runtime I/O. manual serializes
+	// Relist calls, which step the core on their caller's goroutine.
 	lifecycle sync.Mutex
+	manual    sync.Mutex
 	started   bool
 	cancel    context.CancelFunc
 	rootCtx   context.Context
@@ -264,6 +268,8 @@ func (g *Generator) Cache() *podcache.Cache { return g.cache }
 // Start starts relisting: the first relist at once, then one period after
 // the end of each. It returns at once; Stop ends it.
 func (g *Generator) Start() {
+	g.manual.Lock() // a Relist running steps the core: it ends first
+	defer g.manual.Unlock()
 	g.lifecycle.Lock()
 	defer g.lifecycle.Unlock()
 	if g.started || g.rootCtx.Err() != nil {
@@ -288,9 +294,13 @@ func (g *Generator) Start() {
 // Stop stops relisting, waits for every goroutine of the generator to end
 // and closes the Watch channel and every subscription. It is idempotent.
 func (g *Generator) Stop() {
-	g.lifecycle.Lock()
+	// Cancel first, without the lock: a Relist running ends at once
+	// (its calls and its wait end with the generator's context). Then
+	// the lock: a Start or Relist that got past its check has added
+	// its goroutine to wg by the time it is let go.
 	g.cancel()
-	g.lifecycle.Unlock()
+	g.lifecycle.Lock()
+	g.lifecycle.Unlock() // an empty critical section: see above
 	g.wg.Wait()
 	g.deliver.close()
 }
@@ -329,8 +339,9 @@ func (g *Generator) SetIdentityWanted(wanted bool) { g.inbox.identityWanted(want
 func (g *Generator) RequestReinspect(uid types.UID) { g.inbox.reinspectPod(uid) }
 
 var (
-	errRelistStarted = errors.New("pleg: Relist called on a started generator")
-	errRelistStopped = errors.New("pleg: Relist called on a stopped generator")
+	errRelistStarted   = errors.New("pleg: Relist called on a started generator")
+	errRelistStopped   = errors.New("pleg: Relist called on a stopped generator")
+	errStoppedInRelist = errors.New("pleg: the generator was stopped during Relist")
 )
 
 // RelistThreshold returns the health threshold in force.

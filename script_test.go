@@ -3,6 +3,7 @@ package pleg
 import (
 	"flag"
 	"fmt"
+	"maps"
 	"os"
 	"path/filepath"
 	"slices"
@@ -13,6 +14,7 @@ import (
 	"time"
 
 	"github.com/podlifecycle/pleg/cruntime"
+	"github.com/podlifecycle/pleg/journal"
 	"github.com/podlifecycle/pleg/podcache"
 	"k8s.io/apimachinery/pkg/types"
 )
@@ -108,6 +110,9 @@ type harness struct {
 	out   map[callID]callReq
 	hung  map[types.UID]callID      // calls the runtime holds
 	moved map[string]cruntime.State // items whose status shows another state than their listing
+	// abandoned: Ready.Abandoned after the last step (scripts print a
+	// change of it).
+	abandoned int
 }
 
 type block struct {
@@ -166,7 +171,7 @@ func parseScript(t *testing.T, file string) (blocks []block, preamble []string) 
 
 func newHarness(t *testing.T) *harness {
 	cfg := coreConfig{period: time.Second, manual: true, slots: 16, timeout: scriptTimeout, statusTimeout: scriptTimeout,
-		budget: hintBudget{queue: 4096}}
+		budget: hintBudget{queue: 4096}, check: true}
 	return &harness{t: t, c: newCore(cfg), cache: podcache.New(), now: time.Unix(1_700_000_000, 0),
 		pods: map[types.UID]*cruntime.Pod{}, ips: map[types.UID][]string{}, exit: map[string]int32{},
 		out: map[callID]callReq{}, hung: map[types.UID]callID{}, moved: map[string]cruntime.State{}}
@@ -318,6 +323,9 @@ type stepped struct {
 // and returns what it did.
 func (h *harness) step(in input) stepped {
 	rd := h.c.Step(h.now, in)
+	if rd.Broken != nil {
+		h.t.Fatalf("the core broke an invariant: %v", rd.Broken)
+	}
 	var s stepped
 	for _, req := range rd.Calls {
 		h.out[req.ID] = req
@@ -359,37 +367,67 @@ func (h *harness) step(in input) stepped {
 			s.lines = append(s.lines, l)
 		}
 	}
+	s.lines = append(s.lines, h.readyLines(rd)...)
 	s.relist = rd.Relist
 	h.checkInvariants()
 	return s
 }
 
+// readyLines renders the rest of a Ready, so that a script shows every
+// effect of a step: the publications (their events are shown grouped by
+// pod at the end), the relist's start, health, the runtime's status and
+// a change of the abandoned calls out.
+func (h *harness) readyLines(rd Ready) []string {
+	var out []string
+	for _, p := range rd.Publish {
+		line := "publish " + string(p.uid)
+		if p.relist {
+			line += " (relist)"
+		} else {
+			line += " (hint)"
+		}
+		if p.update {
+			line += " update"
+		}
+		if p.pod == nil {
+			line += " gone"
+		}
+		if len(p.identities) > 0 {
+			ids := slices.Sorted(maps.Keys(p.identities))
+			line += " identities: " + strings.Join(ids, " ")
+		}
+		out = append(out, line)
+	}
+	if !rd.RelistStarted.IsZero() {
+		out = append(out, "relist started")
+	}
+	if !rd.Healthy.IsZero() {
+		out = append(out, "healthy")
+	}
+	if r := rd.Runtime; r != nil {
+		line := "runtime: " + map[journal.RuntimeState]string{journal.RuntimeReachable: "reachable", journal.RuntimeUnreachable: "unreachable",
+			journal.RuntimeEventStreamLost: "event stream lost", journal.RuntimeEventStreamConnected: "event stream connected"}[r.State]
+		if r.Message != "" {
+			line += " (" + r.Message + ")"
+		}
+		out = append(out, line)
+	}
+	if rd.Abandoned != h.abandoned {
+		out = append(out, fmt.Sprintf("abandoned calls out: %d", rd.Abandoned))
+		h.abandoned = rd.Abandoned
+	}
+	return out
+}
+
 // checkInvariants fails the test when the core breaks a rule that holds
-// after every step: one call out per pod, at most slots active, a hint
-// waits for a call only while one is out.
+// after every step (core_invariants.go: one call out per pod, at most
+// slots active, a hint waits for a call only while one is out, and the
+// rest). Step checks them too when cfg.check is set; this covers a
+// harness whose core does not.
 func (h *harness) checkInvariants() {
 	h.t.Helper()
-	for uid, r := range h.c.records {
-		if r.hint.again && r.call == nil {
-			h.t.Fatalf("pod %s: a hint waits for a call, none is out", uid)
-		}
-	}
-	perPod := map[types.UID]int{}
-	active := 0
-	for _, k := range h.c.calls {
-		if k.kind == callList {
-			continue
-		}
-		perPod[k.uid]++
-		if perPod[k.uid] > 1 {
-			h.t.Fatalf("pod %s has %d calls out", k.uid, perPod[k.uid])
-		}
-		if !k.abandoned {
-			active++
-		}
-	}
-	if active != h.c.active || active > h.c.cfg.slots {
-		h.t.Fatalf("%d calls active (core counts %d), %d slots", active, h.c.active, h.c.cfg.slots)
+	if err := h.c.invariants(); err != nil {
+		h.t.Fatalf("the core broke an invariant: %v", err)
 	}
 }
 
@@ -416,6 +454,16 @@ func noteLine(n note) string {
 		return "defer " + string(n.uid) + ": " + n.reason
 	case noteIdentityFailed:
 		return "identity failed: " + string(n.uid)
+	case noteRelistInterval:
+		return "relist interval " + n.d.String()
+	case noteGauges:
+		return fmt.Sprintf("gauges: %d running pods, containers by state %v", n.n, n.byState)
+	case notePodRelistDone:
+		return "pod relist done in " + n.d.String()
+	case noteStatusItems:
+		return fmt.Sprintf("status items: %d fetched, %d reused", n.n, n.reused)
+	case noteHintLatency:
+		return "hint latency " + n.d.String()
 	}
 	return ""
 }

@@ -260,3 +260,57 @@ func sameMultiset(a, b []string) bool {
 	}
 	return true
 }
+
+// A Next waits for another Next only as long as its own context lets it:
+// it does not wait on a lock the other holds across its wait for an
+// event.
+func TestSubscriptionNextWaitsWithItsContext(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		g := newLoopGenerator(t, newFakeRuntime(), nil)
+		sub := g.Subscribe()
+		defer sub.Close()
+		if u, err := sub.Next(context.Background()); err != nil || !u.Resync {
+			t.Fatalf("first update %+v, %v; want the resync", u, err)
+		}
+		waiting, cancel := context.WithCancel(context.Background())
+		defer cancel()
+		go func() { _, _ = sub.Next(waiting) }() // waits for an event
+		synctest.Wait()
+		ctx, stop := context.WithTimeout(context.Background(), time.Second)
+		defer stop()
+		start := time.Now()
+		if _, err := sub.Next(ctx); !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("second Next: %v, want its context's deadline", err)
+		}
+		if el := time.Since(start); el != time.Second {
+			t.Fatalf("second Next returned after %v, want its 1s deadline", el)
+		}
+	})
+}
+
+// A pod's state lists its sandboxes and containers newest first (by
+// creation), as docs/stream.md says, whatever order the runtime lists
+// them in.
+func TestJournalPodNewestFirst(t *testing.T) {
+	listing := pod("a", "s:s1=exited", "s:s2=running", "c1=exited", "c2=running", "c3=exited")
+	for i, c := range listing.Sandboxes {
+		c.CreatedAt = int64(10 + i) // s2 newest
+	}
+	for i, c := range []int64{100, 300, 200} {
+		listing.Containers[i].CreatedAt = c // c2, c3, c1
+	}
+	p := journalPod("a", nil, listing, nil, nil, time.Unix(1000, 0))
+	var sbs, cts []string
+	for _, s := range p.Sandboxes {
+		sbs = append(sbs, s.ID)
+	}
+	for _, c := range p.Containers {
+		cts = append(cts, c.ID)
+	}
+	if !reflect.DeepEqual(sbs, []string{"s2", "s1"}) || !reflect.DeepEqual(cts, []string{"c2", "c3", "c1"}) {
+		t.Fatalf("sandboxes %v, containers %v; want newest first: [s2 s1], [c2 c3 c1]", sbs, cts)
+	}
+	if listing.Containers[0].ID != "c1" {
+		t.Fatal("the listing was reordered in place")
+	}
+}

@@ -1,8 +1,9 @@
 package pleg
 
 import (
+	"cmp"
 	"context"
-	"sync"
+	"slices"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -26,7 +27,11 @@ type Subscription struct {
 	m      *metrics.Metrics
 	log    logr.Logger
 
-	mu      sync.Mutex
+	// turn is held (a value in it) by the one Next or Close that reads
+	// or changes w, pending and closed: a Next waits for its turn only
+	// as long as its context lets it, never on a lock held across
+	// another Next's wait.
+	turn    chan struct{}
 	w       *journal.Watcher
 	pending []Event // the rest of the last entry's events
 	closed  bool
@@ -39,14 +44,20 @@ type Subscription struct {
 func (g *Generator) Subscribe() *Subscription {
 	w, _ := g.journal.Watch("", nil) // no cursor: cannot fail
 	ctx, cancel := context.WithCancel(g.rootCtx)
-	return &Subscription{j: g.journal, ctx: ctx, cancel: cancel, m: g.m, log: g.log, w: w}
+	return &Subscription{j: g.journal, ctx: ctx, cancel: cancel, m: g.m, log: g.log, w: w, turn: make(chan struct{}, 1)}
 }
 
 // Next returns the next update, blocking until there is one, the context
 // ends, or the subscription or its generator is closed (ErrClosed).
 func (s *Subscription) Next(ctx context.Context) (Update, error) {
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	select {
+	case s.turn <- struct{}{}:
+	default:
+		if err := s.waitTurn(ctx); err != nil {
+			return Update{}, err
+		}
+	}
+	defer func() { <-s.turn }()
 	if s.closed {
 		return Update{}, ErrClosed
 	}
@@ -94,12 +105,28 @@ func (s *Subscription) Next(ctx context.Context) (Update, error) {
 	}
 }
 
+// waitTurn waits for the turn while ctx lets it and the subscription is
+// open.
+func (s *Subscription) waitTurn(ctx context.Context) error {
+	select {
+	case s.turn <- struct{}{}:
+		return nil
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-s.ctx.Done():
+		if ctx.Err() == nil {
+			return ErrClosed
+		}
+		return ctx.Err()
+	}
+}
+
 // Close ends the subscription; Next then returns ErrClosed, also a Next
 // waiting on another goroutine.
 func (s *Subscription) Close() {
-	s.cancel() // before the lock: a waiting Next holds it
-	s.mu.Lock()
-	defer s.mu.Unlock()
+	s.cancel() // before the turn: a waiting Next holds it, and returns
+	s.turn <- struct{}{}
+	defer func() { <-s.turn }()
 	s.closed = true
 	s.w.Close()
 }
@@ -146,7 +173,8 @@ func journalEntry(p publication, now time.Time) journal.Entry {
 }
 
 // journalPod is the state of pod uid: its listing (nil: gone, last: the
-// listing before) joined with its status, newest first as the status is.
+// listing before) joined with its status, its sandboxes and containers
+// newest first (by creation, as listed), as docs/stream.md says.
 func journalPod(uid types.UID, last, listing *cruntime.Pod, status *cruntime.PodStatus, ids map[string]*cruntime.Identity, now time.Time) *journal.Pod {
 	if listing == nil {
 		p := &journal.Pod{UID: uid, Gone: true, ObservedAt: now}
@@ -165,7 +193,7 @@ func journalPod(uid types.UID, last, listing *cruntime.Pod, status *cruntime.Pod
 	for _, s := range status.SandboxStatuses {
 		sbs[s.ID] = s
 	}
-	for _, c := range listing.Sandboxes {
+	for _, c := range newestFirst(listing.Sandboxes) {
 		s := journal.Sandbox{ID: c.ID, Name: c.Name, State: c.State, Attempt: c.Attempt}
 		if st := sbs[c.ID]; st != nil {
 			s.CreatedAt, s.IPs, s.HostNetwork, s.Labels, s.Annotations = st.CreatedAt, st.IPs, st.HostNetwork, st.Labels, st.Annotations
@@ -176,7 +204,7 @@ func journalPod(uid types.UID, last, listing *cruntime.Pod, status *cruntime.Pod
 	for _, s := range status.ContainerStatuses {
 		cts[s.ID] = s
 	}
-	for _, c := range listing.Containers {
+	for _, c := range newestFirst(listing.Containers) {
 		jc := journal.Container{ID: c.ID, Name: c.Name, State: c.State, Attempt: c.Attempt, Image: c.Image}
 		if st := cts[c.ID]; st != nil {
 			jc.ImageRef, jc.CreatedAt, jc.StartedAt, jc.FinishedAt = st.ImageRef, st.CreatedAt, st.StartedAt, st.FinishedAt
@@ -205,4 +233,16 @@ func journalPod(uid types.UID, last, listing *cruntime.Pod, status *cruntime.Pod
 		p.Labels, p.Annotations = newest.Labels, newest.Annotations
 	}
 	return p
+}
+
+// newestFirst returns cs ordered by creation time, newest first (ties in
+// their listed order); cs itself when it already is.
+func newestFirst(cs []*cruntime.Container) []*cruntime.Container {
+	newer := func(a, b *cruntime.Container) int { return cmp.Compare(b.CreatedAt, a.CreatedAt) }
+	if slices.IsSortedFunc(cs, newer) {
+		return cs
+	}
+	cs = slices.Clone(cs)
+	slices.SortStableFunc(cs, newer)
+	return cs
 }

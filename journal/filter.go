@@ -8,6 +8,8 @@ import (
 	"k8s.io/apimachinery/pkg/labels"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/apimachinery/pkg/util/validation"
+
+	"github.com/podlifecycle/pleg/internal/textfmt"
 )
 
 // Filter selects pods and events. A nil Filter selects everything.
@@ -44,7 +46,7 @@ type FilterError struct {
 }
 
 func (e *FilterError) Error() string {
-	return fmt.Sprintf("invalid filter: %s %q: %s", e.Field, e.Value, e.Reason)
+	return fmt.Sprintf("invalid filter: %s %s: %s", e.Field, textfmt.Echo(e.Value), e.Reason)
 }
 
 // NewFilter checks s and returns its filter.
@@ -52,14 +54,14 @@ func NewFilter(s FilterSpec) (*Filter, error) {
 	f := &Filter{}
 	for _, ns := range s.Namespaces {
 		if errs := validation.IsDNS1123Label(ns); len(errs) > 0 {
-			return nil, &FilterError{Field: "namespaces", Value: ns, Reason: strings.Join(errs, "; ")}
+			return nil, &FilterError{Field: "namespaces", Value: ns, Reason: textfmt.Bound(strings.Join(errs, "; "), textfmt.ReasonMax)}
 		}
 		f.namespaces = append(f.namespaces, ns)
 	}
 	if strings.TrimSpace(s.LabelSelector) != "" {
 		sel, err := labels.Parse(s.LabelSelector)
 		if err != nil {
-			return nil, &FilterError{Field: "labelSelector", Value: s.LabelSelector, Reason: err.Error()}
+			return nil, &FilterError{Field: "labelSelector", Value: s.LabelSelector, Reason: textfmt.Bound(err.Error(), textfmt.ReasonMax)}
 		}
 		f.selector = sel
 	}

@@ -26,6 +26,7 @@ import (
 	"time"
 
 	"github.com/podlifecycle/pleg/cruntime"
+	"github.com/podlifecycle/pleg/internal/textfmt"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/clock"
 )
@@ -46,7 +47,10 @@ type Options struct {
 	// DefaultMaxBytes): the oldest go first.
 	MaxBytes int
 	// MaxAge is how long an entry, and a removed container's tombstone,
-	// is retained at most (default DefaultMaxAge).
+	// is retained at most (default DefaultMaxAge). Tombstones are kept
+	// by age, not by count: a busy node's stream of entries does not
+	// evict them; their own estimated memory is bounded by MaxBytes too
+	// (the oldest go first).
 	MaxAge time.Duration
 	// BookmarkInterval is how long a watcher waits for a message before
 	// it gets a bookmark (default DefaultBookmarkInterval).
@@ -58,7 +62,11 @@ type Options struct {
 	// OnIdentityWanted, when set, is called (without the journal's lock)
 	// when the first watcher that asked for identities opens (true) and
 	// when the last one closes (false): the generator fetches identities
-	// only in between.
+	// only in between. Calls never overlap, each tells the wish as it
+	// stands when it is made, and only when it differs from the last one
+	// told: the last call tells the current wish, however Watch and Close
+	// race. A slow call delays no Watch or Close (the call that is being
+	// made tells the changes made meanwhile, after it returns).
 	OnIdentityWanted func(bool)
 }
 
@@ -81,12 +89,15 @@ type Journal struct {
 	pods    map[types.UID]*Pod
 	removed map[string]*Tombstone // container or sandbox ID -> its removal
 	gone    []string              // removed's keys in removal order
+	dead    int                   // the tombstones' estimated size
 	changed chan struct{}         // closed and replaced on every Append
 	watches map[*Watcher]struct{}
 	// identities counts the open watchers that asked for identities;
 	// onIdentity is told when it leaves or reaches zero.
 	identities int
 	onIdentity func(bool)
+	// telling: a tellIdentity call is telling; told: the last wish told.
+	telling, told bool
 }
 
 // New returns an empty journal.
@@ -114,6 +125,37 @@ func New(o Options) *Journal {
 	return &Journal{size: o.Size, maxBytes: o.MaxBytes, maxAge: o.MaxAge, bookmark: o.BookmarkInterval, clock: o.Clock, epoch: o.Epoch,
 		ring: make([]*Entry, o.Size), pods: make(map[types.UID]*Pod), removed: make(map[string]*Tombstone),
 		changed: make(chan struct{}), watches: make(map[*Watcher]struct{}), onIdentity: o.OnIdentityWanted}
+}
+
+// tellIdentity tells onIdentity the identity wish as it stands, if it
+// changed since the last call. It is called without the journal's lock,
+// after each change of the count, and never waits: one caller at a time
+// tells (the teller), reading the count again after each call until what
+// it told is current; a caller that finds a teller at work leaves the
+// change to it. So calls never overlap, and the last one tells the
+// current wish.
+func (j *Journal) tellIdentity() {
+	if j.onIdentity == nil {
+		return
+	}
+	j.mu.Lock()
+	if j.telling {
+		j.mu.Unlock()
+		return
+	}
+	j.telling = true
+	for {
+		wanted := j.identities > 0
+		if wanted == j.told {
+			j.telling = false
+			j.mu.Unlock()
+			return
+		}
+		j.told = wanted
+		j.mu.Unlock()
+		j.onIdentity(wanted)
+		j.mu.Lock()
+	}
 }
 
 // Epoch returns the journal's epoch: cursors of another epoch cannot be
@@ -242,6 +284,8 @@ type Identity struct {
 type Tombstone struct {
 	Pod       *Pod
 	RemovedAt time.Time
+
+	size int // what it is charged in Journal.dead
 }
 
 // Append adds e (its Seq is given, and its Time when zero) and wakes the
@@ -294,14 +338,25 @@ func (j *Journal) track(e *Entry) {
 			keep[s.ID] = true
 		}
 	}
+	// The tombstones of one removal share prev: the first is charged
+	// its size.
+	podBytes := -1
 	bury := func(id string) {
 		if keep[id] {
 			return
 		}
-		if _, ok := j.removed[id]; !ok {
+		size := tombstoneSize + len(id)
+		if podBytes < 0 {
+			podBytes = podSize(prev)
+			size += podBytes
+		}
+		if old, ok := j.removed[id]; ok {
+			j.dead -= old.size
+		} else {
 			j.gone = append(j.gone, id)
 		}
-		j.removed[id] = &Tombstone{Pod: prev, RemovedAt: e.Time}
+		j.removed[id] = &Tombstone{Pod: prev, RemovedAt: e.Time, size: size}
+		j.dead += size
 	}
 	for _, c := range prev.Containers {
 		bury(c.ID)
@@ -312,7 +367,7 @@ func (j *Journal) track(e *Entry) {
 }
 
 // expireLocked drops the entries and tombstones older than the maximum
-// age, and the tombstones beyond the size.
+// age, and the oldest of each beyond the maximum bytes.
 func (j *Journal) expireLocked(now time.Time) {
 	cutoff := now.Add(-j.maxAge)
 	for j.n > 1 && (j.ring[j.start].Time.Before(cutoff) || j.bytes > j.maxBytes) {
@@ -321,8 +376,11 @@ func (j *Journal) expireLocked(now time.Time) {
 	drop := 0
 	for drop < len(j.gone) {
 		t := j.removed[j.gone[drop]]
-		if t != nil && !t.RemovedAt.Before(cutoff) && len(j.gone)-drop <= j.size {
+		if t != nil && !t.RemovedAt.Before(cutoff) && j.dead <= j.maxBytes {
 			break
+		}
+		if t != nil {
+			j.dead -= t.size
 		}
 		delete(j.removed, j.gone[drop])
 		drop++
@@ -348,18 +406,28 @@ func entrySize(e *Entry) int {
 	for _, t := range e.Transitions {
 		n += len(t.ContainerID) + len(t.ContainerName)
 	}
-	if p := e.Pod; p != nil {
-		n += 160 + len(p.Name) + len(p.Namespace) + len(p.UID) + mapSize(p.Labels) + mapSize(p.Annotations)
-		for _, ip := range p.IPs {
-			n += 16 + len(ip)
-		}
-		for _, s := range p.Sandboxes {
-			n += 128 + len(s.ID) + mapSize(s.Labels) + mapSize(s.Annotations)
-		}
-		for _, c := range p.Containers {
-			n += 256 + len(c.ID) + len(c.Name) + len(c.Image) + len(c.ImageRef) + len(c.Reason) + len(c.Message) +
-				mapSize(c.Labels) + mapSize(c.Annotations)
-		}
+	if e.Pod != nil {
+		n += podSize(e.Pod)
+	}
+	return n
+}
+
+// tombstoneSize estimates a tombstone's struct, its map entry and its
+// place in the removal order, without its ID and pod.
+const tombstoneSize = 112
+
+// podSize estimates the memory a pod state holds.
+func podSize(p *Pod) int {
+	n := 160 + len(p.Name) + len(p.Namespace) + len(p.UID) + mapSize(p.Labels) + mapSize(p.Annotations)
+	for _, ip := range p.IPs {
+		n += 16 + len(ip)
+	}
+	for _, s := range p.Sandboxes {
+		n += 128 + len(s.ID) + mapSize(s.Labels) + mapSize(s.Annotations)
+	}
+	for _, c := range p.Containers {
+		n += 256 + len(c.ID) + len(c.Name) + len(c.Image) + len(c.ImageRef) + len(c.Reason) + len(c.Message) +
+			mapSize(c.Labels) + mapSize(c.Annotations)
 	}
 	return n
 }
@@ -406,11 +474,11 @@ var ErrInvalidCursor = errors.New("invalid cursor")
 func ParseCursor(s string) (Cursor, error) {
 	i := strings.LastIndexByte(s, '-')
 	if i <= 0 {
-		return Cursor{}, fmt.Errorf("%w %q: want EPOCH-SEQUENCE, as a message of a watch carried it", ErrInvalidCursor, s)
+		return Cursor{}, fmt.Errorf("%w %s: want EPOCH-SEQUENCE, as a message of a watch carried it", ErrInvalidCursor, textfmt.Echo(s))
 	}
 	seq, err := strconv.ParseUint(s[i+1:], 10, 64)
 	if err != nil {
-		return Cursor{}, fmt.Errorf("%w %q: bad sequence number", ErrInvalidCursor, s)
+		return Cursor{}, fmt.Errorf("%w %s: bad sequence number", ErrInvalidCursor, textfmt.Echo(s))
 	}
 	return Cursor{Epoch: s[:i], Seq: seq}, nil
 }
@@ -458,14 +526,22 @@ type Found struct {
 // Container finds a container or sandbox by ID among the current pods and
 // those removed within the retention.
 func (j *Journal) Container(id string) (Found, bool) {
+	// Under the lock, only the pods are taken (they are immutable): the
+	// scan of their containers runs without it, so Append and the
+	// watchers do not wait for it.
 	j.mu.Lock()
-	defer j.mu.Unlock()
+	pods := make([]*Pod, 0, len(j.pods))
 	for _, p := range j.pods {
+		pods = append(pods, p)
+	}
+	t := j.removed[id]
+	j.mu.Unlock()
+	for _, p := range pods {
 		if f, ok := find(p, id); ok {
 			return f, true
 		}
 	}
-	if t := j.removed[id]; t != nil {
+	if t != nil {
 		if f, ok := find(t.Pod, id); ok {
 			f.Removed, f.RemovedAt = true, t.RemovedAt
 			return f, true

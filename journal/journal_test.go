@@ -6,7 +6,9 @@ import (
 	"fmt"
 	"math/rand/v2"
 	"reflect"
+	"slices"
 	"strings"
+	"sync"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -422,4 +424,90 @@ func TestFilteredWatcherSkipsBatches(t *testing.T) {
 	if err != nil || m.Type != Event || m.Pod != mine || m.Cursor.Seq != seq {
 		t.Fatalf("Next = %+v, %v; want the event of pod m at %d", m, err, seq)
 	}
+}
+
+// OnIdentityWanted's last call tells the current wish however Watch and
+// Close race: here the call that tells "false" (the last identity watcher
+// closed) is slow, and another identity watcher opens meanwhile. Told
+// after the wish went back to true, a late false would stop identities
+// while a watcher wants them.
+func TestIdentityWantedLateFalse(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var mu sync.Mutex
+		var told []bool
+		last := func() (bool, []bool) {
+			mu.Lock()
+			defer mu.Unlock()
+			return len(told) > 0 && told[len(told)-1], slices.Clone(told)
+		}
+		release := make(chan struct{})
+		j := New(Options{OnIdentityWanted: func(wanted bool) {
+			mu.Lock()
+			slow := !wanted && len(told) == 1
+			mu.Unlock()
+			if slow {
+				<-release // the first false is slow to be told
+			}
+			mu.Lock()
+			told = append(told, wanted)
+			mu.Unlock()
+		}})
+		withID, _ := NewFilter(FilterSpec{Identity: true})
+		a, _ := j.Watch("", withID)
+		go a.Close() // tells false, slowly
+		synctest.Wait()
+		var b *Watcher
+		go func() { b, _ = j.Watch("", withID) }() // the wish is true again
+		synctest.Wait()
+		close(release)
+		synctest.Wait()
+		if l, all := last(); !j.IdentityWanted() || !l {
+			t.Fatalf("told %v while a watcher wants identities (IdentityWanted %v)", all, j.IdentityWanted())
+		}
+		b.Close()
+		if l, all := last(); l {
+			t.Fatalf("told %v after the last identity watcher closed", all)
+		}
+	})
+}
+
+// Removed containers are kept for lookups by age, not by count: many
+// removals and entries after one (more than the journal's size) do not
+// evict it within the maximum age. Their estimated bytes are bounded by
+// MaxBytes: the oldest go first.
+func TestRemovedContainersKeptByAge(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		j := New(Options{Size: 40, MaxAge: 20 * time.Second})
+		for i := range 100 { // 100 pods, each with one container, then removed
+			uid := fmt.Sprintf("p%d", i)
+			j.Append(podEntry(pod(uid, "ns", nil, "c-"+uid+"=running"), "ContainerStarted"))
+			j.Append(podEntry(pod(uid, "ns", nil), "ContainerRemoved"))
+			time.Sleep(30 * time.Millisecond)
+		}
+		for i := range 100 {
+			if f, ok := j.Container(fmt.Sprintf("c-p%d", i)); !ok || !f.Removed {
+				t.Fatalf("c-p%d, removed %v ago: %+v %v; want it found within the maximum age", i, time.Duration(100-i)*30*time.Millisecond, f, ok)
+			}
+		}
+		time.Sleep(20 * time.Second)
+		j.Append(podEntry(pod("b", "ns", nil)))
+		if _, ok := j.Container("c-p99"); ok {
+			t.Fatal("c-p99 still found past the maximum age")
+		}
+	})
+	t.Run("bytes", func(t *testing.T) {
+		j := New(Options{MaxBytes: 64 << 10, MaxAge: time.Hour})
+		big := map[string]string{"note": strings.Repeat("x", 4000)}
+		for i := range 40 { // each tombstone ~4.5 KB: about 14 fit
+			uid := fmt.Sprintf("p%d", i)
+			j.Append(podEntry(pod(uid, "ns", big, "c-"+uid+"=running"), "ContainerStarted"))
+			j.Append(podEntry(pod(uid, "ns", big), "ContainerRemoved"))
+		}
+		if _, ok := j.Container("c-p0"); ok {
+			t.Fatal("the oldest tombstone kept beyond MaxBytes")
+		}
+		if f, ok := j.Container("c-p39"); !ok || !f.Removed {
+			t.Fatalf("the newest tombstone: %+v %v", f, ok)
+		}
+	})
 }

@@ -96,24 +96,31 @@ func (j *Journal) Watch(cursor string, f *Filter) (*Watcher, error) {
 			return nil, err
 		}
 	}
-	j.mu.Lock()
-	first := false
-	defer func() {
-		j.mu.Unlock()
-		if first && j.onIdentity != nil {
-			j.onIdentity(true)
-		}
-	}()
-	switch {
-	case cursor == "":
+	if cursor == "" {
+		// The snapshot is taken under the lock and sorted without it
+		// (pods are immutable); the watcher reads on from the head it
+		// was taken at.
+		j.mu.Lock()
 		for _, p := range j.pods {
 			if f.matchPod(p) {
 				w.snapshot = append(w.snapshot, p)
 			}
 		}
+		w.pos = j.head
+		j.mu.Unlock()
 		sortPods(w.snapshot)
 		w.snapshotting = true
-		w.pos = j.head
+	}
+	j.mu.Lock()
+	first := false
+	defer func() {
+		j.mu.Unlock()
+		if first {
+			j.tellIdentity()
+		}
+	}()
+	switch {
+	case cursor == "":
 	case c.Epoch != j.epoch:
 		w.resync, w.pos = ReasonOtherEpoch, j.head
 	case c.Seq > j.head:
@@ -256,7 +263,7 @@ func (w *Watcher) Close() {
 	w.done = true
 	w.snapshot = nil
 	j.mu.Unlock()
-	if last && j.onIdentity != nil {
-		j.onIdentity(false)
+	if last {
+		j.tellIdentity()
 	}
 }

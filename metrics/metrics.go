@@ -73,6 +73,7 @@ type Metrics struct {
 	EventDeliveryLatency  prometheus.Histogram
 	RuntimeEvents         *prometheus.CounterVec
 	PodRelistQueueDropped prometheus.Counter
+	HintsInboxDropped     prometheus.Counter
 	PodRelistSkipped      *prometheus.CounterVec
 	PodRelistDeferred     *prometheus.CounterVec
 	PodRelistFailures     prometheus.Counter
@@ -189,6 +190,10 @@ func New(reg prometheus.Registerer) *Metrics {
 			Name: "pleg_pod_relist_requests_dropped_total",
 			Help: "Single-pod relist requests the bounded queue could not hold; the next global relist covers them.",
 		}),
+		HintsInboxDropped: prometheus.NewCounter(prometheus.CounterOpts{
+			Name: "pleg_hints_inbox_dropped_total",
+			Help: "Hints (runtime events, RequestRelist) dropped before the relist loop took them: the hand-off to the loop held PodRelistQueue hints already. The next global relist covers their pods.",
+		}),
 		PodRelistSkipped: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "pleg_pod_relist_requests_skipped_total",
 			Help: "Single-pod relist requests (hints) dropped without a runtime call, by reason: covered (a global relist that started later listed the pod, including hints that waited for the budget), stale_event (the runtime event predates the last global relist, e.g. a replay after reconnecting) or unchanged (the runtime event names a container in the state pleg already shows).",
@@ -245,7 +250,7 @@ func (m *Metrics) collectors() []prometheus.Collector {
 		m.EventedConnectionErrors, m.EventedConnectionSuccess, m.EventedConnectionLatency,
 		m.RelistInProgress, m.InspectionTimeouts, m.InspectionFailures, m.InspectionsInFlight,
 		m.SubscriberResyncs, m.EventsDelivered, m.EventDeliveryLatency, m.RuntimeEvents,
-		m.PodRelistQueueDropped, m.PodRelistSkipped, m.PodRelistDeferred, m.PodRelistFailures,
+		m.PodRelistQueueDropped, m.HintsInboxDropped, m.PodRelistSkipped, m.PodRelistDeferred, m.PodRelistFailures,
 		m.EarlyRelists, m.LogLinesSuppressed, m.IdentityFailures, m.EventStreamUp, m.StatusItems,
 	}
 }

@@ -59,7 +59,7 @@ func (f *lifecycleFlags) addFlags(fs *pflag.FlagSet) {
 	durationVar(fs, &f.journalMaxAge, "journal-max-age", journal.DefaultMaxAge, time.Second, 24*time.Hour,
 		"how long the journal keeps an event, and a removed container for lookups")
 	intVar(fs, &f.journalMaxBytes, "journal-max-bytes", journal.DefaultMaxBytes, 1<<16, 1<<30,
-		"memory the journal's events may take (estimated); the oldest go first")
+		"memory the journal's events may take (estimated), and as much for removed containers kept for lookups; the oldest go first")
 	durationVar(fs, &f.bookmark, "lifecycle-bookmark-interval", journal.DefaultBookmarkInterval, 100*time.Millisecond, time.Hour,
 		"an idle watcher gets a bookmark (its cursor moved on) after this long")
 }

@@ -15,6 +15,7 @@ import (
 	"github.com/podlifecycle/pleg/api/lifecycle/server"
 	lifecyclev1 "github.com/podlifecycle/pleg/api/lifecycle/v1"
 	"github.com/podlifecycle/pleg/internal/outbox"
+	"github.com/podlifecycle/pleg/internal/textfmt"
 	"github.com/podlifecycle/pleg/journal"
 )
 
@@ -75,14 +76,14 @@ func parseEventsRequest(r *http.Request) (eventsRequest, error) {
 	}
 	for _, f := range listParam(q, "fields") {
 		if f != server.FieldIdentity {
-			return req, fmt.Errorf("invalid query parameter fields: unknown field %q: want %q", f, server.FieldIdentity)
+			return req, fmt.Errorf("invalid query parameter fields: unknown field %s: want %q", textfmt.Echo(f), server.FieldIdentity)
 		}
 		spec.Identity, req.identity = true, true
 	}
 	f, err := journal.NewFilter(spec)
 	var fe *journal.FilterError
 	if errors.As(err, &fe) {
-		return req, fmt.Errorf("invalid query parameter %s %q: %s", queryParams[fe.Field], fe.Value, fe.Reason)
+		return req, fmt.Errorf("invalid query parameter %s %s: %s", queryParams[fe.Field], textfmt.Echo(fe.Value), fe.Reason)
 	}
 	req.filter = f
 	return req, err

@@ -5,6 +5,7 @@ import (
 	"context"
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"net/http/httptest"
 	"slices"
@@ -207,5 +208,39 @@ func TestEventsLargeSnapshotToReadingClient(t *testing.T) {
 	names, end := sse.snapshot()
 	if len(names) != n || end.id != fmt.Sprintf("e1-%d", n) {
 		t.Fatalf("%d pods in the snapshot, end at %q; want %d", len(names), end.id, n)
+	}
+}
+
+// A bad request's answer echoes the client's value bounded: a 30,000-byte
+// cursor (query or Last-Event-ID), label selector, namespace or field
+// gets a short 400 that says the value's length.
+func TestEventsErrorsEchoValuesBounded(t *testing.T) {
+	_, base := newJournalServer(t, journal.Options{}, Config{})
+	long := strings.Repeat("x", 30000)
+	const maxBody = 1024
+	for what, req := range map[string]struct {
+		query string
+		hdr   http.Header
+	}{
+		"cursor":         {query: "?cursor=" + long},
+		"Last-Event-ID":  {hdr: http.Header{"Last-Event-ID": {long}}},
+		"label selector": {query: "?labelSelector=app+in+(" + long},
+		"namespace":      {query: "?namespace=" + long},
+		"fields":         {query: "?fields=" + long},
+	} {
+		r, err := http.NewRequest(http.MethodGet, base+"/api/v1/events"+req.query, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		maps.Copy(r.Header, req.hdr)
+		resp, err := http.DefaultClient.Do(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		b, _ := io.ReadAll(resp.Body)
+		resp.Body.Close()
+		if resp.StatusCode != 400 || len(b) > maxBody || !strings.Contains(string(b), "... (30") {
+			t.Errorf("%s: %d, %d bytes %.200q; want a 400 of at most %d bytes saying the value's length", what, resp.StatusCode, len(b), b, maxBody)
+		}
 	}
 }

@@ -20,8 +20,15 @@
 // within StallTimeout of its connection refusing more, however long its
 // queue is.
 //
-// It carries any message type, so that an HTTP event stream (bytes) and a
-// gRPC stream (messages) can share it.
+// It carries any message type; the SSE stream (internal/httpapi) is its
+// one user. The gRPC Watch (api/lifecycle/server/watch.go) does not use
+// it: its bound is a count of messages converted ahead of the client (64),
+// and its stall timeout runs while that queue has no room, on the
+// server's clock (fake in its tests), because a gRPC SendMsg takes a whole
+// message and reports no progress within one; an HTTP write is cut in
+// chunks, each one progress, and its bound is in bytes. Both cut only a
+// client that takes nothing for the stall timeout, and both let the
+// journal hold what the client has not read yet.
 package outbox
 
 import (

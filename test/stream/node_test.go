@@ -26,6 +26,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	"slices"
+	"strings"
 	"sync"
 	"syscall"
 	"testing"
@@ -663,6 +664,18 @@ func TestNodeClient(t *testing.T) {
 	}
 	if m := rs.next(); m.End == nil || m.End.Code != 0 {
 		t.Fatalf("after resync_required: %+v, want the end of the stream (OK)", m)
+	}
+
+	// A 30,000-character cursor, or a 40,000-character namespace:
+	// INVALID_ARGUMENT, whose status (grpc-message and the
+	// BadRequest detail) echoes the value bounded. Echoed whole, the
+	// trailer passed Node's 64 KiB header limit: the client never saw an
+	// answer (here: it printed nothing within the patience).
+	for _, args := range [][]string{{"--cursor", strings.Repeat("x", 30000)}, {"--namespace", strings.Repeat("n", 40000)}} {
+		bad := startNode(t, p.socket, append([]string{"watch"}, args...)...)
+		if m := bad.next(); m.End == nil || m.End.Code != 3 || len(m.End.Details) > 1024 {
+			t.Fatalf("a %d-character %s: got %+v, want INVALID_ARGUMENT (3) with a bounded message", len(args[1]), args[0], m)
+		}
 	}
 	t.Logf("node client: %d snapshot pods, %d events in phase 1, %d after resuming from %s", len(view), phase1, len(events)-phase1, cursor)
 }

@@ -8,6 +8,7 @@ import (
 
 	lifecyclev1 "github.com/podlifecycle/pleg/api/lifecycle/v1"
 	"github.com/podlifecycle/pleg/cruntime"
+	"github.com/podlifecycle/pleg/internal/textfmt"
 	"github.com/podlifecycle/pleg/journal"
 )
 
@@ -77,7 +78,7 @@ func FilterSpec(f *lifecyclev1.Filter, fields []string) (journal.FilterSpec, err
 type FieldError struct{ Field string }
 
 func (e *FieldError) Error() string {
-	return fmt.Sprintf("invalid fields: unknown field %q: want %q", e.Field, FieldIdentity)
+	return fmt.Sprintf("invalid fields: unknown field %s: want %q", textfmt.Echo(e.Field), FieldIdentity)
 }
 
 func timestamp(t time.Time) *timestamppb.Timestamp {

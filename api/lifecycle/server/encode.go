@@ -16,9 +16,24 @@ type encoded struct{ b []byte }
 
 // serverCodec is gRPC's proto codec, except that an *encoded message is
 // sent as it is.
-type serverCodec struct{ encoding.CodecV2 }
+// A lifecycle request it cannot decode is noted in bad (see decode.go).
+type serverCodec struct {
+	encoding.CodecV2
+	bad *badRequests
+}
 
-func newServerCodec() serverCodec { return serverCodec{encoding.GetCodecV2("proto")} }
+func newServerCodec(bad *badRequests) serverCodec {
+	return serverCodec{CodecV2: encoding.GetCodecV2("proto"), bad: bad}
+}
+
+func (c serverCodec) Unmarshal(data mem.BufferSlice, v any) error {
+	err := c.CodecV2.Unmarshal(data, v)
+	if err != nil && c.bad != nil && lifecycleRequest(v) {
+		c.bad.put(v, err)
+		return nil
+	}
+	return err
+}
 
 func (c serverCodec) Marshal(v any) (mem.BufferSlice, error) {
 	if e, ok := v.(*encoded); ok {

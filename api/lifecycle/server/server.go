@@ -41,6 +41,7 @@ import (
 
 	lifecyclev1 "github.com/podlifecycle/pleg/api/lifecycle/v1"
 	"github.com/podlifecycle/pleg/internal/entrycache"
+	"github.com/podlifecycle/pleg/internal/textfmt"
 	"github.com/podlifecycle/pleg/journal"
 )
 
@@ -182,9 +183,12 @@ func (s *Server) Serve(ctx context.Context, lns ...net.Listener) error {
 	}
 	servers := make([]*grpc.Server, len(lns))
 	for i, ln := range lns {
+		bad := &badRequests{}
 		opts := []grpc.ServerOption{
 			grpc.MaxRecvMsgSize(maxRequestSize),
-			grpc.ForceServerCodecV2(newServerCodec()),
+			grpc.ForceServerCodecV2(newServerCodec(bad)),
+			grpc.UnaryInterceptor(bad.unary),
+			grpc.StreamInterceptor(bad.stream),
 			// Clients may keep idle connections alive (any language's
 			// defaults are at least this long).
 			grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
@@ -266,12 +270,14 @@ func invalidArgument(err error) error {
 	switch {
 	case errors.As(err, &fe):
 		field = filterFieldNames[fe.Field]
-		msg = fmt.Sprintf("invalid %s %q: %s", field, fe.Value, fe.Reason)
+		msg = fmt.Sprintf("invalid %s %s: %s", field, textfmt.Echo(fe.Value), fe.Reason)
 	case errors.As(err, &fl):
 		field = "fields"
 	case errors.Is(err, journal.ErrInvalidCursor):
 		field = "cursor"
 	}
+	// Every value echoed is bounded (textfmt.Echo); so is the whole.
+	msg = textfmt.Bound(msg, 2*textfmt.ReasonMax+4*textfmt.EchoMax)
 	st := status.New(codes.InvalidArgument, msg)
 	if field != "" {
 		if d, derr := st.WithDetails(&errdetails.BadRequest{FieldViolations: []*errdetails.BadRequest_FieldViolation{{Field: field, Description: msg}}}); derr == nil {
@@ -313,7 +319,7 @@ func (s *Server) GetPod(_ context.Context, req *lifecyclev1.GetPodRequest) (*lif
 	}
 	p, ok := s.j.Pod(types.UID(req.GetUid()))
 	if !ok {
-		return nil, status.Errorf(codes.NotFound, "no pod with UID %q", req.GetUid())
+		return nil, status.Errorf(codes.NotFound, "no pod with UID %s", textfmt.Echo(req.GetUid()))
 	}
 	return podMessage(p, true), nil
 }
@@ -326,7 +332,7 @@ func (s *Server) GetContainer(_ context.Context, req *lifecyclev1.GetContainerRe
 	}
 	f, ok := s.j.Container(req.GetId())
 	if !ok {
-		return nil, status.Errorf(codes.NotFound, "no container or sandbox with ID %q (current, or removed within the journal's retention)", req.GetId())
+		return nil, status.Errorf(codes.NotFound, "no container or sandbox with ID %s (current, or removed within the journal's retention)", textfmt.Echo(req.GetId()))
 	}
 	return containerResponse(f), nil
 }

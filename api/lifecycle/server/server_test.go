@@ -17,8 +17,10 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/mem"
 	reflectionpb "google.golang.org/grpc/reflection/grpc_reflection_v1"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	lifecyclev1 "github.com/podlifecycle/pleg/api/lifecycle/v1"
 	"github.com/podlifecycle/pleg/cruntime"
@@ -530,3 +532,91 @@ func TestIdleConnectionFreesItsSlot(t *testing.T) {
 		t.Fatalf("a second connection, once the first idled out: %v", err)
 	}
 }
+
+// An error echoes a client's value bounded: a 40,000-byte cursor, label
+// selector, namespace, field or ID gets an error whose status (the
+// grpc-message and grpc-status-details-bin trailers) stays small, where
+// echoing the whole value twice made a trailer over Node's 64 KiB header
+// limit and wedged the client's connection.
+func TestErrorsEchoValuesBounded(t *testing.T) {
+	h := newHarness(t, journal.Options{}, Config{})
+	long := strings.Repeat("x", 40000)
+	const maxStatus = 2048 // bytes of the whole status, details included
+	check := func(what string, err error, want codes.Code) {
+		t.Helper()
+		st := status.Convert(err)
+		if st.Code() != want {
+			t.Errorf("%s: %v, want %v", what, st.Code(), want)
+		}
+		if n := proto.Size(st.Proto()); n > maxStatus {
+			t.Errorf("%s: the status is %d bytes (message %d), want at most %d", what, n, len(st.Message()), maxStatus)
+		}
+		if !strings.Contains(st.Message(), "... (400") {
+			t.Errorf("%s: the message does not say the value's length: %.200s", what, st.Message())
+		}
+	}
+	for what, req := range map[string]*lifecyclev1.WatchRequest{
+		"cursor":         {Cursor: long},
+		"cursor (epoch)": {Cursor: long + "-x"},
+		"label selector": {Filter: &lifecyclev1.Filter{LabelSelector: "app in (" + long}},
+		"label value":    {Filter: &lifecyclev1.Filter{LabelSelector: "app=" + long}},
+		"namespace":      {Filter: &lifecyclev1.Filter{Namespaces: []string{long}}},
+		"fields":         {Fields: []string{long}},
+	} {
+		_, err := recvErr(h.watch(t, req))
+		check("Watch "+what, err, codes.InvalidArgument)
+	}
+	_, err := h.client.ListPods(context.Background(), &lifecyclev1.ListPodsRequest{Filter: &lifecyclev1.Filter{LabelSelector: "app in (" + long}})
+	check("ListPods label selector", err, codes.InvalidArgument)
+	_, err = h.client.GetPod(context.Background(), &lifecyclev1.GetPodRequest{Uid: long})
+	check("GetPod", err, codes.NotFound)
+	_, err = h.client.GetContainer(context.Background(), &lifecyclev1.GetContainerRequest{Id: long})
+	check("GetContainer", err, codes.NotFound)
+}
+
+// A request that is not a valid message is INVALID_ARGUMENT, as the docs'
+// table says (gRPC's own answer to a codec error is INTERNAL), for the
+// unary calls and for Watch; the connection serves on.
+func TestUndecodableRequestInvalidArgument(t *testing.T) {
+	h := newHarness(t, journal.Options{}, Config{})
+	garbage := &bytesFrame{b: []byte{0x0a, 0xff, 0xff}} // field 1, a length past the end
+	ctx := context.Background()
+	for _, method := range []string{lifecyclev1.Lifecycle_ListPods_FullMethodName, lifecyclev1.Lifecycle_GetPod_FullMethodName, lifecyclev1.Lifecycle_GetContainer_FullMethodName} {
+		err := h.conn.Invoke(ctx, method, garbage, &bytesFrame{}, grpc.ForceCodecV2(bytesCodec{}))
+		if st := status.Convert(err); st.Code() != codes.InvalidArgument {
+			t.Errorf("%s: %v, want InvalidArgument", method, err)
+		}
+	}
+	s, err := h.conn.NewStream(ctx, &lifecyclev1.Lifecycle_ServiceDesc.Streams[0], lifecyclev1.Lifecycle_Watch_FullMethodName, grpc.ForceCodecV2(bytesCodec{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.SendMsg(garbage); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.CloseSend(); err != nil {
+		t.Fatal(err)
+	}
+	if err := s.RecvMsg(&bytesFrame{}); status.Code(err) != codes.InvalidArgument {
+		t.Errorf("Watch: %v, want InvalidArgument", err)
+	}
+	if _, err := h.client.ListPods(ctx, &lifecyclev1.ListPodsRequest{}); err != nil {
+		t.Fatalf("a valid request after: %v", err)
+	}
+}
+
+// bytesFrame is a message sent and received as raw bytes (bytesCodec).
+type bytesFrame struct{ b []byte }
+
+type bytesCodec struct{}
+
+func (bytesCodec) Marshal(v any) (mem.BufferSlice, error) {
+	return mem.BufferSlice{mem.SliceBuffer(v.(*bytesFrame).b)}, nil
+}
+
+func (bytesCodec) Unmarshal(data mem.BufferSlice, v any) error {
+	v.(*bytesFrame).b = data.Materialize()
+	return nil
+}
+
+func (bytesCodec) Name() string { return "proto" }

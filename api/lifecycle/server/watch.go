@@ -111,6 +111,11 @@ func (s *Server) Watch(req *lifecyclev1.WatchRequest, stream grpc.ServerStreamin
 	defer cancel(nil)
 	defer context.AfterFunc(s.stopping, func() { cancel(context.Cause(s.stopping)) })()
 
+	// The watch's slow-consumer rule (not internal/outbox, which the SSE
+	// stream uses; its package comment says why): at most QueueSize
+	// messages converted ahead of the client, and a cut when the queue
+	// has no room for the stall timeout (push) or the last messages are
+	// not taken within it (drain). The journal holds the rest.
 	q := make(chan outMsg, s.cfg.QueueSize)
 	progress := make(chan struct{}, 1)
 	done := make(chan struct{})
