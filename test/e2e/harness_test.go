@@ -32,7 +32,7 @@ func testHarness(t *testing.T, e *env) {
 	}
 	t.Logf("runtime %s %s (CRI %s)", ver.RuntimeName, ver.RuntimeVersion, ver.RuntimeApiVersion)
 	if !strings.Contains(ver.RuntimeVersion, e.version) {
-		t.Fatalf("runtime version %q, want containerd %s", ver.RuntimeVersion, e.version)
+		t.Fatalf("runtime version %q, want %s", ver.RuntimeVersion, e.name())
 	}
 
 	sandboxID, podUID := RunPod(t, "harness")
@@ -87,7 +87,7 @@ func testHarness(t *testing.T, e *env) {
 				_, err = stream.Recv()
 			}
 			if status.Code(err) != codes.Unimplemented {
-				t.Fatalf("GetContainerEvents on containerd %s: %v, want Unimplemented", e.version, err)
+				t.Fatalf("GetContainerEvents on %s: %v, want Unimplemented", e.name(), err)
 			}
 			return
 		}

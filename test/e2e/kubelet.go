@@ -893,7 +893,7 @@ func (k *kubelet) checkHostPaths() error {
 func requireKubeletRuntime(t testing.TB) {
 	t.Helper()
 	for _, e := range runtimes {
-		if e.version == kubeletRuntime {
+		if e.kind == kindContainerd && e.version == kubeletRuntime {
 			return
 		}
 	}
