@@ -293,8 +293,9 @@ func (e *env) importArchive(archive string, refs ...string) error {
 	return nil
 }
 
-// KillContainerd SIGKILLs containerd and waits until it is gone. Shims and
-// containers keep running, as on a real node. If the test does not start
+// KillContainerd SIGKILLs the suite's runtime (containerd, or CRI-O: these
+// helpers predate it and act on either) and waits until it is gone. Shims
+// (conmons) and containers keep running, as on a real node. If the test does not start
 // containerd again, a cleanup does, so later tests find it running.
 func KillContainerd(t testing.TB) {
 	t.Helper()
@@ -313,14 +314,14 @@ func stopContainerd(t testing.TB, how string) {
 	e := suite
 	r, err := e.sup.call(how, 30*time.Second)
 	if err != nil {
-		t.Fatalf("stopping containerd: %v", err)
+		t.Fatalf("stopping %s: %v", e.name(), err)
 	}
-	t.Logf("containerd stopped: %s", r)
+	t.Logf("%s stopped: %s", e.name(), r)
 	t.Cleanup(func() {
 		if !e.sup.running() {
-			t.Logf("cleanup: containerd was left stopped; starting it again")
+			t.Logf("cleanup: %s was left stopped; starting it again", e.name())
 			if err := e.restart(); err != nil {
-				t.Errorf("cleanup: starting containerd: %v", err)
+				t.Errorf("cleanup: starting %s: %v", e.name(), err)
 			}
 		}
 	})
@@ -332,9 +333,9 @@ func StartContainerd(t testing.TB) {
 	t.Helper()
 	start := time.Now()
 	if err := suite.restart(); err != nil {
-		t.Fatalf("starting containerd: %v", err)
+		t.Fatalf("starting %s: %v", suite.name(), err)
 	}
-	t.Logf("containerd started, CRI ready after %v", time.Since(start).Round(time.Millisecond))
+	t.Logf("%s started, CRI ready after %v", suite.name(), time.Since(start).Round(time.Millisecond))
 }
 
 // RestartContainerd kills containerd (SIGKILL) and starts it again.
