@@ -2,6 +2,8 @@ package e2e
 
 import (
 	"context"
+	"errors"
+	"io"
 	"os"
 	"path/filepath"
 	"slices"
@@ -171,4 +173,24 @@ func testHarness(t *testing.T, e *env) {
 			t.Fatalf("left after removal: %d pods, %d containers", len(pods.Items), len(ctrs.Containers))
 		}
 	})
+
+	if e.kind == kindCRIO {
+		// CRI-O's default: no events, and a stream that says so by
+		// ending at once with OK (not Unimplemented).
+		t.Run("enable_pod_events=false", func(t *testing.T) {
+			setPodEvents(t, false)
+			ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			defer cancel()
+			start := time.Now()
+			stream, err := rt.GetContainerEvents(ctx, &runtimeapi.GetEventsRequest{})
+			if err != nil {
+				t.Fatalf("GetContainerEvents: %v, want a stream", err)
+			}
+			ev, err := stream.Recv()
+			if !errors.Is(err, io.EOF) {
+				t.Fatalf("GetContainerEvents with enable_pod_events=false: Recv = %v, %v; want the stream ended (io.EOF)", ev, err)
+			}
+			t.Logf("GetContainerEvents ended with OK after %v", time.Since(start).Round(time.Millisecond))
+		})
+	}
 }
