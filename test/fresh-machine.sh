@@ -71,6 +71,9 @@ unprovision() {
 	# Debian's package lists too: a new machine may have none.
 	rm -f /var/lib/apt/periodic/pleg-apt-install-update
 	rm -rf "$repo/.cache/e2e"
+	# skopeo (test/e2e's CRI-O images) keeps its blob-info cache there
+	# when run as root, whatever storage it writes to.
+	rm -f /var/lib/containers/cache/blob-info-cache-v1.boltdb
 }
 
 results=()
