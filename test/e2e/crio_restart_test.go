@@ -101,7 +101,8 @@ func waitRelistAfter(t *testing.T, d *daemonView, since time.Time, timeout time.
 
 // TestPlegRunCRIORestarted stops CRI-O (SIGTERM, as a service restart
 // does) under a running `pleg run` and `pleg watch`; while it is down one
-// container's process is killed and another exits by itself. Once CRI-O's
+// container's process is SIGKILLed and another's SIGTERMed (it exits 0,
+// as on its own). Once CRI-O's
 // socket accepts connections again, pleg must list within 2 s, deliver
 // both deaths with the exit codes CRI-O reports, reconnect its event
 // stream, and see a container started afterwards; nothing else.
@@ -126,28 +127,22 @@ func TestPlegRunCRIORestarted(t *testing.T) {
 		}
 		return nil
 	})
-	// A container that exits by itself while CRI-O is down.
-	short := CreateAndStart(t, sb, "short", []string{"sleep", "4s"})
+	// A container that exits 0 while CRI-O is down (SIGTERM: the
+	// workload's clean exit).
+	short := CreateAndStart(t, sb, "short", []string{"run"})
 	WaitContainerState(t, short, runtimeapi.ContainerState_CONTAINER_RUNNING, 10*time.Second)
 	waitEvents(t, 10*time.Second, logs, pleg.ContainerStarted, short)
-	pid := containerPID(t, victim)
+	pid, shortPID := containerPID(t, victim), containerPID(t, short)
 
 	stoppedAt := time.Now()
 	StopContainerd(t)
 	if err := syscall.Kill(pid, syscall.SIGKILL); err != nil {
 		t.Fatalf("killing the victim's process %d: %v", pid, err)
 	}
-	// Wait for the short container's own exit (4 s after its start)
-	// while CRI-O is down: its conmon records it.
-	shortPID := 0
-	for _, p := range ourProcesses(e.dir, e.cgroupParent, -1) {
-		if len(p.argv) >= 3 && p.argv[len(p.argv)-2] == "sleep" && p.argv[len(p.argv)-1] == "4s" {
-			shortPID = p.pid
-		}
+	if err := syscall.Kill(shortPID, syscall.SIGTERM); err != nil {
+		t.Fatalf("stopping the short container's process %d: %v", shortPID, err)
 	}
-	if shortPID == 0 {
-		t.Fatalf("the short container's process is not among ours")
-	}
+	// Both exit while CRI-O is down: their conmons record it.
 	eventually(t, 15*time.Second, "victim and short container processes gone", func() error {
 		for _, p := range []int{pid, shortPID} {
 			if st, ok := listProcs()[p]; ok && st.state != 'Z' {
