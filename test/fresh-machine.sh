@@ -47,8 +47,11 @@ echo "fresh-machine: $runs run(s) of .ci/run on fresh clones of $repo at $head; 
 # chromium; autoremove then drops the libraries only they needed. containerd
 # is Debian's 1.6 for the e2e suite (test/e2e runs its own process of it);
 # prometheus (and promtool) is for deploy's rule tests; busybox-static is
-# the base of test/e2e's pleg image.
-packages=(containerd runc busybox-static chromium chromium-common chromium-sandbox chromium-driver prometheus)
+# the base of test/e2e's pleg image; conmon, containernetworking-plugins
+# and skopeo are for test/e2e's CRI-O (its monitor, the loopback CNI plugin,
+# the image import).
+packages=(containerd runc busybox-static chromium chromium-common chromium-sandbox chromium-driver prometheus
+	conmon containernetworking-plugins skopeo)
 
 unprovision() {
 	local present=() p
@@ -60,7 +63,7 @@ unprovision() {
 		DEBIAN_FRONTEND=noninteractive apt-get -q -o DPkg::Lock::Timeout=600 purge -y "${present[@]}" >"$work/apt-remove.log" 2>&1
 		DEBIAN_FRONTEND=noninteractive apt-get -q -o DPkg::Lock::Timeout=600 autoremove --purge -y >>"$work/apt-remove.log" 2>&1
 	fi
-	for p in containerd runc busybox chromium promtool; do
+	for p in containerd runc busybox chromium promtool conmon skopeo; do
 		if command -v "$p" >/dev/null; then
 			echo "fresh-machine: $p is still on PATH ($(command -v $p)) after removing the packages" >&2
 			exit 1
@@ -68,7 +71,10 @@ unprovision() {
 	done
 	# Debian's package lists too: a new machine may have none.
 	rm -f /var/lib/apt/periodic/pleg-apt-install-update
-	rm -rf "$repo/.cache/e2e" "$repo/.cache/npd"
+	rm -rf "$repo/.cache/e2e" "$repo/.cache/npd" "$repo/.cache/crictl"
+	# skopeo (test/e2e's CRI-O images) keeps its blob-info cache there
+	# when run as root, whatever storage it writes to.
+	rm -f /var/lib/containers/cache/blob-info-cache-v1.boltdb
 }
 
 results=()

@@ -67,9 +67,12 @@ func listProcs() map[int]*procInfo {
 
 // ownedBinaries are the programs whose command line names our dir when
 // they belong to us (containerd --config <dir>/config.toml, shims with
-// -address <dir>/containerd.sock, runc --root <dir>/runc/..., ctr -a ...).
+// -address <dir>/containerd.sock, runc --root <dir>/runc/..., ctr -a ...;
+// crio --config <dir>/crio.conf, conmon --exit-dir <dir>/exits ... (CRI-O's
+// per-container monitor, double-forked), pinns -d <dir>/ns, skopeo copy).
 var ownedBinaries = map[string]bool{
 	"containerd": true, "containerd-shim-runc-v2": true, "ctr": true, "runc": true,
+	"crio": true, "conmon": true, "pinns": true, "skopeo": true,
 }
 
 func referencesDir(p *procInfo, dir string) bool {
@@ -285,7 +288,10 @@ func cgroupProcs(parent string) map[int]bool {
 // state is under dir/runc (state.json "cgroup_paths"), for containers
 // created outside our cgroup parent.
 func runcCgroupPaths(dir string) []string {
+	// containerd's runc root is <dir>/runc/<namespace>, CRI-O's <dir>/runc.
 	files, _ := filepath.Glob(filepath.Join(dir, "runc", "*", "*", "state.json"))
+	more, _ := filepath.Glob(filepath.Join(dir, "runc", "*", "state.json"))
+	files = append(files, more...)
 	var out []string
 	for _, f := range files {
 		b, err := os.ReadFile(f)

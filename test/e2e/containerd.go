@@ -133,18 +133,27 @@ func (e *env) configTemplate() string {
 	return containerdConfig
 }
 
-// hasEvents reports whether e's containerd serves GetContainerEvents
-// (1.7 and later; 1.6 answers Unimplemented).
-func (e *env) hasEvents() bool { return !strings.HasPrefix(e.version, "1.6.") }
+// hasEvents reports whether e's runtime serves GetContainerEvents
+// (containerd 1.7 and later; 1.6 answers Unimplemented; CRI-O with
+// enable_pod_events = true, while with false its stream ends at once).
+func (e *env) hasEvents() bool {
+	if e.kind == kindCRIO {
+		return e.podEvents
+	}
+	return !strings.HasPrefix(e.version, "1.6.")
+}
 
 // sharedEvents reports whether e's containerd feeds every
 // GetContainerEvents subscriber from one shared channel, so that with
 // several subscribers each gets only part of the events (1.7:
 // containerd/containerd#7318; 2.x broadcasts).
-func (e *env) sharedEvents() bool { return strings.HasPrefix(e.version, "1.7.") }
+func (e *env) sharedEvents() bool {
+	return e.kind == kindContainerd && strings.HasPrefix(e.version, "1.7.")
+}
 
-// name is the subtest name of e's runtime, e.g. "containerd-1.7.35".
-func (e *env) name() string { return "containerd-" + e.version }
+// name is the subtest name of e's runtime, e.g. "containerd-1.7.35" or
+// "crio-1.36.3".
+func (e *env) name() string { return e.kind + "-" + e.version }
 
 // forEachRuntime runs f as a subtest per runtime of this run, named by
 // version (TestX/containerd-1.7.35), with suite set to that runtime.
@@ -158,13 +167,13 @@ func forEachRuntime(t *testing.T, f func(t *testing.T, e *env)) {
 	}
 }
 
-// useRuntime points suite at the runtime whose version starts with prefix
-// for the rest of t, and skips t (saying why) when this run has none,
-// i.e. when PLEG_E2E_RUNTIMES narrowed it away.
+// useRuntime points suite at the containerd whose version starts with
+// prefix for the rest of t, and skips t (saying why) when this run has
+// none, i.e. when PLEG_E2E_RUNTIMES narrowed it away.
 func useRuntime(t *testing.T, prefix string) *env {
 	t.Helper()
 	for _, e := range runtimes {
-		if strings.HasPrefix(e.version, prefix) {
+		if e.kind == kindContainerd && strings.HasPrefix(e.version, prefix) {
 			useEnv(t, e)
 			return e
 		}
@@ -236,7 +245,7 @@ func (e *env) waitCRI(timeout time.Duration) error {
 		}
 		lastErr = err
 		if st, serr := e.sup.call("status", 5*time.Second); serr == nil && strings.HasPrefix(st, "stopped") {
-			return fmt.Errorf("containerd exited (%s) before CRI answered; see %s", strings.TrimPrefix(st, "stopped "), e.logPath)
+			return fmt.Errorf("%s exited (%s) before CRI answered; see %s", e.kind, strings.TrimPrefix(st, "stopped "), e.logPath)
 		}
 		time.Sleep(50 * time.Millisecond)
 	}
@@ -253,6 +262,9 @@ func (e *env) importImages() error {
 // unpacked for the CRI snapshotter, and waits until CRI sees every image
 // of refs.
 func (e *env) importArchive(archive string, refs ...string) error {
+	if e.kind != kindContainerd {
+		return fmt.Errorf("importing %s into %s: %w", archive, e.name(), errNotContainerd)
+	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, filepath.Join(e.binDir, "ctr"), "-n", criNamespace, "-a", e.sock,
@@ -281,8 +293,9 @@ func (e *env) importArchive(archive string, refs ...string) error {
 	return nil
 }
 
-// KillContainerd SIGKILLs containerd and waits until it is gone. Shims and
-// containers keep running, as on a real node. If the test does not start
+// KillContainerd SIGKILLs the suite's runtime (containerd, or CRI-O: these
+// helpers predate it and act on either) and waits until it is gone. Shims
+// (conmons) and containers keep running, as on a real node. If the test does not start
 // containerd again, a cleanup does, so later tests find it running.
 func KillContainerd(t testing.TB) {
 	t.Helper()
@@ -301,14 +314,14 @@ func stopContainerd(t testing.TB, how string) {
 	e := suite
 	r, err := e.sup.call(how, 30*time.Second)
 	if err != nil {
-		t.Fatalf("stopping containerd: %v", err)
+		t.Fatalf("stopping %s: %v", e.name(), err)
 	}
-	t.Logf("containerd stopped: %s", r)
+	t.Logf("%s stopped: %s", e.name(), r)
 	t.Cleanup(func() {
 		if !e.sup.running() {
-			t.Logf("cleanup: containerd was left stopped; starting it again")
+			t.Logf("cleanup: %s was left stopped; starting it again", e.name())
 			if err := e.restart(); err != nil {
-				t.Errorf("cleanup: starting containerd: %v", err)
+				t.Errorf("cleanup: starting %s: %v", e.name(), err)
 			}
 		}
 	})
@@ -320,9 +333,9 @@ func StartContainerd(t testing.TB) {
 	t.Helper()
 	start := time.Now()
 	if err := suite.restart(); err != nil {
-		t.Fatalf("starting containerd: %v", err)
+		t.Fatalf("starting %s: %v", suite.name(), err)
 	}
-	t.Logf("containerd started, CRI ready after %v", time.Since(start).Round(time.Millisecond))
+	t.Logf("%s started, CRI ready after %v", suite.name(), time.Since(start).Round(time.Millisecond))
 }
 
 // RestartContainerd kills containerd (SIGKILL) and starts it again.
@@ -333,6 +346,9 @@ func RestartContainerd(t testing.TB) {
 }
 
 func (e *env) restart() error {
+	if e.kind == kindCRIO {
+		return e.startCRIO()
+	}
 	if err := e.startContainerd(); err != nil {
 		return err
 	}

@@ -228,7 +228,7 @@ func CreateContainer(t testing.TB, sandboxID, name string, args []string) string
 	}
 	cfg := &runtimeapi.ContainerConfig{
 		Metadata:    &runtimeapi.ContainerMetadata{Name: name, Attempt: attempt},
-		Image:       &runtimeapi.ImageSpec{Image: workloadImage},
+		Image:       &runtimeapi.ImageSpec{Image: workloadImage, UserSpecifiedImage: workloadImage}, // CRI-O 1.36 refuses a container without it ("cannot verify image signature")
 		Args:        args,
 		Labels:      labels,
 		Annotations: map[string]string{annotRestartCount: strconv.FormatUint(uint64(attempt), 10)},

@@ -1,9 +1,9 @@
 package e2e
 
-// The suite's environment: the variables it reads, the containerd versions
-// it runs against, and env, one private containerd (its dir, supervisor,
-// socket, CRI client), set up for every version by setup and torn down and
-// checked clean by teardown.
+// The suite's environment: the variables it reads, the runtimes it runs
+// against (four containerd versions and CRI-O), and env, one private
+// runtime (its dir, supervisor, socket, CRI client), set up for every
+// runtime by setup and torn down and checked clean by teardown.
 
 import (
 	"errors"
@@ -24,15 +24,17 @@ const (
 	// envSnapshotter forces a snapshotter (overlayfs or native) instead of
 	// probing whether overlayfs works.
 	envSnapshotter = "PLEG_E2E_SNAPSHOTTER"
-	// envRuntimes narrows the containerd versions the suite runs against
-	// (comma- or space-separated prefixes of allRuntimes, e.g. "2.2" or
-	// "1.7,2.2"); unset means all of them, as in CI.
+	// envRuntimes narrows the runtimes the suite runs against (comma- or
+	// space-separated prefixes of allRuntimes, e.g. "2.2", "1.7,2.2" or
+	// "crio"); unset means all of them, as in CI.
 	envRuntimes = "PLEG_E2E_RUNTIMES"
 )
 
-// allRuntimes are the containerd versions the suite runs against, oldest
-// first; provision.sh provisions each into <cache>/containerd-<version>/bin.
-var allRuntimes = []string{"1.6.20", "1.7.35", "2.2.9", "2.4.2"}
+// allRuntimes are the runtimes the suite runs against: containerd
+// versions, oldest first, then CRI-O ("crio-<version>"); provision.sh
+// provisions each into <cache>/containerd-<version>/bin or
+// <cache>/crio-<version>/bin.
+var allRuntimes = []string{"1.6.20", "1.7.35", "2.2.9", "2.4.2", "crio-1.36.3"}
 
 // Images built by provision.sh and imported into containerd's k8s.io
 // namespace.
@@ -44,13 +46,14 @@ const (
 	podNamespace = "e2e"
 )
 
-// suite is the containerd the running test talks to: the newest of
-// runtimes unless the test runs a subtest per runtime (forEachRuntime) or
-// needs one version (useRuntime).
+// suite is the runtime the running test talks to: the newest containerd
+// of runtimes (CRI-O when the run has no containerd) unless the test runs
+// a subtest per runtime (forEachRuntime) or needs one version
+// (useRuntime).
 var suite *env
 
-// runtimes are every private containerd of this run, oldest first, all
-// started by TestMain.
+// runtimes are every private runtime of this run, in allRuntimes' order,
+// all started by TestMain.
 var runtimes []*env
 
 // baseEnv holds what every env of this run shares (repository, cache,
@@ -58,20 +61,22 @@ var runtimes []*env
 // (startKubelet).
 var baseEnv *env
 
-// env describes one private containerd the tests talk to.
+// env describes one private runtime (a containerd or a CRI-O) the tests
+// talk to.
 type env struct {
-	version      string // e.g. "2.2.9"
+	kind         string // kindContainerd or kindCRIO
+	version      string // e.g. "2.2.9" (containerd) or "1.36.3" (CRI-O)
 	repoRoot     string
 	cacheDir     string
-	binDir       string // containerd, containerd-shim-runc-v2, ctr of this version
+	binDir       string // containerd, containerd-shim-runc-v2, ctr of this version; or crio, pinns
 	imageArchive string // OCI layout tar with both images
 	runcPath     string
 	kubeletBin   string // the kubelet built by test/kubelet/build.sh
 
 	dir          string // private temp root; everything below is ours
-	sock         string // containerd gRPC (and CRI) socket
+	sock         string // containerd gRPC (and CRI) socket, or CRI-O's
 	configPath   string
-	logPath      string // containerd's stdout+stderr (appended across restarts)
+	logPath      string // the runtime's stdout+stderr (appended across restarts)
 	snapshotter  string // overlayfs or native
 	cgroupParent string // cgroup parent of all pods, e.g. /pleg-e2e-123
 	runDirMade   bool   // /run/containerd did not exist before we started
@@ -79,6 +84,9 @@ type env struct {
 	// 0 (root's) unless a test sets it and restarts containerd
 	// (TestDaemonSetOnKubelet: the socket's group for a non-root pleg).
 	socketGID int
+	// podEvents is CRI-O's enable_pod_events (true unless a test
+	// switches it off with setPodEvents).
+	podEvents bool
 
 	sup *supervisorClient
 	cri *criClient
@@ -106,7 +114,7 @@ func selectRuntimes() ([]string, error) {
 		item = strings.TrimPrefix(item, "v")
 		n := 0
 		for _, r := range allRuntimes {
-			if r == item || strings.HasPrefix(r, item+".") {
+			if r == item || strings.HasPrefix(r, item+".") || strings.HasPrefix(r, item+"-") {
 				want[r] = true
 				n++
 			}
@@ -165,9 +173,9 @@ func setup() ([]*env, error) {
 			start := time.Now()
 			envs[i], errs[i] = startEnv(&base, v)
 			if errs[i] != nil {
-				errs[i] = fmt.Errorf("containerd %s: %w", v, errs[i])
+				errs[i] = fmt.Errorf("%s: %w", runtimeName(v), errs[i])
 			} else {
-				logf("containerd %s started in %v", v, time.Since(start).Round(time.Millisecond))
+				logf("%s started in %v", runtimeName(v), time.Since(start).Round(time.Millisecond))
 			}
 		}()
 	}
@@ -181,25 +189,41 @@ func setup() ([]*env, error) {
 	return started, errors.Join(errs...)
 }
 
-// startEnv starts containerd version on a private dir. When it returns a
-// non-nil env, that env must be torn down, even if err is non-nil.
-func startEnv(base *env, version string) (*env, error) {
-	return startEnvWith(base, version, nil)
+// runtimeName is the subtest name of an allRuntimes item:
+// "containerd-2.2.9", "crio-1.36.3".
+func runtimeName(item string) string {
+	if strings.HasPrefix(item, kindCRIO+"-") {
+		return item
+	}
+	return kindContainerd + "-" + item
+}
+
+// startEnv starts the runtime named by an allRuntimes item (a containerd
+// version, or crio-<version>) on a private dir. When it returns a non-nil
+// env, that env must be torn down, even if err is non-nil.
+func startEnv(base *env, item string) (*env, error) {
+	return startEnvWith(base, item, nil)
 }
 
 // startEnvWith is startEnv, calling before (when set) once the env's dir
 // exists and its supervisor runs, before containerd starts: e.g. to mount
 // a tmpfs for its root (the supervisor unmounts it at teardown).
-func startEnvWith(base *env, version string, before func(*env) error) (*env, error) {
+func startEnvWith(base *env, item string, before func(*env) error) (*env, error) {
 	e := &env{
-		version:      version,
+		kind:         kindContainerd,
+		version:      item,
 		repoRoot:     base.repoRoot,
 		cacheDir:     base.cacheDir,
-		binDir:       filepath.Join(base.cacheDir, "containerd-"+version, "bin"),
 		imageArchive: base.imageArchive,
 		runcPath:     base.runcPath,
 	}
-	for _, f := range []string{"containerd", "containerd-shim-runc-v2", "ctr"} {
+	bins := []string{"containerd", "containerd-shim-runc-v2", "ctr"}
+	if v, ok := strings.CutPrefix(item, kindCRIO+"-"); ok {
+		e.kind, e.version, e.podEvents = kindCRIO, v, true
+		bins = []string{"crio", "pinns"}
+	}
+	e.binDir = filepath.Join(base.cacheDir, e.name(), "bin")
+	for _, f := range bins {
 		if !fileExists(filepath.Join(e.binDir, f)) {
 			return nil, fmt.Errorf("provisioning did not produce %s", filepath.Join(e.binDir, f))
 		}
@@ -208,11 +232,17 @@ func startEnvWith(base *env, version string, before func(*env) error) (*env, err
 	if e.dir, err = os.MkdirTemp("", "pleg-e2e-"); err != nil {
 		return nil, err
 	}
-	e.sock = filepath.Join(e.dir, "containerd.sock")
-	e.configPath = filepath.Join(e.dir, "config.toml")
-	e.logPath = filepath.Join(e.dir, "containerd.log")
+	if e.kind == kindCRIO {
+		e.sock = filepath.Join(e.dir, "crio.sock")
+		e.configPath = filepath.Join(e.dir, "crio.conf")
+		e.logPath = filepath.Join(e.dir, "crio.log")
+	} else {
+		e.sock = filepath.Join(e.dir, "containerd.sock")
+		e.configPath = filepath.Join(e.dir, "config.toml")
+		e.logPath = filepath.Join(e.dir, "containerd.log")
+	}
 	e.cgroupParent = "/" + filepath.Base(e.dir)
-	if _, err := os.Stat("/run/containerd"); errors.Is(err, os.ErrNotExist) {
+	if _, err := os.Stat("/run/containerd"); e.kind == kindContainerd && errors.Is(err, os.ErrNotExist) {
 		e.runDirMade = true
 	}
 	// From here on the supervisor owns cleanup of e.dir, even if this
@@ -235,6 +265,9 @@ func startEnvWith(base *env, version string, before func(*env) error) (*env, err
 func (e *env) start() error {
 	if e.snapshotter = os.Getenv(envSnapshotter); e.snapshotter == "" {
 		e.snapshotter = probeSnapshotter(e.dir)
+	}
+	if e.kind == kindCRIO {
+		return e.startCRIO()
 	}
 	if err := e.writeConfig(); err != nil {
 		return err
@@ -292,14 +325,14 @@ func (e *env) dumpLogTail(n int) {
 	if len(lines) > n {
 		lines = lines[len(lines)-n:]
 	}
-	logf("last %d lines of %s (containerd %s):", len(lines), e.logPath, e.version)
+	logf("last %d lines of %s (%s):", len(lines), e.logPath, e.name())
 	for _, l := range lines {
 		fmt.Fprintln(os.Stderr, "  | "+l)
 	}
 }
 
 // teardown stops all pods through CRI (gracefully, so shims exit and remove
-// their sockets), then has the supervisor kill containerd and anything of
+// their sockets), then has the supervisor kill the runtime and anything of
 // ours left, unmount everything under e.dir, remove our cgroups and e.dir.
 // It then checks that nothing is left. Safe to call more than once.
 func (e *env) teardown() error {

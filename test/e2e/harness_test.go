@@ -2,6 +2,8 @@ package e2e
 
 import (
 	"context"
+	"errors"
+	"io"
 	"os"
 	"path/filepath"
 	"slices"
@@ -32,7 +34,7 @@ func testHarness(t *testing.T, e *env) {
 	}
 	t.Logf("runtime %s %s (CRI %s)", ver.RuntimeName, ver.RuntimeVersion, ver.RuntimeApiVersion)
 	if !strings.Contains(ver.RuntimeVersion, e.version) {
-		t.Fatalf("runtime version %q, want containerd %s", ver.RuntimeVersion, e.version)
+		t.Fatalf("runtime version %q, want %s", ver.RuntimeVersion, e.name())
 	}
 
 	sandboxID, podUID := RunPod(t, "harness")
@@ -87,7 +89,7 @@ func testHarness(t *testing.T, e *env) {
 				_, err = stream.Recv()
 			}
 			if status.Code(err) != codes.Unimplemented {
-				t.Fatalf("GetContainerEvents on containerd %s: %v, want Unimplemented", e.version, err)
+				t.Fatalf("GetContainerEvents on %s: %v, want Unimplemented", e.name(), err)
 			}
 			return
 		}
@@ -171,4 +173,24 @@ func testHarness(t *testing.T, e *env) {
 			t.Fatalf("left after removal: %d pods, %d containers", len(pods.Items), len(ctrs.Containers))
 		}
 	})
+
+	if e.kind == kindCRIO {
+		// CRI-O's default: no events, and a stream that says so by
+		// ending at once with OK (not Unimplemented).
+		t.Run("enable_pod_events=false", func(t *testing.T) {
+			setPodEvents(t, false)
+			ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+			defer cancel()
+			start := time.Now()
+			stream, err := rt.GetContainerEvents(ctx, &runtimeapi.GetEventsRequest{})
+			if err != nil {
+				t.Fatalf("GetContainerEvents: %v, want a stream", err)
+			}
+			ev, err := stream.Recv()
+			if !errors.Is(err, io.EOF) {
+				t.Fatalf("GetContainerEvents with enable_pod_events=false: Recv = %v, %v; want the stream ended (io.EOF)", ev, err)
+			}
+			t.Logf("GetContainerEvents ended with OK after %v", time.Since(start).Round(time.Millisecond))
+		})
+	}
 }

@@ -4,7 +4,8 @@ package e2e
 //
 // startKubelet gives a test a kubelet of its own: standalone (no API
 // server), reading static pods from a directory, on a private containerd
-// 2.2.9 that nothing else uses (a standalone kubelet stops and removes
+// 2.2.9 (startKubeletOn: or another runtime of allRuntimes, CRI-O
+// 1.36.3 for TestKubeletSideBySideCRIO) that nothing else uses (a standalone kubelet stops and removes
 // every runtime pod it did not create, so it must not share a containerd
 // with the other tests). The binary is built by test/kubelet/build.sh
 // into <cache>/kubelet during provisioning.
@@ -114,28 +115,36 @@ type kubeletLine struct {
 // first, with PlegBinary, so it lands in the long-lived suite dir).
 func startKubelet(t testing.TB, featureGates ...string) *kubelet {
 	t.Helper()
+	return startKubeletOn(t, kubeletRuntime, featureGates...)
+}
+
+// startKubeletOn is startKubelet on a runtime of its own named by an
+// allRuntimes item (a containerd version, or crio-<version>); it skips t
+// when this run does not include that runtime.
+func startKubeletOn(t testing.TB, item string, featureGates ...string) *kubelet {
+	t.Helper()
 	if baseEnv == nil || baseEnv.kubeletBin == "" {
 		t.Fatal("kubelet not provisioned")
 	}
-	requireKubeletRuntime(t)
+	requireRuntimeItem(t, item)
 	start := time.Now()
 	k := &kubelet{done: make(chan struct{}), hostPathsBefore: map[string]bool{}, featureGates: featureGates}
 	for _, p := range kubeletHostPaths {
 		k.hostPathsBefore[p] = fileExists(p)
 	}
-	e, err := startEnv(baseEnv, kubeletRuntime)
+	e, err := startEnv(baseEnv, item)
 	if e != nil {
 		k.env = e
 		e.kubelet = k
 		t.Cleanup(func() { k.stop(t) })
 	}
 	if err != nil {
-		t.Fatalf("starting the kubelet's containerd: %v", err)
+		t.Fatalf("starting the kubelet's runtime %s: %v", runtimeName(item), err)
 	}
 	if err := k.start(); err != nil {
 		t.Fatalf("starting the kubelet: %v\n%s", err, k.logTail(40))
 	}
-	t.Logf("kubelet on %s (containerd %s) healthy after %v; log %s", k.base(), e.version, time.Since(start).Round(time.Millisecond), k.logPath)
+	t.Logf("kubelet on %s (%s) healthy after %v; log %s", k.base(), e.name(), time.Since(start).Round(time.Millisecond), k.logPath)
 	return k
 }
 
@@ -221,7 +230,18 @@ func (k *kubelet) start() error {
 	script := `set -e
 mount -t tmpfs -o mode=0755 pleg-e2e-kubelet /var/lib
 mount -t tmpfs -o mode=0755 pleg-e2e-kubelet /var/log
-exec "$@"`
+`
+	if e.kind == kindCRIO {
+		// The kubelet limits every container's huge pages (to 0) for each
+		// size in /sys/kernel/mm/hugepages; CRI-O passes the limits on
+		// when the kernel has the hugetlb controller (/proc/cgroups), and
+		// runc then fails on this machine, whose cgroup v1 has no hugetlb
+		// hierarchy mounted ("cannot set hugetlb limit"; containerd drops
+		// them). An empty dir there, in the kubelet's namespace only: no
+		// sizes, no limits.
+		script += "mount -t tmpfs -o mode=0755 pleg-e2e-kubelet /sys/kernel/mm/hugepages\n"
+	}
+	script += `exec "$@"`
 	args := []string{"--mount", "--propagation", "private", "/bin/sh", "-c", script, "sh",
 		bin, "--config", cfgPath, "--root-dir", filepath.Join(k.dir, "root"), "--cert-dir", filepath.Join(k.dir, "pki"),
 		"--hostname-override", kubeletNode, "--v", "4"}
@@ -892,12 +912,19 @@ func (k *kubelet) checkHostPaths() error {
 // kubelet's runtime (PLEG_E2E_RUNTIMES).
 func requireKubeletRuntime(t testing.TB) {
 	t.Helper()
+	requireRuntimeItem(t, kubeletRuntime)
+}
+
+// requireRuntimeItem skips t when this run does not include the runtime
+// named by allRuntimes item (PLEG_E2E_RUNTIMES).
+func requireRuntimeItem(t testing.TB, item string) {
+	t.Helper()
 	for _, e := range runtimes {
-		if e.version == kubeletRuntime {
+		if e.name() == runtimeName(item) {
 			return
 		}
 	}
-	t.Skipf("the kubelet runs on containerd %s, not in this run (%s=%q)", kubeletRuntime, envRuntimes, os.Getenv(envRuntimes))
+	t.Skipf("the kubelet runs on %s here, not in this run (%s=%q)", runtimeName(item), envRuntimes, os.Getenv(envRuntimes))
 }
 
 // getOK fetches url with client, within 10 s; any status but 200 is an

@@ -107,8 +107,19 @@ func harmWindow(t testing.TB, k *kubelet, label string, n int, relists uint64) r
 // meanwhile move the relist mean by tens of ms): relist mean with pleg <
 // 2x without + 100 ms, pod start max with pleg < 2x without + 2 s.
 func TestKubeletSideBySide(t *testing.T) {
+	testKubeletSideBySide(t, kubeletRuntime)
+}
+
+// TestKubeletSideBySideCRIO is TestKubeletSideBySide with the kubelet on a
+// CRI-O 1.36.3 of its own (enable_pod_events = true): the same scenarios
+// and assertions, CRI-O restarted (SIGKILL) in the last one.
+func TestKubeletSideBySideCRIO(t *testing.T) {
+	testKubeletSideBySide(t, "crio-1.36.3")
+}
+
+func testKubeletSideBySide(t *testing.T, runtimeItem string) {
 	PlegBinary(t) // into the suite's dir, which outlives this test's env
-	k := startKubelet(t)
+	k := startKubeletOn(t, runtimeItem)
 	useEnv(t, k.Env())
 
 	const window = 6 // relists

@@ -33,9 +33,12 @@ import (
 // envLargeNode=1 runs TestListLargerThanMessageLimit (minutes).
 const envLargeNode = "PLEG_E2E_LARGE_NODE"
 
-// hasListStreaming reports whether e's containerd serves the streaming
-// list RPCs (2.4 and later).
+// hasListStreaming reports whether e's runtime serves the streaming
+// list RPCs (containerd 2.4 and later, CRI-O 1.36).
 func (e *env) hasListStreaming() bool {
+	if e.kind == kindCRIO {
+		return true
+	}
 	return !strings.HasPrefix(e.version, "1.") && !strings.HasPrefix(e.version, "2.2.") && !strings.HasPrefix(e.version, "2.3.")
 }
 
@@ -134,7 +137,7 @@ func testListStreaming(t *testing.T, e *env) {
 
 	relist("before")
 	if got, want := auto.ListStreamingActive(), e.hasListStreaming(); got != want {
-		t.Fatalf("containerd %s: auto mode streams %v after a listing, want %v", e.version, got, want)
+		t.Fatalf("%s: auto mode streams %v after a listing, want %v", e.name(), got, want)
 	}
 	on := dialStreaming(t, cri.ListStreamingOn)
 	_, err := on.ListPods(ctx)
@@ -142,7 +145,7 @@ func testListStreaming(t *testing.T, e *env) {
 		t.Fatalf("on: %v", err)
 	}
 	if !e.hasListStreaming() && status.Code(err) != codes.Unimplemented {
-		t.Fatalf("on, containerd %s: %v, want Unimplemented", e.version, err)
+		t.Fatalf("on, %s: %v, want Unimplemented", e.name(), err)
 	}
 
 	sb1, uid1 := RunPod(t, "stream-a")
@@ -235,7 +238,7 @@ func TestListLargerThanMessageLimit(t *testing.T) {
 					PodSandboxId: sb, SandboxConfig: cfg,
 					Config: &runtimeapi.ContainerConfig{
 						Metadata: &runtimeapi.ContainerMetadata{Name: name},
-						Image:    &runtimeapi.ImageSpec{Image: workloadImage},
+						Image:    &runtimeapi.ImageSpec{Image: workloadImage, UserSpecifiedImage: workloadImage},
 						Labels: map[string]string{labelContainerName: name, labelPodName: cfg.Metadata.Name,
 							labelPodNamespace: cfg.Metadata.Namespace, labelPodUID: uid},
 						Annotations: map[string]string{"e2e.pleg/padding": annot},

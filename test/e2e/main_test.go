@@ -35,11 +35,16 @@ func runSuite(m *testing.M) (code int) {
 	if len(envs) > 0 {
 		runtimes = envs
 		suite = envs[len(envs)-1]
+		for _, e := range envs {
+			if e.kind == kindContainerd {
+				suite = e // the newest containerd, the default runtime
+			}
+		}
 		teardownAll := func() error {
 			var errs []error
 			for _, e := range envs {
 				if err := e.teardown(); err != nil {
-					errs = append(errs, fmt.Errorf("containerd %s: %w", e.version, err))
+					errs = append(errs, fmt.Errorf("%s: %w", e.name(), err))
 				}
 			}
 			return errors.Join(errs...)
@@ -79,20 +84,24 @@ func runSuite(m *testing.M) (code int) {
 		return 1
 	}
 	for _, e := range envs {
-		logf("containerd %s ready (dir %s, snapshotter %s)", e.version, e.dir, e.snapshotter)
+		logf("%s ready (dir %s, snapshotter %s)", e.name(), e.dir, e.snapshotter)
 	}
-	logf("all containerds ready in %v", time.Since(start).Round(time.Millisecond))
+	logf("all runtimes ready in %v", time.Since(start).Round(time.Millisecond))
 	code = m.Run()
 	// Never silently fewer: say which runtimes ran (stdout, so that it is
 	// in the test log even when the package passes).
 	var names []string
 	for _, e := range envs {
-		names = append(names, e.version)
+		names = append(names, e.name())
+	}
+	var all []string
+	for _, r := range allRuntimes {
+		all = append(all, runtimeName(r))
 	}
 	if v := os.Getenv(envRuntimes); v != "" {
-		fmt.Printf("e2e: ran against containerd %s only (%s=%q; all: %s)\n", strings.Join(names, ", "), envRuntimes, v, strings.Join(allRuntimes, ", "))
+		fmt.Printf("e2e: ran against %s only (%s=%q; all: %s)\n", strings.Join(names, ", "), envRuntimes, v, strings.Join(all, ", "))
 	} else {
-		fmt.Printf("e2e: ran against containerd %s (all)\n", strings.Join(names, ", "))
+		fmt.Printf("e2e: ran against %s (all)\n", strings.Join(names, ", "))
 	}
 	return code
 }

@@ -20,7 +20,7 @@ import (
 
 func measure(t testing.TB, format string, args ...any) {
 	t.Helper()
-	line := fmt.Sprintf(format, args...) + fmt.Sprintf(" runtime=containerd-%s race=%t", suite.version, raceEnabled)
+	line := fmt.Sprintf(format, args...) + fmt.Sprintf(" runtime=%s race=%t", suite.name(), raceEnabled)
 	t.Log(line)
 	fmt.Println("MEASURE " + line)
 }

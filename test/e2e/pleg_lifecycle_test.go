@@ -33,8 +33,27 @@ import (
 // 1.7 splits its events between subscribers (four here): there the event
 // views relist every second, as hints lost to the other subscribers cost
 // latency, never events.
+//
+// CRI-O runs it twice, with enable_pod_events = true and false
+// (TestPLEGLifecycle/crio-1.36.3/enable_pod_events=true). With false its
+// GetContainerEvents ends at once with OK: pleg must call that
+// unsupported, as containerd 1.6's Unimplemented, and relist every
+// 100 ms. With true, a sandbox without an infra container (drop_infra_ctr,
+// the pods here) gets STARTED and STOPPED events but never DELETED: its
+// removal comes from a relist, so the event views relist every second.
 func TestPLEGLifecycle(t *testing.T) {
-	forEachRuntime(t, testPLEGLifecycle)
+	forEachRuntime(t, func(t *testing.T, e *env) {
+		if e.kind != kindCRIO {
+			testPLEGLifecycle(t, e)
+			return
+		}
+		for _, on := range []bool{true, false} {
+			t.Run(fmt.Sprintf("enable_pod_events=%v", on), func(t *testing.T) {
+				setPodEvents(t, on)
+				testPLEGLifecycle(t, e)
+			})
+		}
+	})
 }
 
 func testPLEGLifecycle(t *testing.T, e *env) {
@@ -43,7 +62,7 @@ func testPLEGLifecycle(t *testing.T, e *env) {
 	switch {
 	case !e.hasEvents():
 		evPeriod = 100 * time.Millisecond
-	case e.sharedEvents():
+	case e.sharedEvents(), e.kind == kindCRIO:
 		evPeriod = time.Second
 	}
 	// lib(events) proves that events alone deliver every change: no hint
@@ -246,6 +265,13 @@ func testPLEGLifecycle(t *testing.T, e *env) {
 		// have got none of them; the relists delivered the rest.
 		if s := libEv.g.EventStream(); s.State != pleg.StreamConnected || s.Connects != 1 {
 			t.Errorf("lib(events): event stream %+v, want connected once", s)
+		}
+	case e.kind == kindCRIO:
+		if s := libEv.g.EventStream(); s.State != pleg.StreamConnected || s.Connects != 1 || s.Events == 0 {
+			t.Errorf("lib(events): event stream %+v, want connected once with events", s)
+		}
+		if n, _ := libEv.histogramCount(t, "pleg_runtime_event_to_delivery_seconds"); n == 0 {
+			t.Errorf("lib(events): pleg_runtime_event_to_delivery_seconds has no observations")
 		}
 	default:
 		if n := len(libEv.g.RecentRelists()); n != 1 {

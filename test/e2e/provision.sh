@@ -9,13 +9,17 @@
 #      the base of the pleg image the DaemonSet test builds from
 #      deploy/Dockerfile (plegimage.go).
 #   2. containerd, containerd-shim-runc-v2 and ctr for each version in
-#      $PLEG_E2E_RUNTIMES (default: 1.6.20 1.7.35 2.2.9 2.4.2) in
+#      $PLEG_E2E_RUNTIMES (default: 1.6.20 1.7.35 2.2.9 2.4.2 crio-1.36.3) in
 #      $PLEG_E2E_CACHE/containerd-<version>/bin (default cache
 #      <repo>/.cache/e2e), unless that version is already there: 2.x with
 #      go install, 1.7.x built from its module source, 1.6.x Debian's package.
+#   2b. CRI-O (crio-1.36.3 in $PLEG_E2E_RUNTIMES): crio and pinns built from
+#      the module source into $PLEG_E2E_CACHE/crio-<version>/bin, and Debian's
+#      conmon, containernetworking-plugins and skopeo.
 #   3. The test images: the static workload binary and an OCI image-layout
 #      archive with docker.io/pleg/pause:e2e and docker.io/pleg/workload:e2e,
-#      at $PLEG_E2E_CACHE/images/e2e-images.tar.
+#      at $PLEG_E2E_CACHE/images/e2e-images.tar, and one archive per image
+#      (pause.tar, workload.tar) for CRI-O's skopeo import.
 #
 # Environment: GO (go command to use, default: go on PATH, else
 # /usr/local/go/bin/go), PLEG_E2E_CACHE (cache dir).
@@ -90,7 +94,7 @@ say "busybox: $(/bin/busybox 2>&1 | head -n1 || true)"
 #           has exclude directives): go mod download, copy, go build
 #   1.6.20  Debian's containerd package (through test/apt-install.sh),
 #           symlinked into the per-version dir; never started as a service
-ALL_RUNTIMES="1.6.20 1.7.35 2.2.9 2.4.2"
+ALL_RUNTIMES="1.6.20 1.7.35 2.2.9 2.4.2 crio-1.36.3"
 runtimes=${PLEG_E2E_RUNTIMES:-$ALL_RUNTIMES}
 runtimes=${runtimes//,/ }
 
@@ -158,14 +162,80 @@ build_containerd() { # version dir
 	say "provisioned containerd v$v in $(($(date +%s) - start))s"
 }
 
+# CRI-O (crio-<version> in $PLEG_E2E_RUNTIMES): crio and pinns in
+# $cache/crio-<version>/bin, built from the module source (the proxy serves
+# exact versions only): go mod download, copy, chmod u+w, then
+#   crio   CGO_ENABLED=0 go build with the tags CRI-O's Makefile computes
+#          here minus seccomp (which needs cgo and libseccomp-dev); 2-5 min
+#   pinns  make -C pinns (C, static; gcc), a few seconds
+# and Debian's conmon, containernetworking-plugins (the loopback plugin) and
+# skopeo (loads the test images into CRI-O's storage), through
+# test/apt-install.sh. runc is the runtime (Debian's crun 1.8 refuses the
+# runtime-spec CRI-O 1.36 writes).
+CRIO_TAGS="containers_image_ostree_stub exclude_graphdriver_btrfs btrfs_noversion containers_image_openpgp"
+
+have_crio() { # dir version
+	local d=$1 want=$2 out
+	[[ -x $d/crio && -x $d/pinns ]] || return 1
+	out=$("$d/crio" --version 2>/dev/null) || true
+	grep -q "^crio version $want\b" <<<"$out" || return 1
+}
+
+build_crio() { # version dir
+	local v=$1 d=$2 start src mod
+	start=$(date +%s)
+	say "building CRI-O v$v into $d from its module source (takes 2-5 minutes)"
+	rm -rf "$d" && mkdir -p "$d"
+	src=$(cd "$cache" && GOFLAGS= GOWORK=off "$gocmd" mod download -json "github.com/cri-o/cri-o@v$v" |
+		sed -n 's/^[[:space:]]*"Dir": "\(.*\)",$/\1/p') || true
+	[[ -n $src && -d $src ]] || fail "go mod download github.com/cri-o/cri-o@v$v failed (needs the Go module proxy)"
+	mod=$cache/src/crio-$v
+	rm -rf "$mod" && mkdir -p "$cache/src" && cp -r "$src" "$mod" && chmod -R u+w "$mod" ||
+		fail "copying the CRI-O v$v source to $mod failed"
+	(
+		cd "$mod"
+		CGO_ENABLED=0 GOFLAGS=-mod=mod GOWORK=off "$gocmd" build -trimpath -tags "$CRIO_TAGS" -o "$d/crio" ./cmd/crio
+	) || fail "building crio v$v from $mod failed"
+	make -C "$mod/pinns" >/dev/null || fail "building pinns (make -C $mod/pinns) failed (needs gcc)"
+	cp "$mod/bin/pinns" "$d/pinns" || fail "pinns not found at $mod/bin/pinns after make"
+	rm -rf "$mod"
+	have_crio "$d" "$v" || fail "crio in $d does not report version $v ($("$d/crio" --version 2>&1 | head -n1))"
+	say "provisioned CRI-O v$v in $(($(date +%s) - start))s"
+}
+
 for v in $runtimes; do
 	v=${v#v}
-	d=$cache/containerd-$v/bin
-	if have_containerd "$d" "$v"; then
-		say "containerd v$v: present in $d"
-	else
-		build_containerd "$v" "$d"
-	fi
+	case $v in
+	crio-*)
+		v=${v#crio-}
+		v=${v#v}
+		missing=()
+		command -v conmon >/dev/null 2>&1 || missing+=(conmon)
+		command -v skopeo >/dev/null 2>&1 || missing+=(skopeo)
+		[[ -x /usr/lib/cni/loopback ]] || missing+=(containernetworking-plugins)
+		if ((${#missing[@]} > 0)); then
+			say "installing Debian's ${missing[*]} for CRI-O"
+			bash "$repo_root/test/apt-install.sh" "${missing[@]}" || fail "installing ${missing[*]} failed"
+		fi
+		command -v conmon >/dev/null 2>&1 && command -v skopeo >/dev/null 2>&1 && [[ -x /usr/lib/cni/loopback ]] ||
+			fail "conmon, skopeo or /usr/lib/cni/loopback still missing after installing Debian's packages"
+		say "conmon: $(command -v conmon) ($(conmon --version 2>&1 | head -n1)); skopeo: $(skopeo --version 2>&1)"
+		d=$cache/crio-$v/bin
+		if have_crio "$d" "$v"; then
+			say "CRI-O v$v: present in $d"
+		else
+			build_crio "$v" "$d"
+		fi
+		;;
+	*)
+		d=$cache/containerd-$v/bin
+		if have_containerd "$d" "$v"; then
+			say "containerd v$v: present in $d"
+		else
+			build_containerd "$v" "$d"
+		fi
+		;;
+	esac
 done
 
 # --- 3. test images ----------------------------------------------------------
@@ -177,5 +247,11 @@ done
 "$bin/mkimage" -binary "$images/workload" -path /workload -out "$images/e2e-images.tar" \
 	-image "docker.io/pleg/pause:e2e=pause" \
 	-image "docker.io/pleg/workload:e2e=run" || fail "writing the test image archive failed"
-say "images: $images/e2e-images.tar (docker.io/pleg/pause:e2e, docker.io/pleg/workload:e2e)"
+# skopeo cannot pick one of two images both tagged "e2e" out of one
+# archive: CRI-O's env loads one archive per image.
+"$bin/mkimage" -binary "$images/workload" -path /workload -out "$images/pause.tar" \
+	-image "docker.io/pleg/pause:e2e=pause" || fail "writing the pause image archive failed"
+"$bin/mkimage" -binary "$images/workload" -path /workload -out "$images/workload.tar" \
+	-image "docker.io/pleg/workload:e2e=run" || fail "writing the workload image archive failed"
+say "images: $images/e2e-images.tar (docker.io/pleg/pause:e2e, docker.io/pleg/workload:e2e), pause.tar, workload.tar"
 say "done"

@@ -29,6 +29,7 @@ package e2e
 
 import (
 	"bufio"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
@@ -49,7 +50,12 @@ const (
 	envSupervisorCgroup  = "PLEG_E2E_SUPERVISOR_CGROUP"
 	envSupervisorRunDir  = "PLEG_E2E_SUPERVISOR_RUNDIR_MADE"
 	envSupervisorLogCopy = "PLEG_E2E_SUPERVISOR_LOG_COPY"
-	prSetChildSubreaper  = 36
+	// envSupervisorArgv is the runtime's command line, as a JSON array
+	// (CRI-O's; containerd's --config <dir>/config.toml when unset), and
+	// envSupervisorLog the name of its log file in the dir.
+	envSupervisorArgv   = "PLEG_E2E_SUPERVISOR_ARGV"
+	envSupervisorLog    = "PLEG_E2E_SUPERVISOR_LOG"
+	prSetChildSubreaper = 36
 )
 
 // ---- client side (the test process) ---------------------------------------
@@ -92,7 +98,15 @@ func startSupervisor(e *env) (*supervisorClient, error) {
 		envSupervisorCgroup+"="+e.cgroupParent,
 		envSupervisorRunDir+"="+runDirMade,
 		envSupervisorLogCopy+"="+filepath.Join(e.cacheDir, "last-abnormal-teardown.log"),
+		envSupervisorLog+"="+filepath.Base(e.logPath),
 	)
+	if e.kind == kindCRIO {
+		argv, err := json.Marshal(e.crioArgv())
+		if err != nil {
+			return nil, err
+		}
+		cmd.Env = append(cmd.Env, envSupervisorArgv+"="+string(argv))
+	}
 	cmd.Stdout = logFile
 	cmd.Stderr = logFile
 	cmd.ExtraFiles = []*os.File{replyW}
@@ -164,6 +178,8 @@ func (c *supervisorClient) teardown() (string, error) {
 
 type supervisor struct {
 	dir, bin, cgroupParent string
+	argv                   []string // the runtime's command line
+	logName                string   // its log file, in dir
 	runDirMade             bool
 	reply                  *os.File
 
@@ -190,6 +206,16 @@ func supervisorMain() int {
 	if !strings.HasPrefix(filepath.Base(s.dir), "pleg-e2e-") {
 		log("refusing to run on %q", s.dir)
 		return 2
+	}
+	s.argv = []string{filepath.Join(s.bin, "containerd"), "--config", filepath.Join(s.dir, "config.toml")}
+	if a := os.Getenv(envSupervisorArgv); a != "" {
+		if err := json.Unmarshal([]byte(a), &s.argv); err != nil || len(s.argv) == 0 {
+			log("bad %s %q: %v", envSupervisorArgv, a, err)
+			return 2
+		}
+	}
+	if s.logName = os.Getenv(envSupervisorLog); s.logName == "" {
+		s.logName = "containerd.log"
 	}
 	signal.Ignore(syscall.SIGINT, syscall.SIGHUP, syscall.SIGPIPE)
 	// fd 3 was inherited without close-on-exec; keep containerd and the
@@ -312,7 +338,7 @@ func (s *supervisor) startContainerd() (int, error) {
 	if s.ctdPid != 0 {
 		return 0, fmt.Errorf("containerd already running (pid %d)", s.ctdPid)
 	}
-	logFile, err := os.OpenFile(filepath.Join(s.dir, "containerd.log"), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
+	logFile, err := os.OpenFile(filepath.Join(s.dir, s.logName), os.O_CREATE|os.O_WRONLY|os.O_APPEND, 0o644)
 	if err != nil {
 		return 0, err
 	}
@@ -322,8 +348,8 @@ func (s *supervisor) startContainerd() (int, error) {
 		return 0, err
 	}
 	defer devNull.Close()
-	fmt.Fprintf(logFile, "==== %s: starting containerd\n", time.Now().Format(time.RFC3339Nano))
-	bin := filepath.Join(s.bin, "containerd")
+	fmt.Fprintf(logFile, "==== %s: starting %s\n", time.Now().Format(time.RFC3339Nano), filepath.Base(s.argv[0]))
+	bin := s.argv[0]
 	env := []string{"PATH=" + s.bin + ":/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"}
 	for _, kv := range os.Environ() {
 		if !strings.HasPrefix(kv, "PATH=") && !strings.HasPrefix(kv, "PLEG_E2E_") {
@@ -332,7 +358,7 @@ func (s *supervisor) startContainerd() (int, error) {
 	}
 	// Hold s.mu across fork and registration so reapLoop cannot reap the
 	// pid before we are waiting for it.
-	pid, err := syscall.ForkExec(bin, []string{bin, "--config", filepath.Join(s.dir, "config.toml")}, &syscall.ProcAttr{
+	pid, err := syscall.ForkExec(bin, s.argv, &syscall.ProcAttr{
 		Dir:   s.dir,
 		Env:   env,
 		Files: []uintptr{devNull.Fd(), logFile.Fd(), logFile.Fd()},
@@ -414,7 +440,7 @@ func (s *supervisor) teardown() (string, error) {
 	if err := os.RemoveAll(s.dir); err != nil {
 		errs = append(errs, err)
 	}
-	summary := fmt.Sprintf("containerd %s; killed %d processes; unmounted %d; removed %d cgroups, %d shim sockets, %s",
-		ctd, killed, unmounted, cgroups, removedSockets, s.dir)
+	summary := fmt.Sprintf("%s %s; killed %d processes; unmounted %d; removed %d cgroups, %d shim sockets, %s",
+		filepath.Base(s.argv[0]), ctd, killed, unmounted, cgroups, removedSockets, s.dir)
 	return summary, errors.Join(errs...)
 }
