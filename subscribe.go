@@ -205,7 +205,7 @@ func journalPod(uid types.UID, last, listing *cruntime.Pod, status *cruntime.Pod
 		cts[s.ID] = s
 	}
 	for _, c := range newestFirst(listing.Containers) {
-		jc := journal.Container{ID: c.ID, Name: c.Name, State: c.State, Attempt: c.Attempt, Image: c.Image}
+		jc := journal.Container{ID: c.ID, Name: c.Name, State: c.State, Attempt: c.Attempt, Image: c.Image, ListCreatedAt: c.CreatedAt}
 		if st := cts[c.ID]; st != nil {
 			jc.ImageRef, jc.CreatedAt, jc.StartedAt, jc.FinishedAt = st.ImageRef, st.CreatedAt, st.StartedAt, st.FinishedAt
 			jc.Reason, jc.Message, jc.Labels, jc.Annotations = st.Reason, st.Message, st.Labels, st.Annotations

@@ -114,12 +114,17 @@ func sandboxID(p *journal.Pod, c *journal.Container) string {
 	return ""
 }
 
-// container is a container as ListContainers gives it.
+// container is a container as ListContainers gives it: with the
+// listing's creation time, which on CRI-O is not the status's.
 func container(p *journal.Pod, c *journal.Container) *runtimeapi.Container {
+	created := c.ListCreatedAt
+	if created == 0 {
+		created = nanos(c.CreatedAt)
+	}
 	return &runtimeapi.Container{Id: c.ID, PodSandboxId: sandboxID(p, c),
 		Metadata: &runtimeapi.ContainerMetadata{Name: c.Name, Attempt: c.Attempt},
 		Image:    &runtimeapi.ImageSpec{Image: c.Image}, ImageRef: c.ImageRef,
-		State: containerState(c.State), CreatedAt: nanos(c.CreatedAt), Labels: c.Labels, Annotations: c.Annotations}
+		State: containerState(c.State), CreatedAt: created, Labels: c.Labels, Annotations: c.Annotations}
 }
 
 // containerStatus is a container as a non-verbose ContainerStatus gives

@@ -257,21 +257,27 @@ type Sandbox struct {
 
 // Container is one container.
 type Container struct {
-	ID          string
-	Name        string
-	State       cruntime.State
-	Attempt     uint32
-	Image       string
-	ImageRef    string
-	CreatedAt   time.Time
-	StartedAt   time.Time
-	FinishedAt  time.Time
-	ExitCode    *int32
-	Reason      string
-	Message     string
-	Labels      map[string]string
-	Annotations map[string]string
-	Identity    *Identity
+	ID        string
+	Name      string
+	State     cruntime.State
+	Attempt   uint32
+	Image     string
+	ImageRef  string
+	CreatedAt time.Time
+	// ListCreatedAt is the creation time the runtime's listing gives
+	// (nanoseconds), which may differ from its status's CreatedAt: CRI-O
+	// lists the time it began creating the container and reports, in the
+	// status, the time the container was created, tens of milliseconds
+	// later.
+	ListCreatedAt int64
+	StartedAt     time.Time
+	FinishedAt    time.Time
+	ExitCode      *int32
+	Reason        string
+	Message       string
+	Labels        map[string]string
+	Annotations   map[string]string
+	Identity      *Identity
 }
 
 // Identity ties a container to what the kernel sees.
