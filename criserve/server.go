@@ -296,25 +296,7 @@ func (s *Server) Serve(ctx context.Context, lns ...net.Listener) error {
 		pending--
 	}
 	s.stop(errShutdown)
-	var stopped sync.WaitGroup
-	for _, g := range servers {
-		stopped.Go(func() {
-			done := make(chan struct{})
-			go func() {
-				g.GracefulStop()
-				close(done)
-			}()
-			t := time.NewTimer(s.cfg.ShutdownTimeout)
-			defer t.Stop()
-			select {
-			case <-done:
-			case <-t.C:
-				g.Stop()
-				<-done
-			}
-		})
-	}
-	stopped.Wait()
+	server.StopAll(servers, s.cfg.ShutdownTimeout)
 	for ; pending > 0; pending-- {
 		if e := <-errc; err == nil {
 			err = e

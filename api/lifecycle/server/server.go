@@ -229,25 +229,7 @@ func (s *Server) Serve(ctx context.Context, lns ...net.Listener) error {
 	}
 	s.health.Shutdown()
 	s.stop(errShutdown)
-	var stopped sync.WaitGroup
-	for _, g := range servers {
-		stopped.Go(func() {
-			done := make(chan struct{})
-			go func() {
-				g.GracefulStop()
-				close(done)
-			}()
-			t := time.NewTimer(s.cfg.ShutdownTimeout)
-			defer t.Stop()
-			select {
-			case <-done:
-			case <-t.C:
-				g.Stop()
-				<-done
-			}
-		})
-	}
-	stopped.Wait()
+	StopAll(servers, s.cfg.ShutdownTimeout)
 	for ; pending > 0; pending-- {
 		if e := <-errc; err == nil {
 			err = e
@@ -347,4 +329,29 @@ func peerOfContext(ctx context.Context) string {
 		return pi.Peer.String()
 	}
 	return p.Addr.String()
+}
+
+// StopAll stops every server at once, each gracefully (its calls finish)
+// for at most timeout, then at once (its calls are cancelled), and returns
+// when all have stopped.
+func StopAll(servers []*grpc.Server, timeout time.Duration) {
+	var stopped sync.WaitGroup
+	for _, g := range servers {
+		stopped.Go(func() {
+			done := make(chan struct{})
+			go func() {
+				g.GracefulStop()
+				close(done)
+			}()
+			t := time.NewTimer(timeout)
+			defer t.Stop()
+			select {
+			case <-done:
+			case <-t.C:
+				g.Stop()
+				<-done
+			}
+		})
+	}
+	stopped.Wait()
 }
