@@ -323,6 +323,9 @@ func (r *runtimeServer) PodSandboxStatus(ctx context.Context, req *runtimeapi.Po
 	}
 	if req.GetVerbose() {
 		req.PodSandboxId = sb.ID
+		if resp, ok := s.cfg.Verbose.get("PodSandboxStatus", sb.ID, sb.State); ok {
+			return typed[*runtimeapi.PodSandboxStatusResponse](resp, nil)
+		}
 		return typed[*runtimeapi.PodSandboxStatusResponse](s.verbose.get(ctx, verboseKey("PodSandboxStatus", sb.ID, sb.State), func(ctx context.Context) (any, error) {
 			return passUnary(s, ctx, "PodSandboxStatus", func(ctx context.Context) (*runtimeapi.PodSandboxStatusResponse, error) {
 				return s.cfg.Runtime.PodSandboxStatus(ctx, req)
@@ -349,6 +352,9 @@ func (r *runtimeServer) ContainerStatus(ctx context.Context, req *runtimeapi.Con
 	}
 	if req.GetVerbose() {
 		req.ContainerId = c.ID
+		if resp, ok := s.cfg.Verbose.get("ContainerStatus", c.ID, c.State); ok {
+			return typed[*runtimeapi.ContainerStatusResponse](resp, nil)
+		}
 		return typed[*runtimeapi.ContainerStatusResponse](s.verbose.get(ctx, verboseKey("ContainerStatus", c.ID, c.State), func(ctx context.Context) (any, error) {
 			return passUnary(s, ctx, "ContainerStatus", func(ctx context.Context) (*runtimeapi.ContainerStatusResponse, error) {
 				return s.cfg.Runtime.ContainerStatus(ctx, req)

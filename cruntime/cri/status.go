@@ -50,7 +50,7 @@ func (c *Client) ItemStatuses(ctx context.Context, pod *cruntime.Pod, sandboxes,
 			if sb == nil {
 				return nil
 			}
-			s, err := c.sandboxStatus(ctx, sb.ID)
+			s, err := c.sandboxStatus(ctx, sb.ID, c.verbose != nil)
 			if isNotFound(err) {
 				c.log.V(4).Info("Sandbox vanished before its status was fetched", "pod", pod.UID, "sandboxID", sb.ID)
 				return nil
@@ -67,7 +67,7 @@ func (c *Client) ItemStatuses(ctx context.Context, pod *cruntime.Pod, sandboxes,
 		if ct == nil {
 			return nil
 		}
-		resp, err := c.containerStatus(ctx, ct.ID, false)
+		resp, err := c.containerStatus(ctx, ct.ID, c.verbose != nil)
 		s := resp.GetStatus()
 		if isNotFound(err) {
 			c.log.V(4).Info("Container vanished before its status was fetched", "pod", pod.UID, "containerID", ct.ID)
@@ -190,24 +190,32 @@ dispatch:
 	return first
 }
 
-func (c *Client) sandboxStatus(ctx context.Context, id string) (*runtimeapi.PodSandboxStatus, error) {
-	var s *runtimeapi.PodSandboxStatus
-	err := c.call(ctx, metrics.OpPodSandboxStatus, "PodSandboxStatus", id, func(ctx context.Context) error {
-		resp, err := c.rs.PodSandboxStatus(ctx, &runtimeapi.PodSandboxStatusRequest{PodSandboxId: id})
-		s = resp.GetStatus()
+// sandboxStatus makes one PodSandboxStatus call; verbose asks for the
+// runtime's info too, and hands the answer to c.verbose.
+func (c *Client) sandboxStatus(ctx context.Context, id string, verbose bool) (*runtimeapi.PodSandboxStatus, error) {
+	var resp *runtimeapi.PodSandboxStatusResponse
+	err := c.call(ctx, metrics.OpPodSandboxStatus, "PodSandboxStatus", id, func(ctx context.Context) (err error) {
+		resp, err = c.rs.PodSandboxStatus(ctx, &runtimeapi.PodSandboxStatusRequest{PodSandboxId: id, Verbose: verbose})
 		return err
 	})
-	return s, err
+	if err == nil && verbose && c.verbose != nil && resp.GetStatus() != nil {
+		c.verbose.SandboxVerbose(id, sandboxState(resp.Status.State), resp)
+	}
+	return resp.GetStatus(), err
 }
 
 // containerStatus makes one ContainerStatus call; verbose asks for the
-// runtime's info too (Identities).
+// runtime's info too (Identities, WithVerboseStatuses), and hands the
+// answer to c.verbose.
 func (c *Client) containerStatus(ctx context.Context, id string, verbose bool) (*runtimeapi.ContainerStatusResponse, error) {
 	var resp *runtimeapi.ContainerStatusResponse
 	err := c.call(ctx, metrics.OpContainerStatus, "ContainerStatus", id, func(ctx context.Context) (err error) {
 		resp, err = c.rs.ContainerStatus(ctx, &runtimeapi.ContainerStatusRequest{ContainerId: id, Verbose: verbose})
 		return err
 	})
+	if err == nil && verbose && c.verbose != nil && resp.GetStatus() != nil {
+		c.verbose.ContainerVerbose(id, containerState(resp.Status.State), resp)
+	}
 	return resp, err
 }
 
