@@ -168,16 +168,13 @@ type storedVerbose struct {
 // prunings of the items the journal no longer has.
 const verbosePruneEvery = 64
 
-// NewVerboseStore returns a store of at most maxBytes of answers (0:
-// DefaultVerboseStoreBytes).
-func NewVerboseStore(maxBytes int64) (*VerboseStore, error) {
-	if maxBytes < 0 {
-		return nil, fmt.Errorf("verbose store: negative bound %d", maxBytes)
-	}
-	if maxBytes == 0 {
+// NewVerboseStore returns a store of at most maxBytes of answers
+// (maxBytes <= 0: DefaultVerboseStoreBytes).
+func NewVerboseStore(maxBytes int64) *VerboseStore {
+	if maxBytes <= 0 {
 		maxBytes = DefaultVerboseStoreBytes
 	}
-	return &VerboseStore{maxBytes: maxBytes, items: map[string]*storedVerbose{}}, nil
+	return &VerboseStore{maxBytes: maxBytes, items: map[string]*storedVerbose{}}
 }
 
 func verboseItem(method, id string) string { return method + "/" + id }

@@ -104,9 +104,19 @@ type criAPI struct {
 	names []string
 }
 
-// listen makes the CRI servers of d and opens their sockets; nil when
-// none is configured.
-func (f *criFlags) listen(d *daemon, rf *runtimeFlags, cf *lifecycleFlags) (*criAPI, error) {
+// verboseStore returns the store of the verbose statuses pleg's relisting
+// gets for the CRI endpoints to answer from; nil when none is configured.
+func (f *criFlags) verboseStore() *criserve.VerboseStore {
+	if f.socket == "" && f.podSocket == "" {
+		return nil
+	}
+	return criserve.NewVerboseStore(criserve.DefaultVerboseStoreBytes)
+}
+
+// listen makes the CRI servers of d and opens their sockets, answering
+// verbose statuses from verbose (nil: pass them through); nil when none
+// is configured.
+func (f *criFlags) listen(d *daemon, rf *runtimeFlags, cf *lifecycleFlags, verbose *criserve.VerboseStore) (*criAPI, error) {
 	if f.socket == "" && f.podSocket == "" {
 		return nil, nil
 	}
@@ -130,6 +140,7 @@ func (f *criFlags) listen(d *daemon, rf *runtimeFlags, cf *lifecycleFlags) (*cri
 		Burst:        f.burst,
 		StallTimeout: cf.stallTimeout,
 		MaxStreams:   f.maxStreams,
+		Verbose:      verbose,
 	}
 	if d.ready != nil {
 		base.Conditions = d.ready

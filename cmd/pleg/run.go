@@ -114,7 +114,15 @@ func runDaemon(cmd *cobra.Command, rf *runtimeFlags, lf *listenFlags, cf *lifecy
 	ctx, cancel := context.WithCancel(sigCtx)
 	defer cancel()
 
-	d, err := newDaemon(rf, daemonOptions{withMetrics: true, withReadiness: true, nodeName: lf.nodeName, journal: cf.journalOptions()})
+	dopts := daemonOptions{withMetrics: true, withReadiness: true, nodeName: lf.nodeName, journal: cf.journalOptions()}
+	// With a CRI endpoint, pleg's own status calls are verbose and kept,
+	// so that its clients' verbose statuses cost the runtime nothing
+	// more (docs/cri.md).
+	verbose := crf.verboseStore()
+	if verbose != nil {
+		dopts.verbose = verbose
+	}
+	d, err := newDaemon(rf, dopts)
 	if err != nil {
 		return err
 	}
@@ -140,7 +148,7 @@ func runDaemon(cmd *cobra.Command, rf *runtimeFlags, lf *listenFlags, cf *lifecy
 		_ = d.client.Close()
 		return err
 	}
-	capi, err := crf.listen(d, rf, cf)
+	capi, err := crf.listen(d, rf, cf, verbose)
 	if err != nil {
 		ln.Close()
 		if public != nil {
