@@ -57,7 +57,7 @@ type Client struct {
 	statusConcurrency int
 	metrics           *metrics.Metrics
 	log               logr.Logger
-	verbose           VerboseSink // nil: status calls are not verbose
+	verbose           VerboseSink   // nil: status calls are not verbose
 	memo              memo          // what the last unfiltered listing keeps for the next
 	images            sharedStrings // image references
 	labelKeys         sharedStrings // label and annotation keys
