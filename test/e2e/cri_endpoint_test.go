@@ -3,7 +3,6 @@ package e2e
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -98,40 +97,6 @@ func table(out string) string {
 	return strings.Join(ls, "\n")
 }
 
-// criItems decodes crictl's -o json listing into its items by ID, without
-// the fields of drop (docs/cri.md, "What differs").
-func criItems(t *testing.T, out, key string, drop ...string) map[string]map[string]any {
-	t.Helper()
-	var doc map[string][]map[string]any
-	if err := json.Unmarshal([]byte(out), &doc); err != nil {
-		t.Fatalf("crictl's JSON: %v\n%s", err, out)
-	}
-	m := map[string]map[string]any{}
-	for _, it := range doc[key] {
-		for _, d := range drop {
-			// "a.b" drops field b of the object a.
-			if outer, inner, ok := strings.Cut(d, "."); ok {
-				if o, _ := it[outer].(map[string]any); o != nil {
-					delete(o, inner)
-				}
-				continue
-			}
-			delete(it, d)
-		}
-		m[it["id"].(string)] = it
-	}
-	return m
-}
-
-func sameJSON(t *testing.T, what string, a, b any) {
-	t.Helper()
-	ja, _ := json.MarshalIndent(a, "", " ")
-	jb, _ := json.MarshalIndent(b, "", " ")
-	if !bytes.Equal(ja, jb) {
-		t.Errorf("%s differs:\nruntime: %s\npleg:    %s", what, ja, jb)
-	}
-}
-
 // TestCRIEndpointCrictl runs the real crictl (cri-tools v1.36.0) through
 // `pleg run --cri-socket` and straight to each containerd: pods, ps -a,
 // inspect and inspectp, as tables and as JSON, are equal but for the
@@ -156,9 +121,9 @@ func TestCRIEndpointCrictl(t *testing.T) {
 			return nil
 		})
 		r, p := tool.both(t, ep, "pods", "-o", "json")
-		sameJSON(t, "crictl pods -o json", criItems(t, r, "items", "runtimeHandler"), criItems(t, p, "items", "runtimeHandler"))
+		crictl.EqualJSON(t, "crictl pods -o json", crictl.Items(t, r, "items", "runtimeHandler"), crictl.Items(t, p, "items", "runtimeHandler"))
 		r, p = tool.both(t, ep, "ps", "-a", "-o", "json")
-		sameJSON(t, "crictl ps -a -o json", criItems(t, r, "containers", "imageId", "image.userSpecifiedImage"), criItems(t, p, "containers", "imageId", "image.userSpecifiedImage"))
+		crictl.EqualJSON(t, "crictl ps -a -o json", crictl.Items(t, r, "containers", "imageId", "image.userSpecifiedImage"), crictl.Items(t, p, "containers", "imageId", "image.userSpecifiedImage"))
 		for _, id := range []string{app, exited} {
 			r, p = tool.both(t, ep, "inspect", "-o", "json", id)
 			if r != p {
