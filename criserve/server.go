@@ -106,10 +106,11 @@ type Config struct {
 	// wait past its Timeout gets ResourceExhausted at once.
 	Rate  float64
 	Burst int
-	// Verbose, if set, holds the verbose statuses pleg's own relisting
-	// got (cri.WithVerboseStatuses with Verbose as its sink): a verbose
-	// status of an item pleg inspected after its last state change is
-	// answered from it, with no runtime call. Servers may share one.
+	// Verbose, if set, holds the verbose ContainerStatus answers pleg's
+	// own relisting got (cri.WithVerboseStatuses with Verbose as its
+	// sink): a verbose ContainerStatus of a container pleg inspected after
+	// its last state change is answered from it, with no runtime call.
+	// Servers may share one.
 	Verbose *VerboseStore
 	// VersionTTL is how long Version's answer is kept (default
 	// DefaultVersionTTL).

@@ -323,9 +323,6 @@ func (r *runtimeServer) PodSandboxStatus(ctx context.Context, req *runtimeapi.Po
 	}
 	if req.GetVerbose() {
 		req.PodSandboxId = sb.ID
-		if resp, ok := s.cfg.Verbose.get("PodSandboxStatus", sb.ID, sb.State); ok {
-			return typed[*runtimeapi.PodSandboxStatusResponse](resp, nil)
-		}
 		return typed[*runtimeapi.PodSandboxStatusResponse](s.verbose.get(ctx, verboseKey("PodSandboxStatus", sb.ID, sb.State), func(ctx context.Context) (any, error) {
 			return passUnary(s, ctx, "PodSandboxStatus", func(ctx context.Context) (*runtimeapi.PodSandboxStatusResponse, error) {
 				return s.cfg.Runtime.PodSandboxStatus(ctx, req)

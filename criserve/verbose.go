@@ -127,17 +127,18 @@ func typed[T any](v any, err error) (T, error) {
 }
 
 // DefaultVerboseStoreBytes bounds a VerboseStore's answers by default: a
-// containerd verbose answer is 5-20 KiB (its OCI spec), so a node of 110
-// pods with a sandbox and two containers each takes ~2-6 MiB.
+// containerd verbose ContainerStatus is ~5 KiB (its OCI spec), so a node
+// of 110 pods with two containers each takes ~1-2 MiB.
 const DefaultVerboseStoreBytes = 16 << 20
 
-// VerboseStore keeps the verbose status answers that pleg's own relisting
-// got from the runtime (cri.WithVerboseStatuses: with a CRI endpoint on,
-// its status calls are verbose), one per item, the last: the endpoint
-// answers a client's verbose status from it, with no runtime call, when
-// the kept answer's state is the item's state in pleg's journal, that is
-// when pleg inspected the item after its last state change. Otherwise the
-// call is passed through as before.
+// VerboseStore keeps the verbose ContainerStatus answers that pleg's own
+// relisting got from the runtime (cri.WithVerboseStatuses: with a CRI
+// endpoint on, its ContainerStatus calls are verbose), one per container,
+// the last: the endpoint answers a client's verbose ContainerStatus from
+// it, with no runtime call, when the kept answer's state is the
+// container's state in pleg's journal, that is when pleg inspected the
+// container after its last state change. Otherwise the call is passed
+// through as before (and so are verbose PodSandboxStatus calls).
 //
 // It is bounded in bytes (the answers' encoded size): past the bound, the
 // answers of items the journal no longer has go first, then the oldest.
@@ -183,12 +184,6 @@ func verboseItem(method, id string) string { return method + "/" + id }
 // in state (cri.VerboseSink).
 func (v *VerboseStore) ContainerVerbose(id string, state cruntime.State, resp *runtimeapi.ContainerStatusResponse) {
 	v.put("ContainerStatus", id, state, resp)
-}
-
-// SandboxVerbose keeps a verbose PodSandboxStatus answer of sandbox id in
-// state (cri.VerboseSink).
-func (v *VerboseStore) SandboxVerbose(id string, state cruntime.State, resp *runtimeapi.PodSandboxStatusResponse) {
-	v.put("PodSandboxStatus", id, state, resp)
 }
 
 func (v *VerboseStore) put(method, id string, state cruntime.State, resp proto.Message) {

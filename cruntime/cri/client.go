@@ -110,22 +110,24 @@ func WithLogger(l logr.Logger) Option {
 	return func(o *options) { o.log = &l }
 }
 
-// VerboseSink receives the verbose status answers of the client's status
-// calls (WithVerboseStatuses), each with the ID pleg listed the item by
-// and the state the answer gives. It is called on the calling goroutine,
-// before ItemStatuses or Identities returns, so before the generator
-// applies the status; it must not block.
+// VerboseSink receives the verbose ContainerStatus answers of the
+// client's status calls (WithVerboseStatuses), each with the ID pleg
+// listed the container by and the state the answer gives. It is called on
+// the calling goroutine, before ItemStatuses or Identities returns, so
+// before the generator applies the status; it must not block.
 type VerboseSink interface {
 	ContainerVerbose(id string, state cruntime.State, resp *runtimeapi.ContainerStatusResponse)
-	SandboxVerbose(id string, state cruntime.State, resp *runtimeapi.PodSandboxStatusResponse)
 }
 
-// WithVerboseStatuses makes every PodSandboxStatus and ContainerStatus call
-// of ItemStatuses verbose and hands each answer to s (Identities' verbose
-// calls too): pleg's read-only CRI endpoint answers its clients' verbose
-// statuses from them (docs/cri.md). It costs the runtime the info's
-// encoding and the connection its bytes (docs/performance.md); the
-// statuses the generator keeps are the same. Nil: plain calls.
+// WithVerboseStatuses makes every ContainerStatus call of ItemStatuses
+// verbose and hands each answer to s (Identities' verbose calls too):
+// pleg's read-only CRI endpoint answers its clients' verbose statuses from
+// them (docs/cri.md). It costs the runtime the info's encoding and the
+// connection its bytes (docs/performance.md); the statuses the generator
+// keeps are the same. PodSandboxStatus calls stay plain: containerd's
+// verbose one asks the sandbox's shim for its task's status, so a hung
+// shim would hang it (test/e2e/README.md), where the plain one answers
+// from containerd's own store. Nil: plain calls.
 func WithVerboseStatuses(s VerboseSink) Option {
 	return func(o *options) { o.verbose = s }
 }

@@ -50,7 +50,7 @@ func (c *Client) ItemStatuses(ctx context.Context, pod *cruntime.Pod, sandboxes,
 			if sb == nil {
 				return nil
 			}
-			s, err := c.sandboxStatus(ctx, sb.ID, c.verbose != nil)
+			s, err := c.sandboxStatus(ctx, sb.ID)
 			if isNotFound(err) {
 				c.log.V(4).Info("Sandbox vanished before its status was fetched", "pod", pod.UID, "sandboxID", sb.ID)
 				return nil
@@ -190,18 +190,14 @@ dispatch:
 	return first
 }
 
-// sandboxStatus makes one PodSandboxStatus call; verbose asks for the
-// runtime's info too, and hands the answer to c.verbose.
-func (c *Client) sandboxStatus(ctx context.Context, id string, verbose bool) (*runtimeapi.PodSandboxStatus, error) {
-	var resp *runtimeapi.PodSandboxStatusResponse
-	err := c.call(ctx, metrics.OpPodSandboxStatus, "PodSandboxStatus", id, func(ctx context.Context) (err error) {
-		resp, err = c.rs.PodSandboxStatus(ctx, &runtimeapi.PodSandboxStatusRequest{PodSandboxId: id, Verbose: verbose})
+func (c *Client) sandboxStatus(ctx context.Context, id string) (*runtimeapi.PodSandboxStatus, error) {
+	var s *runtimeapi.PodSandboxStatus
+	err := c.call(ctx, metrics.OpPodSandboxStatus, "PodSandboxStatus", id, func(ctx context.Context) error {
+		resp, err := c.rs.PodSandboxStatus(ctx, &runtimeapi.PodSandboxStatusRequest{PodSandboxId: id})
+		s = resp.GetStatus()
 		return err
 	})
-	if err == nil && verbose && c.verbose != nil && resp.GetStatus() != nil {
-		c.verbose.SandboxVerbose(id, sandboxState(resp.Status.State), resp)
-	}
-	return resp.GetStatus(), err
+	return s, err
 }
 
 // containerStatus makes one ContainerStatus call; verbose asks for the

@@ -14,9 +14,9 @@ import (
 // containerd 2.2 beside a plain one, on the path pleg's relist takes when
 // --cri-socket is on (one ContainerStatus per changed container, one
 // PodSandboxStatus per changed sandbox): containerd's CPU per call and the
-// answer's bytes, for a pod with a running and an exited container, in the
-// order plain, verbose, verbose, plain (so that a drift in the machine's
-// load counts against both). The MEASURE line states the trade that
+// answer's bytes, for a pod with a running and an exited container, each
+// method in the order plain, verbose, verbose, plain (so that a drift in
+// the machine's load counts against both). The MEASURE line states the trade that
 // docs/cri.md gives; the test asserts causes only: a verbose answer
 // carries the runtime's info (with the init PID of a running container)
 // and is larger than the plain one.
@@ -45,45 +45,55 @@ func TestMeasureVerboseStatusCost(t *testing.T) {
 		bytes int
 		calls int
 	}
-	phase := func(verbose bool) cost {
+	// phase makes rounds calls of one kind for each of ids.
+	phase := func(sandbox, verbose bool, ids ...string) cost {
 		t.Helper()
 		waitQuiet(t, pid)
 		c0 := threadCPU(t, pid)
 		var c cost
 		for range rounds {
-			for _, id := range []string{running, exited} {
-				r, err := rt.ContainerStatus(criCtx(t), &runtimeapi.ContainerStatusRequest{ContainerId: id, Verbose: verbose})
+			for _, id := range ids {
+				var r proto.Message
+				var err error
+				if sandbox {
+					r, err = rt.PodSandboxStatus(criCtx(t), &runtimeapi.PodSandboxStatusRequest{PodSandboxId: id, Verbose: verbose})
+				} else {
+					var cr *runtimeapi.ContainerStatusResponse
+					cr, err = rt.ContainerStatus(criCtx(t), &runtimeapi.ContainerStatusRequest{ContainerId: id, Verbose: verbose})
+					if err == nil && verbose && cr.GetInfo()["info"] == "" {
+						t.Fatalf("a verbose ContainerStatus of %s has no info: %v", id, cr.GetInfo())
+					}
+					r = cr
+				}
 				if err != nil {
 					t.Fatal(err)
-				}
-				if verbose && r.GetInfo()["info"] == "" {
-					t.Fatalf("a verbose ContainerStatus of %s has no info: %v", id, r.GetInfo())
 				}
 				c.bytes += proto.Size(r)
 				c.calls++
 			}
-			r, err := rt.PodSandboxStatus(criCtx(t), &runtimeapi.PodSandboxStatusRequest{PodSandboxId: sb, Verbose: verbose})
-			if err != nil {
-				t.Fatal(err)
-			}
-			c.bytes += proto.Size(r)
-			c.calls++
 		}
 		c.cpu = threadCPU(t, pid).since(c0)
 		return c
 	}
 	add := func(a, b cost) cost { return cost{a.cpu + b.cpu, a.bytes + b.bytes, a.calls + b.calls} }
-	plain := phase(false)
-	verbose := add(phase(true), phase(true))
-	plain = add(plain, phase(false))
-
 	per := func(c cost) (time.Duration, int) { return c.cpu / time.Duration(c.calls), c.bytes / c.calls }
-	pc, pb := per(plain)
-	vc, vb := per(verbose)
-	measure(t, "verbose_status_cost calls=%d (2 ContainerStatus + 1 PodSandboxStatus a round) containerd_cpu_per_call plain=%v verbose=%v (%.2fx, +%v) bytes_per_answer plain=%d verbose=%d (%.1fx)",
-		verbose.calls, pc, vc, float64(vc)/float64(pc), vc-pc, pb, vb, float64(vb)/float64(pb))
-	if vb <= pb {
-		t.Errorf("verbose answers average %d bytes, plain ones %d: want the verbose ones larger", vb, pb)
+	for _, k := range []struct {
+		name    string
+		sandbox bool
+		ids     []string
+	}{{"ContainerStatus", false, []string{running, exited}}, {"PodSandboxStatus", true, []string{sb}}} {
+		// plain, verbose, verbose, plain: a drift in the machine's load
+		// counts against both.
+		plain := phase(k.sandbox, false, k.ids...)
+		verbose := add(phase(k.sandbox, true, k.ids...), phase(k.sandbox, true, k.ids...))
+		plain = add(plain, phase(k.sandbox, false, k.ids...))
+		pc, pb := per(plain)
+		vc, vb := per(verbose)
+		measure(t, "verbose_status_cost method=%s calls=%d containerd_cpu_per_call plain=%v verbose=%v (%.2fx, +%v) bytes_per_answer plain=%d verbose=%d (%.1fx)",
+			k.name, verbose.calls, pc.Round(time.Microsecond), vc.Round(time.Microsecond), float64(vc)/float64(pc), (vc - pc).Round(time.Microsecond), pb, vb, float64(vb)/float64(pb))
+		if vb <= pb {
+			t.Errorf("%s: verbose answers average %d bytes, plain ones %d: want the verbose ones larger", k.name, vb, pb)
+		}
 	}
 	r, err := rt.ContainerStatus(criCtx(t), &runtimeapi.ContainerStatusRequest{ContainerId: running, Verbose: true})
 	if err != nil {
