@@ -46,7 +46,9 @@ be restricted (--lifecycle-allowed-uids, --lifecycle-allowed-gids).
 --cri-socket serves the CRI (runtime.v1 RuntimeService and ImageService)
 read-only for agents that speak CRI (docs/cri.md): listings, statuses,
 Status and GetContainerEvents from pleg's state with no runtime call;
-verbose statuses, images and stats passed through, bounded
+verbose ContainerStatus from pleg's relist, whose ContainerStatus calls are
+then verbose; verbose PodSandboxStatus, images and stats passed through,
+bounded
 (--cri-max-in-flight, --cri-pass-through-rate, --runtime-request-timeout);
 every call that creates, changes, removes, execs, attaches or forwards
 refused (PermissionDenied). Its mode, group and allowed peers are set as the
@@ -115,9 +117,9 @@ func runDaemon(cmd *cobra.Command, rf *runtimeFlags, lf *listenFlags, cf *lifecy
 	defer cancel()
 
 	dopts := daemonOptions{withMetrics: true, withReadiness: true, nodeName: lf.nodeName, journal: cf.journalOptions()}
-	// With a CRI endpoint, pleg's own status calls are verbose and kept,
-	// so that its clients' verbose statuses cost the runtime nothing
-	// more (docs/cri.md).
+	// With a CRI endpoint, pleg's own ContainerStatus calls are verbose
+	// and kept, so that its clients' verbose ContainerStatus calls cost
+	// the runtime nothing more (docs/cri.md).
 	verbose := crf.verboseStore()
 	if verbose != nil {
 		dopts.verbose = verbose
