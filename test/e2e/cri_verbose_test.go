@@ -11,15 +11,16 @@ import (
 )
 
 // TestMeasureVerboseStatusCost measures what a verbose status costs
-// containerd 2.2 beside a plain one, on the path pleg's relist takes when
-// --cri-socket is on (one ContainerStatus per changed container, one
-// PodSandboxStatus per changed sandbox): containerd's CPU per call and the
+// containerd 2.2 beside a plain one: containerd's CPU per call and the
 // answer's bytes, for a pod with a running and an exited container, each
 // method in the order plain, verbose, verbose, plain (so that a drift in
-// the machine's load counts against both). The MEASURE line states the trade that
-// docs/cri.md gives; the test asserts causes only: a verbose answer
-// carries the runtime's info (with the init PID of a running container)
-// and is larger than the plain one.
+// the machine's load counts against both). With --cri-socket, pleg's
+// relist makes its ContainerStatus calls verbose (one per changed
+// container); its PodSandboxStatus calls stay plain, and their verbose
+// cost is measured for the record. The MEASURE lines state the trade that
+// docs/cri.md and docs/performance.md give; the test asserts causes only:
+// a verbose answer carries the runtime's info (with the init PID of a
+// running container) and is larger than the plain one.
 func TestMeasureVerboseStatusCost(t *testing.T) {
 	e := useRuntime(t, "2.2")
 	pid := containerdPid(t, e)
