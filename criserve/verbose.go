@@ -141,17 +141,22 @@ const DefaultVerboseStoreBytes = 16 << 20
 // through as before (and so are verbose PodSandboxStatus calls).
 //
 // It is bounded in bytes (the answers' encoded size): past the bound, the
-// answers of items the journal no longer has go first, then the oldest.
-// Items the journal no longer has are also dropped every
-// verbosePruneEvery answers. Safe for concurrent use; its methods do not
-// block on I/O.
+// answers of items the journal does not have go first, then the oldest.
+// Those of items the journal does not have are also dropped every
+// verbosePruneEvery answers. An answer is kept before the journal has its
+// item (the relist applies a status after it got it), so a pruning spares
+// the answers kept since the one before. Safe for concurrent use; its
+// methods do not block on I/O.
 type VerboseStore struct {
 	mu       sync.Mutex
 	maxBytes int64
 	bytes    int64
 	seq      uint64
 	puts     int
-	items    map[string]*storedVerbose // by verboseItem
+	// pruned is seq at the last pruning: only answers kept no later are
+	// pruned.
+	pruned uint64
+	items  map[string]*storedVerbose // by verboseItem
 	// live returns the IDs of the journal's current items (nil until a
 	// server using the store is made: nothing is pruned then).
 	live func() map[string]bool
@@ -223,18 +228,21 @@ func (v *VerboseStore) put(method, id string, state cruntime.State, resp proto.M
 	}
 }
 
-// pruneLocked drops the answers of items the journal no longer has.
+// pruneLocked drops the answers of items the journal does not have,
+// those kept since the last pruning excepted (their items may be on their
+// way to the journal).
 func (v *VerboseStore) pruneLocked() {
 	if v.live == nil {
 		return
 	}
 	live := v.live()
 	for k, it := range v.items {
-		if !live[it.id] {
+		if it.seq <= v.pruned && !live[it.id] {
 			v.bytes -= it.size
 			delete(v.items, k)
 		}
 	}
+	v.pruned = v.seq
 }
 
 // get returns the kept answer of method for item id when it was got in

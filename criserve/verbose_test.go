@@ -3,7 +3,6 @@ package criserve
 import (
 	"context"
 	"encoding/json"
-	"fmt"
 	"strings"
 	"testing"
 
@@ -123,39 +122,75 @@ func TestVerboseStoreRules(t *testing.T) {
 		t.Error("an answer in the unknown state is kept")
 	}
 
-	// The journal has c0 and c2..c5, not c1: past the bound, c1 goes
-	// first, then the oldest.
+	// The journal has c0 and c2..c5, not c1. c1's answer is spared by
+	// the first pruning after it was kept (its item may be on its way to
+	// the journal), dropped by the next; past the bound, it goes before
+	// the live items' answers, then the oldest go.
 	j := journal.New(journal.Options{Epoch: "e"})
 	var cs []journal.Container
 	for _, id := range []string{"c0", "c2", "c3", "c4", "c5"} {
 		cs = append(cs, journal.Container{ID: id, State: cruntime.StateRunning})
 	}
 	j.Append(journal.Entry{Kind: journal.KindPod, Pod: &journal.Pod{UID: "p", Containers: cs}, Source: journal.SourceRelist})
-	v.watch(j)
-	for i := 1; i <= 4; i++ {
-		id := fmt.Sprintf("c%d", i)
+	running := func(v *VerboseStore, id string) {
 		v.ContainerVerbose(id, cruntime.StateRunning, resp(id, runtimeapi.ContainerState_CONTAINER_RUNNING, 1000))
 	}
-	// c0..c4: 5 answers for a bound of 4: c1 (gone from the journal) went.
-	if _, ok := v.get("ContainerStatus", "c1", cruntime.StateRunning); ok {
-		t.Error("past the bound, the answer of an item the journal no longer has is kept")
+	kept := func(v *VerboseStore, id string) bool {
+		_, ok := v.get("ContainerStatus", id, cruntime.StateRunning)
+		return ok
 	}
-	if _, ok := v.get("ContainerStatus", "c0", cruntime.StateExited); !ok {
-		t.Error("past the bound, a live item's answer went before a removed one's")
+	big := NewVerboseStore(0)
+	big.watch(j)
+	running(big, "c1")
+	for range verbosePruneEvery - 1 { // the 64th answer prunes
+		running(big, "c2")
 	}
-	v.ContainerVerbose("c5", cruntime.StateRunning, resp("c5", runtimeapi.ContainerState_CONTAINER_RUNNING, 1000))
-	if _, ok := v.get("ContainerStatus", "c0", cruntime.StateExited); ok {
-		t.Error("past the bound with every item live, the oldest answer is kept")
+	if !kept(big, "c1") {
+		t.Error("the first pruning after an answer was kept dropped it")
+	}
+	for range verbosePruneEvery {
+		running(big, "c2")
+	}
+	if kept(big, "c1") {
+		t.Error("the second pruning after an answer of an item the journal does not have kept it")
+	}
+	if !kept(big, "c2") {
+		t.Error("a pruning dropped a live item's answer")
+	}
+
+	v = NewVerboseStore(4 * size)
+	v.watch(j)
+	running(v, "c1")
+	for range verbosePruneEvery - 1 {
+		running(v, "c2")
+	}
+	running(v, "c3")
+	running(v, "c4")
+	// c1..c4 fill the bound; c5 makes it 5: c1, whose item the journal
+	// does not have, goes.
+	running(v, "c5")
+	if kept(v, "c1") {
+		t.Error("past the bound, the answer of an item the journal does not have is kept")
+	}
+	for _, id := range []string{"c2", "c3", "c4", "c5"} {
+		if !kept(v, id) {
+			t.Errorf("past the bound, live %s's answer went before a removed one's", id)
+		}
+	}
+	// Every item live: the oldest goes.
+	running(v, "c0")
+	if kept(v, "c2") || !kept(v, "c0") {
+		t.Error("past the bound with every item live, the oldest answer is kept (or the newest is not)")
 	}
 	if n, b := v.size(); n != 4 || b > 4*size {
 		t.Errorf("%d answers of %d bytes kept, want 4 within the bound %d", n, b, 4*size)
 	}
 	// An answer larger than the bound is not kept (nor does it evict).
-	v.ContainerVerbose("c2", cruntime.StateRunning, resp("c2", runtimeapi.ContainerState_CONTAINER_RUNNING, int(5*size)))
-	if _, ok := v.get("ContainerStatus", "c2", cruntime.StateRunning); ok {
+	v.ContainerVerbose("c3", cruntime.StateRunning, resp("c3", runtimeapi.ContainerState_CONTAINER_RUNNING, int(5*size)))
+	if kept(v, "c3") {
 		t.Error("an answer larger than the bound is kept")
 	}
 	if n, _ := v.size(); n != 3 {
-		t.Errorf("%d answers kept after an oversized one replaced c2's, want 3", n)
+		t.Errorf("%d answers kept after an oversized one replaced c3's, want 3", n)
 	}
 }
