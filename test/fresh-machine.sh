@@ -57,18 +57,10 @@ load=
 ((cpu)) && load=" beside a hog of $cpu CPU spinner(s)$( ((io)) && echo ' and I/O')"
 echo "fresh-machine: $runs run(s) of .ci/run on fresh clones of $repo at $head$load; logs in $work"
 
-hog_pid=
-stop_hog() {
-	if [[ -n $hog_pid ]]; then
-		kill -TERM "$hog_pid" 2>/dev/null || true
-		wait "$hog_pid" 2>/dev/null || true
-		hog_pid=
-	fi
-}
-trap 'stop_hog' EXIT
-trap 'stop_hog; exit 130' INT TERM
 if ((cpu)); then
-	(cd "$repo" && "$go" build -o "$work/hog" ./test/hog)
+	# shellcheck source=hog/hog.sh
+	. "$repo/test/hog/hog.sh"
+	PATH=$PATH:$(dirname "$go") hog_build "$work"
 fi
 
 # What the suites install. chromium-common and chromium-sandbox come with
@@ -122,19 +114,14 @@ for i in $(seq 1 "$runs"); do
 	fi
 	log=$work/run$i.log
 	echo "fresh-machine: run $i of $runs: started $(date -u +%H:%M:%S)Z"
-	if ((cpu)); then
-		hogargs=(-cpu "$cpu")
-		((io)) && hogargs+=(-io)
-		"$work/hog" "${hogargs[@]}" >"$work/hog$i.log" 2>&1 &
-		hog_pid=$!
-	fi
+	((cpu)) && hog_start "$cpu" "$io" "$work/hog$i.log"
 	start=$(date +%s)
 	set +e
 	(cd "$clone" && env "${envs[@]}" bash .ci/run </dev/null >"$log" 2>&1)
 	code=$?
 	set -e
 	took=$(($(date +%s) - start))
-	stop_hog
+	((cpu)) && hog_stop
 	if ((code == 0)); then
 		res=PASS
 	else
