@@ -63,7 +63,7 @@ type Client struct {
 	labelValues       sharedStrings // label and annotation values
 
 	listStreaming ListStreaming
-	conns         *atomic.Uint64 // connections made and lost so far (countedConn)
+	conns         *atomic.Uint64 // connections made and lost so far (connCounter)
 	noStreamConn  atomic.Uint64  // 1 + conns when the runtime answered Unimplemented to a streamed listing; 0: never
 }
 
@@ -132,12 +132,7 @@ func Dial(endpoint string, opts ...Option) (*Client, error) {
 	conns := &atomic.Uint64{}
 	dialer := func(ctx context.Context, _ string) (net.Conn, error) {
 		var d net.Dialer
-		c, err := d.DialContext(ctx, "unix", path)
-		if err != nil {
-			return nil, err
-		}
-		conns.Add(1)
-		return &countedConn{Conn: c, n: conns}, nil
+		return d.DialContext(ctx, "unix", path)
 	}
 	conn, err := grpc.NewClient("passthrough:///"+path,
 		grpc.WithTransportCredentials(insecure.NewCredentials()),
@@ -151,6 +146,7 @@ func Dial(endpoint string, opts ...Option) (*Client, error) {
 		grpc.WithInitialConnWindowSize(windowSize),
 		grpc.WithReadBufferSize(readBufferSize),
 		experimental.WithBufferPool(&bufferPool{}),
+		grpc.WithStatsHandler(connCounter{conns}),
 		grpc.WithDefaultCallOptions(
 			grpc.MaxCallRecvMsgSize(maxMsgSize),
 			grpc.MaxCallSendMsgSize(maxMsgSize),

@@ -5,12 +5,11 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
-	"sync"
 	"sync/atomic"
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/stats"
 	"google.golang.org/grpc/status"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
@@ -94,22 +93,20 @@ func (e *listTooLargeError) Error() string {
 
 func (e *listTooLargeError) Unwrap() []error { return []error{ErrListTooLarge, e.err} }
 
-// countedConn is a connection the client dialed: the client counts the
-// connections it made and lost (Client.conns), so that a count that moved
-// since an Unimplemented answer says the connection it came on is gone,
-// and the next one may be to another runtime binary (restarted, perhaps
-// upgraded). The count is kept here, at the dialer and at Close, rather
-// than by a gRPC stats handler: with a stats handler gRPC builds and hands
-// it a record for every message of every call (each runtime event too).
-type countedConn struct {
-	net.Conn
-	n    *atomic.Uint64
-	once sync.Once
-}
+// connCounter is a gRPC stats handler that counts the connections the
+// client made and lost: a count that moved since an Unimplemented answer
+// means the connection it came on is gone, and the next one may be to
+// another runtime binary (restarted, perhaps upgraded).
+type connCounter struct{ n *atomic.Uint64 }
 
-func (c *countedConn) Close() error {
-	c.once.Do(func() { c.n.Add(1) })
-	return c.Conn.Close()
+func (connCounter) TagRPC(ctx context.Context, _ *stats.RPCTagInfo) context.Context   { return ctx }
+func (connCounter) HandleRPC(context.Context, stats.RPCStats)                         {}
+func (connCounter) TagConn(ctx context.Context, _ *stats.ConnTagInfo) context.Context { return ctx }
+func (c connCounter) HandleConn(_ context.Context, s stats.ConnStats) {
+	switch s.(type) {
+	case *stats.ConnBegin, *stats.ConnEnd:
+		c.n.Add(1)
+	}
 }
 
 // streamLists reports whether the next listing streams.
