@@ -87,7 +87,7 @@ func (g *Generator) setStream(f func(*EventStreamStatus)) {
 // is the core's to decide (core_hints.go).
 func (g *Generator) onRuntimeEvent(e cruntime.Event) {
 	// This runs for every runtime event (a thousand a second on a busy
-	// node): nothing here allocates or formats unless it is logged.
+	// node): no label is hashed and no log line built unless it is logged.
 	g.eventCounter(e.Type).Inc()
 	now := g.clock.Now()
 	if !e.CreatedAt.IsZero() {
@@ -117,7 +117,7 @@ func (g *Generator) onRuntimeEvent(e cruntime.Event) {
 // eventCounter returns pleg_runtime_events_total's counter of type t,
 // resolved once per type (a label lookup hashes the label each time).
 func (g *Generator) eventCounter(t cruntime.EventType) prometheus.Counter {
-	if int(t) < len(g.stream.counters) {
+	if t >= 0 && int(t) < len(g.stream.counters) {
 		if c := g.stream.counters[t]; c != nil {
 			return c
 		}

@@ -319,8 +319,8 @@ func TestJournalPodNewestFirst(t *testing.T) {
 }
 
 // Each runtime event is counted by type (pleg_runtime_events_total, its
-// counter resolved once per known type; a type CRI may add later counts as
-// UNKNOWN_EVENT) and in the stream's status; its V(4) line and its hint's
+// counter resolved once per known type; any other value, a type CRI may
+// add later or a negative one, counts as UNKNOWN_EVENT) and in the stream's status; its V(4) line and its hint's
 // V(6) line are written when the logger is that verbose, and only then.
 func TestRuntimeEventsCountedAndLogged(t *testing.T) {
 	for _, verbosity := range []int{0, 6} {
@@ -348,6 +348,7 @@ func TestRuntimeEventsCountedAndLogged(t *testing.T) {
 					started, started,
 					{ContainerID: "c9", Type: cruntime.EventStopped}, // no pod: left to the relist
 					{ContainerID: "c1", Type: cruntime.EventType(9), PodUID: "a", PodName: "pa", PodNamespace: "ns"},
+					{ContainerID: "c1", Type: cruntime.EventType(-1), PodUID: "a", PodName: "pa", PodNamespace: "ns"},
 				} {
 					src.live <- e
 					synctest.Wait()
@@ -355,7 +356,7 @@ func TestRuntimeEventsCountedAndLogged(t *testing.T) {
 				for typ, want := range map[string]float64{
 					cruntime.EventStarted.String(): 2,
 					cruntime.EventStopped.String(): 1,
-					cruntime.EventType(9).String(): 1,
+					cruntime.EventType(9).String(): 2, // and -1
 					cruntime.EventCreated.String(): 0,
 				} {
 					if got := testutil.ToFloat64(m.RuntimeEvents.WithLabelValues(typ)); got != want {
@@ -365,8 +366,8 @@ func TestRuntimeEventsCountedAndLogged(t *testing.T) {
 				if got := testutil.ToFloat64(m.PodRelistSkipped.WithLabelValues(SkipUnchanged)); got != 2 {
 					t.Errorf("hints skipped as unchanged: %v, want 2", got)
 				}
-				if s := g.EventStream(); s.Events != 4 || s.LastEvent.IsZero() {
-					t.Errorf("stream status %+v, want 4 events and the last one's time", s)
+				if s := g.EventStream(); s.Events != 5 || s.LastEvent.IsZero() {
+					t.Errorf("stream status %+v, want 5 events and the last one's time", s)
 				}
 				mu.Lock()
 				defer mu.Unlock()
@@ -383,7 +384,7 @@ func TestRuntimeEventsCountedAndLogged(t *testing.T) {
 					}
 					return n
 				}
-				want := map[bool][3]int{false: {0, 0, 0}, true: {3, 1, 2}}[verbosity >= 6]
+				want := map[bool][3]int{false: {0, 0, 0}, true: {4, 1, 2}}[verbosity >= 6]
 				got := [3]int{
 					count(`"msg"="Runtime event"`, `"pod"="ns/pa"`, `"containerID"="c1"`),
 					count(`"msg"="Runtime event without a pod; leaving it to the relist"`, `"containerID"="c9"`),
