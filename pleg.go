@@ -13,6 +13,7 @@ import (
 	"github.com/podlifecycle/pleg/journal"
 	"github.com/podlifecycle/pleg/metrics"
 	"github.com/podlifecycle/pleg/podcache"
+	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/apimachinery/pkg/types"
 	"k8s.io/utils/clock"
 )
@@ -209,6 +210,9 @@ type Generator struct {
 	pool     *pool
 	logs     *logLimiter
 	lastStat RelistStat
+	// labeled: counters of the hint notes, by vector and label, resolved
+	// once (the notes come with every runtime event).
+	labeled map[labeledKey]prometheus.Counter
 
 	// What the loop publishes.
 	lastRelist         atomic.Int64 // the health timestamp, Unix nanoseconds; 0 before the first
@@ -252,6 +256,7 @@ func New(opts Options) (*Generator, error) {
 	}
 	g.pool = newPool(ctx, opts.Runtime, &g.wg, g.m)
 	g.logs = newLogLimiter(g.log, g.m)
+	g.labeled = make(map[labeledKey]prometheus.Counter)
 	g.stream.status = EventStreamStatus{Mode: opts.Events, State: StreamOff}
 	g.deliver = newHub(opts.ChannelCapacity, g.log, g.m)
 	jo := opts.Journal

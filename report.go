@@ -9,6 +9,7 @@ import (
 	"github.com/go-logr/logr"
 	"github.com/podlifecycle/pleg/cruntime"
 	"github.com/podlifecycle/pleg/metrics"
+	"github.com/prometheus/client_golang/prometheus"
 	"k8s.io/apimachinery/pkg/types"
 )
 
@@ -56,13 +57,17 @@ func (g *Generator) report(n note) {
 			g.m.StatusItems.WithLabelValues("reused").Add(float64(n.reused))
 		}
 	case noteHintSkipped:
-		g.m.PodRelistSkipped.WithLabelValues(n.reason).Inc()
-		g.log.V(6).Info("Hint made no runtime call", "podUID", n.uid, "containerID", n.container, "reason", n.reason)
+		g.counter(g.m.PodRelistSkipped, n.reason).Inc()
+		if l := g.log.V(6); l.Enabled() {
+			l.Info("Hint made no runtime call", "podUID", n.uid, "containerID", n.container, "reason", n.reason)
+		}
 	case noteHintDropped:
 		g.m.PodRelistQueueDropped.Inc()
-		g.log.V(4).Info("Single-pod relist queue is full; the next relist covers the pod", "podUID", n.uid)
+		if l := g.log.V(4); l.Enabled() {
+			l.Info("Single-pod relist queue is full; the next relist covers the pod", "podUID", n.uid)
+		}
 	case noteHintDeferred:
-		g.m.PodRelistDeferred.WithLabelValues(n.reason).Inc()
+		g.counter(g.m.PodRelistDeferred, n.reason).Inc()
 	case noteHintLatency:
 		g.m.EventDeliveryLatency.Observe(n.d.Seconds())
 	case noteIdentityFailed:
@@ -71,6 +76,24 @@ func (g *Generator) report(n note) {
 			g.log.Error(n.err, "Fetching containers' identities failed; they stay unknown", "pod", podRef(n.pod), "podUID", n.uid)
 		}
 	}
+}
+
+// labeledKey names one counter of a vector with one label.
+type labeledKey struct {
+	vec   *prometheus.CounterVec
+	label string
+}
+
+// counter returns vec's counter of label, resolved once: the hint notes
+// come with every runtime event, and a vector's lookup hashes its label.
+func (g *Generator) counter(vec *prometheus.CounterVec, label string) prometheus.Counter {
+	k := labeledKey{vec, label}
+	c := g.labeled[k]
+	if c == nil {
+		c = vec.WithLabelValues(label)
+		g.labeled[k] = c
+	}
+	return c
 }
 
 // Kinds of repeated errors the limiter bounds.

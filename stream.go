@@ -3,14 +3,15 @@ package pleg
 import (
 	"context"
 	"errors"
-	"github.com/podlifecycle/pleg/internal/textfmt"
 	"io"
 	"math/rand/v2"
 	"sync"
 	"time"
 
 	"github.com/podlifecycle/pleg/cruntime"
+	"github.com/podlifecycle/pleg/internal/textfmt"
 	"github.com/podlifecycle/pleg/journal"
+	"github.com/prometheus/client_golang/prometheus"
 )
 
 // EventsMode says whether the generator uses the runtime's container event
@@ -63,6 +64,9 @@ type EventStreamStatus struct {
 type eventStream struct {
 	mu     sync.Mutex
 	status EventStreamStatus
+	// counters: pleg_runtime_events_total by known event type, resolved
+	// as first used (by the stream's goroutine only).
+	counters [cruntime.EventDeleted + 1]prometheus.Counter
 }
 
 // EventStream returns the state of the runtime event stream.
@@ -82,23 +86,46 @@ func (g *Generator) setStream(f func(*EventStreamStatus)) {
 // blocks: the stream is read continuously. Which hints make a runtime call
 // is the core's to decide (core_hints.go).
 func (g *Generator) onRuntimeEvent(e cruntime.Event) {
-	g.m.RuntimeEvents.WithLabelValues(e.Type.String()).Inc()
+	// This runs for every runtime event (a thousand a second on a busy
+	// node): no label is hashed and no log line built unless it is logged.
+	g.eventCounter(e.Type).Inc()
 	now := g.clock.Now()
 	if !e.CreatedAt.IsZero() {
 		g.m.EventedConnectionLatency.Observe(now.Sub(e.CreatedAt).Seconds())
 	}
-	g.setStream(func(s *EventStreamStatus) { s.Events++; s.LastEvent = now })
+	g.stream.mu.Lock()
+	g.stream.status.Events++
+	g.stream.status.LastEvent = now
+	g.stream.mu.Unlock()
 	if e.PodUID == "" {
 		// Without a pod the hint cannot be targeted; the relist covers it.
-		g.log.V(4).Info("Runtime event without a pod; leaving it to the relist", "containerID", e.ContainerID, "type", e.Type.String())
+		if l := g.log.V(4); l.Enabled() {
+			l.Info("Runtime event without a pod; leaving it to the relist", "containerID", e.ContainerID, "type", e.Type.String())
+		}
 		return
 	}
-	g.log.V(4).Info("Runtime event", "podUID", e.PodUID, "pod", textfmt.PodRef(e.PodNamespace, e.PodName), "containerID", e.ContainerID, "type", e.Type.String())
+	if l := g.log.V(4); l.Enabled() {
+		l.Info("Runtime event", "podUID", e.PodUID, "pod", textfmt.PodRef(e.PodNamespace, e.PodName), "containerID", e.ContainerID, "type", e.Type.String())
+	}
 	at := e.CreatedAt
 	if at.IsZero() {
 		at = now
 	}
 	g.hint(hintIn{uid: e.PodUID, at: at, event: true, eventType: e.Type, container: e.ContainerID})
+}
+
+// eventCounter returns pleg_runtime_events_total's counter of type t,
+// resolved once per type (a label lookup hashes the label each time).
+func (g *Generator) eventCounter(t cruntime.EventType) prometheus.Counter {
+	if t >= 0 && int(t) < len(g.stream.counters) {
+		if c := g.stream.counters[t]; c != nil {
+			return c
+		}
+		c := g.m.RuntimeEvents.WithLabelValues(t.String())
+		g.stream.counters[t] = c
+		return c
+	}
+	return g.m.RuntimeEvents.WithLabelValues(t.String())
 }
 
 // watchEvents consumes the runtime's event stream until ctx ends,

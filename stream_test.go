@@ -7,10 +7,13 @@ import (
 	"io"
 	"math/rand/v2"
 	"reflect"
+	"strings"
 	"sync"
 	"testing"
 	"testing/synctest"
 	"time"
+
+	"github.com/go-logr/logr/funcr"
 
 	"github.com/podlifecycle/pleg/cruntime"
 	"github.com/podlifecycle/pleg/metrics"
@@ -312,5 +315,85 @@ func TestJournalPodNewestFirst(t *testing.T) {
 	}
 	if listing.Containers[0].ID != "c1" {
 		t.Fatal("the listing was reordered in place")
+	}
+}
+
+// Each runtime event is counted by type (pleg_runtime_events_total, its
+// counter resolved once per known type; any other value, a type CRI may
+// add later or a negative one, counts as UNKNOWN_EVENT) and in the stream's status; its V(4) line and its hint's
+// V(6) line are written when the logger is that verbose, and only then.
+func TestRuntimeEventsCountedAndLogged(t *testing.T) {
+	for _, verbosity := range []int{0, 6} {
+		t.Run(fmt.Sprintf("v%d", verbosity), func(t *testing.T) {
+			synctest.Test(t, func(t *testing.T) {
+				var mu sync.Mutex
+				var lines []string
+				log := funcr.New(func(_, args string) {
+					mu.Lock()
+					lines = append(lines, args)
+					mu.Unlock()
+				}, funcr.Options{Verbosity: verbosity})
+				rt := newFakeRuntime()
+				rt.setPods(pod("a", "c1=running"))
+				src := &fakeEvents{live: make(chan cruntime.Event)}
+				m := metrics.New(nil)
+				g := newLoopGenerator(t, rt, func(o *Options) {
+					o.EventSource, o.Metrics, o.Logger, o.RelistPeriod, o.RelistThreshold = src, m, log, time.Hour, 3*time.Hour
+				})
+				g.Start()
+				synctest.Wait()
+				time.Sleep(time.Second) // the events come after the first listing: not covered by it
+				started := cruntime.Event{ContainerID: "c1", Type: cruntime.EventStarted, PodUID: "a", PodName: "pa", PodNamespace: "ns"}
+				for _, e := range []cruntime.Event{
+					started, started,
+					{ContainerID: "c9", Type: cruntime.EventStopped}, // no pod: left to the relist
+					{ContainerID: "c1", Type: cruntime.EventType(9), PodUID: "a", PodName: "pa", PodNamespace: "ns"},
+					{ContainerID: "c1", Type: cruntime.EventType(-1), PodUID: "a", PodName: "pa", PodNamespace: "ns"},
+				} {
+					src.live <- e
+					synctest.Wait()
+				}
+				for typ, want := range map[string]float64{
+					cruntime.EventStarted.String(): 2,
+					cruntime.EventStopped.String(): 1,
+					cruntime.EventType(9).String(): 2, // and -1
+					cruntime.EventCreated.String(): 0,
+				} {
+					if got := testutil.ToFloat64(m.RuntimeEvents.WithLabelValues(typ)); got != want {
+						t.Errorf("pleg_runtime_events_total{type=%q} = %v, want %v", typ, got, want)
+					}
+				}
+				if got := testutil.ToFloat64(m.PodRelistSkipped.WithLabelValues(SkipUnchanged)); got != 2 {
+					t.Errorf("hints skipped as unchanged: %v, want 2", got)
+				}
+				if s := g.EventStream(); s.Events != 5 || s.LastEvent.IsZero() {
+					t.Errorf("stream status %+v, want 5 events and the last one's time", s)
+				}
+				mu.Lock()
+				defer mu.Unlock()
+				count := func(parts ...string) int {
+					n := 0
+				line:
+					for _, l := range lines {
+						for _, p := range parts {
+							if !strings.Contains(l, p) {
+								continue line
+							}
+						}
+						n++
+					}
+					return n
+				}
+				want := map[bool][3]int{false: {0, 0, 0}, true: {4, 1, 2}}[verbosity >= 6]
+				got := [3]int{
+					count(`"msg"="Runtime event"`, `"pod"="ns/pa"`, `"containerID"="c1"`),
+					count(`"msg"="Runtime event without a pod; leaving it to the relist"`, `"containerID"="c9"`),
+					count(`"msg"="Hint made no runtime call"`, `"reason"="`+SkipUnchanged+`"`),
+				}
+				if got != want {
+					t.Errorf("log lines (runtime event, without a pod, hint skipped) %v, want %v; lines:\n%s", got, want, strings.Join(lines, "\n"))
+				}
+			})
+		})
 	}
 }
