@@ -1,28 +1,6 @@
 package pleg
 
-import (
-	"sync"
-	"time"
-)
-
-// RelistStat describes one global relist.
-type RelistStat struct {
-	Start    time.Time     `json:"start"`
-	Duration time.Duration `json:"duration"`
-	// Pods and Containers count the listing (containers include sandboxes).
-	Pods       int `json:"pods"`
-	Containers int `json:"containers"`
-	// Inspected pods needed a status fetch or a cache deletion; Failed of
-	// them failed (TimedOut of those by the pod inspection timeout).
-	Inspected int `json:"inspected"`
-	Failed    int `json:"failed"`
-	TimedOut  int `json:"timedOut"`
-	// Events delivered by this relist.
-	Events int `json:"events"`
-	// Err is the listing error of a failed relist.
-	Err string `json:"error,omitempty"`
-	err error
-}
+import "sync"
 
 // statsRing keeps the most recent relists.
 type statsRing struct {

@@ -9,8 +9,8 @@ import (
 // generator uses it to name the call a slow pod is stuck in; `pleg diagnose`
 // uses it to time every call.
 type CallTracer interface {
-	// StartCall is called before a runtime call; op is the metrics
-	// operation type (e.g. "container_status") and id the container or
+	// StartCall is called before a runtime call; op is the operation
+	// type (OpContainerStatus...) and id the container or
 	// sandbox ID, if any. The returned function is called once with the
 	// call's duration and error when the call returns.
 	StartCall(op, id string) (done func(d time.Duration, err error))
@@ -27,4 +27,37 @@ func WithCallTracer(ctx context.Context, t CallTracer) context.Context {
 func CallTracerFrom(ctx context.Context) CallTracer {
 	t, _ := ctx.Value(tracerKey{}).(CallTracer)
 	return t
+}
+
+// Runtime operation types: the op a CallTracer is told, and the values of
+// the operation_type label of pleg's metrics.
+const (
+	OpListPodSandbox     = "list_podsandbox"
+	OpListContainers     = "list_containers"
+	OpPodSandboxStatus   = "podsandbox_status"
+	OpContainerStatus    = "container_status"
+	OpGetContainerEvents = "get_container_events"
+	OpStatus             = "status"
+	OpVersion            = "version"
+)
+
+// methods maps each operation type to its CRI method: the one table of it.
+var methods = map[string]string{
+	OpListPodSandbox:     "ListPodSandbox",
+	OpListContainers:     "ListContainers",
+	OpPodSandboxStatus:   "PodSandboxStatus",
+	OpContainerStatus:    "ContainerStatus",
+	OpGetContainerEvents: "GetContainerEvents",
+	OpStatus:             "Status",
+	OpVersion:            "Version",
+}
+
+// Method returns the CRI method of an operation type (the operation_type
+// label), e.g. "ContainerStatus" for "container_status"; an unknown
+// operation type is returned as is.
+func Method(op string) string {
+	if m, ok := methods[op]; ok {
+		return m
+	}
+	return op
 }

@@ -9,39 +9,24 @@ import (
 	"time"
 
 	"github.com/prometheus/client_golang/prometheus"
+
+	"github.com/podlifecycle/pleg/cruntime"
 )
 
-// Runtime operation types, the values of the operation_type label.
+// Runtime operation types, the values of the operation_type label: the
+// runtime calls' names, defined with the call tracer (cruntime.Op*).
 const (
-	OpListPodSandbox     = "list_podsandbox"
-	OpListContainers     = "list_containers"
-	OpPodSandboxStatus   = "podsandbox_status"
-	OpContainerStatus    = "container_status"
-	OpGetContainerEvents = "get_container_events"
-	OpStatus             = "status"
-	OpVersion            = "version"
+	OpListPodSandbox     = cruntime.OpListPodSandbox
+	OpListContainers     = cruntime.OpListContainers
+	OpPodSandboxStatus   = cruntime.OpPodSandboxStatus
+	OpContainerStatus    = cruntime.OpContainerStatus
+	OpGetContainerEvents = cruntime.OpGetContainerEvents
+	OpStatus             = cruntime.OpStatus
+	OpVersion            = cruntime.OpVersion
 )
 
-// methods maps each operation type to its CRI method: the one table of it.
-var methods = map[string]string{
-	OpListPodSandbox:     "ListPodSandbox",
-	OpListContainers:     "ListContainers",
-	OpPodSandboxStatus:   "PodSandboxStatus",
-	OpContainerStatus:    "ContainerStatus",
-	OpGetContainerEvents: "GetContainerEvents",
-	OpStatus:             "Status",
-	OpVersion:            "Version",
-}
-
-// Method returns the CRI method of an operation type (the operation_type
-// label), e.g. "ContainerStatus" for "container_status"; an unknown
-// operation type is returned as is.
-func Method(op string) string {
-	if m, ok := methods[op]; ok {
-		return m
-	}
-	return op
-}
+// Method returns the CRI method of an operation type (cruntime.Method).
+func Method(op string) string { return cruntime.Method(op) }
 
 // Metrics is the set of collectors one generator (and its runtime client)
 // reports to. Create it with New; the zero value is not usable.
