@@ -28,6 +28,8 @@ type benchOptions struct {
 	budget   budgetFlags
 	// compareStreaming: --compare-list-streaming
 	compareStreaming bool
+	plegBinary       string
+	plainMetadata    bool
 }
 
 func newBenchCmd() *cobra.Command {
@@ -100,6 +102,18 @@ hand, listing through the streaming RPCs (StreamPodSandboxes,
 StreamContainers) and through the unary calls, against identical simulated
 nodes, and the report puts the two side by side with their ratio.
 
+The simulated node's sandboxes and containers carry the labels and
+annotations a kubelet puts on them (the pod's app, pod-template-hash and
+app.kubernetes.io labels; kubernetes.io/config.seen and .source and a few
+annotations shared by the replicas of a workload; each container's
+io.kubernetes.container.hash, restartCount, terminationMessage* and ports
+annotations): most of what pleg keeps per pod. --plain-metadata leaves only
+the io.kubernetes.* labels pleg reads and three annotations, as the bench
+did before 2026-11-28. --pleg-binary PATH runs pleg's generator from
+another pleg binary (an older build: 'git worktree add DIR COMMIT', 'go
+build -o OLD ./cmd/pleg' there) against the same simulated node, to
+compare two builds in one run.
+
 The simulated runtime and each generator run in processes of their own
 (this binary, re-executed as 'pleg bench child runtime|pleg'; pleg's with
 the daemon's GC target), so that the CPU time, allocations and peak RSS
@@ -135,6 +149,8 @@ A full run takes about four minutes with --kubelet; --quick about a minute.`,
 	uint64Var(f, &o.seed, "seed", 1, "seed of the simulated node")
 	o.budget.addFlags(f)
 	f.BoolVar(&o.compareStreaming, "compare-list-streaming", false, "run pleg twice per scenario driven by hand, listing through the streaming RPCs and with the unary calls, and compare them (CPU, allocations, peak RSS, the list RPCs the runtime served)")
+	f.StringVar(&o.plegBinary, "pleg-binary", "", "run pleg's generator from this pleg binary (e.g. an older build) instead of this one; the simulated runtime stays this binary's")
+	f.BoolVar(&o.plainMetadata, "plain-metadata", false, "give the simulated node's sandboxes and containers only the labels pleg reads and three annotations, not a kubelet's usual labels and annotations (the bench before 2026-11-28)")
 	f.StringVar(&o.heapProf, "memprofile", "", "write a heap profile of pleg's generator process, as its scenario ends, to this file (each run writes it anew: the last run's stays; read it with go tool pprof -sample_index=inuse_space)")
 	f.StringVar(&o.cpuProf, "cpuprofile", "", "write a CPU profile of pleg's generator process, its whole life, to this file (each run writes it anew: the last run's stays)")
 	return cmd
@@ -150,7 +166,7 @@ func runBench(cmd *cobra.Command, o *benchOptions) error {
 	}
 	var budget bench.Budget
 	budget.PodRelistRate, budget.PodRelistBurst, budget.PodRelistSpacing, budget.EarlyRelistGap = o.budget.options()
-	for _, prof := range []*string{&o.cpuProf, &o.heapProf} {
+	for _, prof := range []*string{&o.cpuProf, &o.heapProf, &o.plegBinary} {
 		if *prof != "" {
 			if *prof, err = filepath.Abs(*prof); err != nil {
 				return err
@@ -177,6 +193,8 @@ func runBench(cmd *cobra.Command, o *benchOptions) error {
 		Seed:                   o.seed,
 		Progress:               cmd.ErrOrStderr(),
 		CompareListStreaming:   o.compareStreaming,
+		PLEGExecutable:         o.plegBinary,
+		PlainMetadata:          o.plainMetadata,
 	})
 	if err != nil {
 		return fmt.Errorf("bench: %w", err)
