@@ -161,7 +161,7 @@ A full run takes about four minutes with --kubelet; --quick about a minute.`,
 	f.BoolVar(&o.compareStreaming, "compare-list-streaming", false, "run pleg twice per scenario driven by hand, listing through the streaming RPCs and with the unary calls, and compare them (CPU, allocations, peak RSS, the list RPCs the runtime served)")
 	f.StringVar(&o.plegBinary, "pleg-binary", "", "run pleg's generator from this pleg binary (e.g. an older build) instead of this one; the simulated runtime stays this binary's")
 	f.BoolVar(&o.plainMetadata, "plain-metadata", false, "give the simulated node's sandboxes and containers only the labels pleg reads and three annotations, not a kubelet's usual labels and annotations (the bench before 2026-11-28)")
-	f.StringVar(&o.heapProf, "memprofile", "", "write a heap profile of pleg's generator process, as its scenario ends, to this file (each run writes it anew: the last run's stays; read it with go tool pprof -sample_index=inuse_space)")
+	f.StringVar(&o.heapProf, "memprofile", "", "write a heap profile of pleg's generator process, as its scenario ends, to this file (each run writes it anew: the last run's stays; a live run also writes FILE.window at its window's end; read it with go tool pprof -sample_index=inuse_space)")
 	f.StringVar(&o.cpuProf, "cpuprofile", "", "write a CPU profile of pleg's generator process, its whole life, to this file (each run writes it anew: the last run's stays)")
 	return cmd
 }

@@ -113,6 +113,13 @@ type LiveResult struct {
 	// window's end (VmRSS), PeakRSSBytes its peak (VmHWM) then.
 	RSSBytes     int64 `json:"rssBytes"`
 	PeakRSSBytes int64 `json:"peakRssBytes"`
+	// Goroutines is the number of the generator's process's goroutines
+	// at the window's end.
+	Goroutines int `json:"goroutines"`
+	// StackBytes is the memory of their stacks then (StackInuse),
+	// HeapInuseBytes the heap's spans in use (HeapInuse).
+	StackBytes     int64 `json:"stackBytes"`
+	HeapInuseBytes int64 `json:"heapInuseBytes"`
 	// Changes counts the changes made one at a time (LiveSpec.Changes),
 	// and their delivery: from the change in the runtime to the first
 	// event about the pod delivered to the generator's Watch channel.

@@ -300,6 +300,14 @@ func (p *plegChild) command(name, arg string) (string, error) {
 		}
 		r := p.endWindow(p.win)
 		p.win = nil
+		// A live run's heap profile is of the window's end, while what
+		// it measures (its watchers, say) is still there; the child's end
+		// writes it again, after them.
+		if p.cfg.HeapProfile != "" {
+			if err := writeHeapProfile(p.cfg.HeapProfile + ".window"); err != nil {
+				return "", err
+			}
+		}
 		return lineproto.JSON(r)
 	case "await":
 		if p.sink == nil {
@@ -572,7 +580,11 @@ func (p *plegChild) endWindow(w *window) *LiveResult {
 		HungPodLists:           s1.hungLists - s0.hungLists,
 		HungPodStatuses:        s1.hungStatuses - s0.hungStatuses,
 		CPUPerSecondMs:         -1,
+		Goroutines:             goruntime.NumGoroutine(),
 	}
+	var mem goruntime.MemStats
+	goruntime.ReadMemStats(&mem)
+	r.StackBytes, r.HeapInuseBytes = int64(mem.StackInuse), int64(mem.HeapInuse)
 	if cpuMeasured {
 		r.CPUPerSecondMs = ms(s1.cpu-s0.cpu) / t1.Sub(w.t0).Seconds()
 	}

@@ -510,6 +510,9 @@ func writeLive(w io.Writer, s ScenarioResult) {
 	if v := get(func(r *LiveResult) float64 { return float64(r.PeakRSSBytes) }); anyPositive(v) {
 		f.row("pleg's RSS at the window's end (VmRSS)", fmtBytes, true, get(func(r *LiveResult) float64 { return float64(r.RSSBytes) }))
 		f.row("pleg's peak RSS (VmHWM)", fmtBytes, true, v)
+		f.row("pleg's goroutines at the window's end", fmtCount, true, get(func(r *LiveResult) float64 { return float64(r.Goroutines) }))
+		f.row("  their stacks (StackInuse)", fmtBytes, true, get(func(r *LiveResult) float64 { return float64(r.StackBytes) }))
+		f.row("  the heap's spans in use (HeapInuse)", fmtBytes, true, get(func(r *LiveResult) float64 { return float64(r.HeapInuseBytes) }))
 	}
 	f.row("single-pod lists (ListPod)", fmtCount, true, get(func(r *LiveResult) float64 { return float64(r.PodLists) }))
 	f.row("pod status fetches (ItemStatuses)", fmtCount, true, get(func(r *LiveResult) float64 { return float64(r.PodStatuses) }))
