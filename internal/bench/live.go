@@ -110,7 +110,8 @@ type LiveResult struct {
 	Watchers        int   `json:"watchers,omitempty"`
 	WatcherMessages int64 `json:"watcherMessages,omitempty"`
 	// RSSBytes is the generator's process's resident set size at the
-	// window's end (VmRSS), PeakRSSBytes its peak (VmHWM) then.
+	// window's end (VmRSS), PeakRSSBytes its peak (VmHWM) then (0: not
+	// measured: only in scenarios with LiveSpec.API).
 	RSSBytes     int64 `json:"rssBytes"`
 	PeakRSSBytes int64 `json:"peakRssBytes"`
 	// Goroutines is the number of the generator's process's goroutines
@@ -296,11 +297,15 @@ func runLive(ctx context.Context, o Options, sc Scenario, run LiveRun) (_ *LiveR
 			return nil, err
 		}
 	}
-	if r.RSSBytes, err = gen.CallInt("rssnow"); err != nil {
-		return nil, err
-	}
-	if r.PeakRSSBytes, err = gen.CallInt("rss"); err != nil {
-		return nil, err
+	// Only where the watchers are measured: a pleg child of a build
+	// before 2026-11-28 (Options.PLEGExecutable) knows no rssnow.
+	if spec.API {
+		if r.RSSBytes, err = gen.CallInt("rssnow"); err != nil {
+			return nil, err
+		}
+		if r.PeakRSSBytes, err = gen.CallInt("rss"); err != nil {
+			return nil, err
+		}
 	}
 	s1, err := snapshot(rt, hung, churn)
 	if err != nil {
