@@ -437,16 +437,18 @@ func entrySize(e *Entry, prev *Pod) int {
 }
 
 // share replaces the sandboxes and containers of p equal to those of prev
-// (same ID, equal content) by prev's. (A caller that allocates them one by
-// one lets those replaced go; journalPod does.)
+// (same ID, equal content) by prev's. When it replaced any, the others get
+// an allocation each: the caller may have put them in one array (as
+// journalPod does), which the entry would otherwise keep whole for them.
 func share(p, prev *Pod) {
 	if prev == nil || p == prev {
 		return
 	}
+	shared := false
 	for i, s := range p.Sandboxes {
 		for _, o := range prev.Sandboxes {
 			if o.ID == s.ID && o != s && sandboxEqual(o, s) {
-				p.Sandboxes[i] = o
+				p.Sandboxes[i], shared = o, true
 				break
 			}
 		}
@@ -454,9 +456,24 @@ func share(p, prev *Pod) {
 	for i, c := range p.Containers {
 		for _, o := range prev.Containers {
 			if o.ID == c.ID && o != c && containerEqual(o, c) {
-				p.Containers[i] = o
+				p.Containers[i], shared = o, true
 				break
 			}
+		}
+	}
+	if !shared {
+		return
+	}
+	for i, s := range p.Sandboxes {
+		if !slicesContains(prev.Sandboxes, s) {
+			own := *s
+			p.Sandboxes[i] = &own
+		}
+	}
+	for i, c := range p.Containers {
+		if !slicesContains(prev.Containers, c) {
+			own := *c
+			p.Containers[i] = &own
 		}
 	}
 }

@@ -530,7 +530,16 @@ func TestEntriesShareUnchangedContainers(t *testing.T) {
 	first := build("c0=running", "c1=running", "c2=running", "c3=running")
 	j.Append(podEntry(first, "ContainerStarted"))
 	second := build("c0=running", "c1=exited", "c2=running", "c3=running")
+	// Its containers in one array, as journalPod builds them.
+	arr := make([]Container, len(second.Containers))
+	for i, c := range second.Containers {
+		arr[i] = *c
+		second.Containers[i] = &arr[i]
+	}
 	j.Append(podEntry(second, "ContainerDied"))
+	if second.Containers[1] == &arr[1] {
+		t.Error("the changed container left in the appender's array: the entry keeps the whole array")
+	}
 	for i, c := range second.Containers {
 		if shared := c == first.Containers[i]; shared != (i != 1) {
 			t.Errorf("container %s shared with the last state: %v", c.ID, shared)
