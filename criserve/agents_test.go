@@ -8,6 +8,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
@@ -89,20 +90,28 @@ const agents, changes = 50, 10
 // restarts happen, with pleg alone, with 50 typical agents through pleg's
 // endpoint, and with 50 straight to the simulator: through pleg, the
 // agents add one verbose status per container change (shared by all of
-// them); straight, every agent makes its own calls.
+// them), and none when pleg keeps its own relist's verbose statuses (as
+// pleg run does); straight, every agent makes its own calls.
 func TestTypicalAgentsCalls(t *testing.T) {
-	phase := func(mode string) (calls map[string]int64, events int64) {
-		t.Run(mode, func(t *testing.T) { calls, events = runPhase(t, mode) })
-		return calls, events
+	phase := func(mode string) (calls map[string]int64, events int64, passed float64) {
+		t.Run(mode, func(t *testing.T) { calls, events, passed = runPhase(t, mode) })
+		return calls, events, passed
 	}
-	alone, _ := phase("pleg alone")
-	through, evThrough := phase("through pleg")
-	straight, evStraight := phase("straight")
+	alone, _, _ := phase("pleg alone")
+	through, evThrough, _ := phase("through pleg")
+	kept, evKept, passedKept := phase("through pleg, verbose kept")
+	straight, evStraight, _ := phase("straight")
 	if t.Failed() {
 		return
 	}
 	t.Logf("%d restarts; simulator calls: pleg alone %d %v", changes, total(alone), alone)
 	t.Logf("%d agents through pleg: %d calls (%.2fx pleg alone) %v; %d events delivered", agents, total(through), float64(total(through))/float64(total(alone)), through, evThrough)
+	t.Logf("%d agents through pleg keeping its verbose statuses: %d calls (%.2fx pleg alone) %v; %d events delivered, %.0f calls passed through", agents, total(kept), float64(total(kept))/float64(total(alone)), kept, evKept, passedKept)
+	// pleg's relist inspected every changed container before its event
+	// went out: every verbose status the agents asked for was kept.
+	if passedKept != 0 {
+		t.Errorf("%d agents through pleg keeping its verbose statuses passed %.0f calls through, want none", agents, passedKept)
+	}
 	t.Logf("%d agents straight, beside pleg: %d calls (%.2fx pleg alone) %v; %d events delivered", agents, total(straight), float64(total(straight))/float64(total(alone)), straight, evStraight)
 	// Through pleg, the agents' own calls are the verbose statuses, one
 	// per changed container state at most (shared by the 50).
@@ -121,18 +130,23 @@ func TestTypicalAgentsCalls(t *testing.T) {
 	}
 }
 
-// runPhase runs the restarts with the agents through pleg, straight, or
-// none ("pleg alone"), and returns the simulator's calls meanwhile and the
-// events the agents had.
-func runPhase(t *testing.T, mode string) (calls map[string]int64, events int64) {
+// runPhase runs the restarts with the agents through pleg (keeping pleg's
+// verbose statuses or not), straight, or none ("pleg alone"), and returns
+// the simulator's calls meanwhile, the events the agents had and the
+// calls pleg passed through.
+func runPhase(t *testing.T, mode string) (calls map[string]int64, events int64, passed float64) {
 	// pleg's defaults: a relist a second, the runtime's events trigger
 	// relists of their pod; a Status call every 5 s.
-	r := newRigPeriod(t, sim.Config{Seed: 21, Pods: 10, ContainersPerPod: 2}, Config{}, time.Second)
+	var cfg Config
+	if mode == "through pleg, verbose kept" {
+		cfg.Verbose = NewVerboseStore(0)
+	}
+	r := newRigPeriod(t, sim.Config{Seed: 21, Pods: 10, ContainersPerPod: 2}, cfg, time.Second)
 	r.synced(t)
 	pods := r.sim.Pods()
 	var as []*agent
 	switch mode {
-	case "through pleg":
+	case "through pleg", "through pleg, verbose kept":
 		for range agents {
 			as = append(as, startAgent(t, "unix://"+r.sock))
 		}
@@ -170,5 +184,8 @@ func runPhase(t *testing.T, mode string) (calls map[string]int64, events int64) 
 			t.Errorf("%s: an agent had %d failed status calls", mode, n)
 		}
 	}
-	return calls, events
+	for _, m := range []string{"ContainerStatus", "PodSandboxStatus"} {
+		passed += testutil.ToFloat64(r.srv.cfg.Metrics.runtime.WithLabelValues("--cri-socket", m))
+	}
+	return calls, events, passed
 }

@@ -80,7 +80,13 @@ func newRigPeriod(t testing.TB, sc sim.Config, cfg Config, period time.Duration)
 		t.Fatal(err)
 	}
 	t.Cleanup(r.sim.Stop)
-	client, err := cri.Dial(r.sim.Endpoint())
+	var copts []cri.Option
+	if cfg.Verbose != nil {
+		// As pleg run does with a CRI endpoint: the relist's status
+		// calls are verbose and kept.
+		copts = append(copts, cri.WithVerboseStatuses(cfg.Verbose))
+	}
+	client, err := cri.Dial(r.sim.Endpoint(), copts...)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -106,6 +106,12 @@ type Config struct {
 	// wait past its Timeout gets ResourceExhausted at once.
 	Rate  float64
 	Burst int
+	// Verbose, if set, holds the verbose ContainerStatus answers pleg's
+	// own relisting got (cri.WithVerboseStatuses with Verbose as its
+	// sink): a verbose ContainerStatus of a container pleg inspected after
+	// its last state change is answered from it, with no runtime call.
+	// Servers may share one.
+	Verbose *VerboseStore
 	// VersionTTL is how long Version's answer is kept (default
 	// DefaultVersionTTL).
 	VersionTTL time.Duration
@@ -204,6 +210,9 @@ func New(cfg Config) (*Server, error) {
 		bucket: newBucket(cfg.Clock, cfg.Rate, cfg.Burst), events: make(chan struct{}, cfg.MaxStreams)}
 	s.stopping, s.stop = context.WithCancelCause(context.Background())
 	s.verbose.stopping = s.stopping
+	if cfg.Verbose != nil {
+		cfg.Verbose.watch(cfg.Journal)
+	}
 	return s, nil
 }
 

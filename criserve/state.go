@@ -349,6 +349,9 @@ func (r *runtimeServer) ContainerStatus(ctx context.Context, req *runtimeapi.Con
 	}
 	if req.GetVerbose() {
 		req.ContainerId = c.ID
+		if resp, ok := s.cfg.Verbose.get("ContainerStatus", c.ID, c.State); ok {
+			return typed[*runtimeapi.ContainerStatusResponse](resp, nil)
+		}
 		return typed[*runtimeapi.ContainerStatusResponse](s.verbose.get(ctx, verboseKey("ContainerStatus", c.ID, c.State), func(ctx context.Context) (any, error) {
 			return passUnary(s, ctx, "ContainerStatus", func(ctx context.Context) (*runtimeapi.ContainerStatusResponse, error) {
 				return s.cfg.Runtime.ContainerStatus(ctx, req)

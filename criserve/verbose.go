@@ -7,6 +7,11 @@ import (
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
+	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/podlifecycle/pleg/cruntime"
+	"github.com/podlifecycle/pleg/journal"
 )
 
 // maxVerbose bounds the verbose answers kept: containerd's carry the OCI
@@ -119,4 +124,165 @@ func typed[T any](v any, err error) (T, error) {
 		return zero, status.Errorf(codes.Internal, "verbose cache: %T", v)
 	}
 	return t, nil
+}
+
+// DefaultVerboseStoreBytes bounds a VerboseStore's answers by default: a
+// containerd verbose ContainerStatus is ~5 KiB (its OCI spec), so a node
+// of 110 pods with two containers each takes ~1-2 MiB.
+const DefaultVerboseStoreBytes = 16 << 20
+
+// VerboseStore keeps the verbose ContainerStatus answers that pleg's own
+// relisting got from the runtime (cri.WithVerboseStatuses: with a CRI
+// endpoint on, its ContainerStatus calls are verbose), one per container,
+// the last: the endpoint answers a client's verbose ContainerStatus from
+// it, with no runtime call, when the kept answer's state is the
+// container's state in pleg's journal, that is when pleg inspected the
+// container after its last state change. Otherwise the call is passed
+// through as before (and so are verbose PodSandboxStatus calls).
+//
+// It is bounded in bytes (the answers' encoded size): past the bound, the
+// answers of items the journal does not have go first, then the oldest.
+// Those of items the journal does not have are also dropped every
+// verbosePruneEvery answers. An answer is kept before the journal has its
+// item (the relist applies a status after it got it), so a pruning spares
+// the answers kept since the one before. Safe for concurrent use; its
+// methods do not block on I/O.
+type VerboseStore struct {
+	mu       sync.Mutex
+	maxBytes int64
+	bytes    int64
+	seq      uint64
+	puts     int
+	// pruned is seq at the last pruning: only answers kept no later are
+	// pruned.
+	pruned uint64
+	items  map[string]*storedVerbose // by verboseItem
+	// live returns the IDs of the journal's current items (nil until a
+	// server using the store is made: nothing is pruned then).
+	live func() map[string]bool
+}
+
+type storedVerbose struct {
+	id    string
+	state cruntime.State
+	resp  proto.Message
+	size  int64
+	seq   uint64
+}
+
+// verbosePruneEvery is how many answers the store takes between two
+// prunings of the items the journal no longer has.
+const verbosePruneEvery = 64
+
+// NewVerboseStore returns a store of at most maxBytes of answers
+// (maxBytes <= 0: DefaultVerboseStoreBytes).
+func NewVerboseStore(maxBytes int64) *VerboseStore {
+	if maxBytes <= 0 {
+		maxBytes = DefaultVerboseStoreBytes
+	}
+	return &VerboseStore{maxBytes: maxBytes, items: map[string]*storedVerbose{}}
+}
+
+func verboseItem(method, id string) string { return method + "/" + id }
+
+// ContainerVerbose keeps a verbose ContainerStatus answer of container id
+// in state (cri.VerboseSink).
+func (v *VerboseStore) ContainerVerbose(id string, state cruntime.State, resp *runtimeapi.ContainerStatusResponse) {
+	v.put("ContainerStatus", id, state, resp)
+}
+
+func (v *VerboseStore) put(method, id string, state cruntime.State, resp proto.Message) {
+	if v == nil || id == "" || state == cruntime.StateUnknown {
+		// An unknown state may become any other: its answer is not
+		// tied to one.
+		return
+	}
+	size := int64(proto.Size(resp))
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	key := verboseItem(method, id)
+	if old := v.items[key]; old != nil {
+		v.bytes -= old.size
+		delete(v.items, key)
+	}
+	if size > v.maxBytes {
+		return
+	}
+	v.seq++
+	v.items[key] = &storedVerbose{id: id, state: state, resp: resp, size: size, seq: v.seq}
+	v.bytes += size
+	v.puts++
+	if v.puts%verbosePruneEvery == 0 || v.bytes > v.maxBytes {
+		v.pruneLocked()
+	}
+	for v.bytes > v.maxBytes {
+		var oldest *storedVerbose
+		var oldestKey string
+		for k, it := range v.items {
+			if oldest == nil || it.seq < oldest.seq {
+				oldest, oldestKey = it, k
+			}
+		}
+		v.bytes -= oldest.size
+		delete(v.items, oldestKey)
+	}
+}
+
+// pruneLocked drops the answers of items the journal does not have,
+// those kept since the last pruning excepted (their items may be on their
+// way to the journal).
+func (v *VerboseStore) pruneLocked() {
+	if v.live == nil {
+		return
+	}
+	live := v.live()
+	for k, it := range v.items {
+		if it.seq <= v.pruned && !live[it.id] {
+			v.bytes -= it.size
+			delete(v.items, k)
+		}
+	}
+	v.pruned = v.seq
+}
+
+// get returns the kept answer of method for item id when it was got in
+// state.
+func (v *VerboseStore) get(method, id string, state cruntime.State) (proto.Message, bool) {
+	if v == nil {
+		return nil, false
+	}
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	it := v.items[verboseItem(method, id)]
+	if it == nil || it.state != state {
+		return nil, false
+	}
+	return it.resp, true
+}
+
+// watch makes the store prune against j's current items.
+func (v *VerboseStore) watch(j *journal.Journal) {
+	live := func() map[string]bool {
+		pods, _ := j.Pods(nil)
+		ids := map[string]bool{}
+		for _, p := range pods {
+			for i := range p.Sandboxes {
+				ids[p.Sandboxes[i].ID] = true
+			}
+			for i := range p.Containers {
+				ids[p.Containers[i].ID] = true
+			}
+		}
+		return ids
+	}
+	v.mu.Lock()
+	v.live = live
+	v.mu.Unlock()
+}
+
+// size returns the answers kept and their bytes (tests).
+func (v *VerboseStore) size() (int, int64) {
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	return len(v.items), v.bytes
 }

@@ -4,14 +4,19 @@
 # runs .ci/run there, RUNS times in a row (default 3), printing each run's
 # time and result.
 #
-#   sudo test/fresh-machine.sh [-n RUNS] [--warm-go] [--keep]
+#   sudo test/fresh-machine.sh [-n RUNS] [--cpu N] [--io] [--warm-go] [--keep]
+#
+# --cpu N runs the load harness's hog (test/hog, N CPU spinners; --cpu
+# $(nproc) keeps every core busy) beside each run, and --io adds its
+# fsync'd writes: a fresh machine that is also busy. The hog is built
+# before the runs, with the caller's Go caches, and stopped after each.
 #
 # Before every run it removes:
 #   - the Debian packages the suites install (runc, chromium, prometheus and the
 #     packages only they pulled in, via autoremove);
-#   - .cache/e2e (containerd, test images), .cache/npd (node-problem-detector)
-#     and .cache/node - the clone has
-#     none; npm's own cache is an empty directory for each run;
+#   - the repository's .cache/e2e (runtimes, kubelet, images), .cache/npd and
+#     .cache/crictl (the clone has no .cache at all, so every suite builds
+#     and fetches again); npm's own cache is an empty directory for each run;
 #   - unless --warm-go: the Go build and module caches, by pointing GOCACHE
 #     and GOMODCACHE at empty directories (a new machine has neither).
 # Each run's full log is kept in the work directory (printed at the end);
@@ -23,17 +28,24 @@ set -euo pipefail
 runs=3
 warm_go=0
 keep=0
+cpu=0
+io=0
 while (($#)); do
 	case $1 in
 	-n) runs=$2; shift ;;
 	--warm-go) warm_go=1 ;;
 	--keep) keep=1 ;;
-	-h | --help) sed -n '2,18p' "$0"; exit 0 ;;
+	--cpu) cpu=$2; shift ;;
+	--io) io=1 ;;
+	-h | --help) sed -n '2,24p' "$0"; exit 0 ;;
 	*) echo "fresh-machine: unknown argument $1" >&2; exit 2 ;;
 	esac
 	shift
 done
 
+[[ $runs =~ ^[1-9][0-9]*$ ]] || { echo "fresh-machine: -n must be a positive number, not $runs" >&2; exit 2; }
+[[ $cpu =~ ^[0-9]+$ ]] || { echo "fresh-machine: --cpu must be a number, not $cpu" >&2; exit 2; }
+((io && !cpu)) && { echo "fresh-machine: --io needs --cpu N (the hog)" >&2; exit 2; }
 [[ $(id -u) == 0 ]] || { echo "fresh-machine: must run as root (it removes system packages)" >&2; exit 2; }
 command -v apt-get >/dev/null || { echo "fresh-machine: needs Debian's apt-get" >&2; exit 2; }
 
@@ -41,7 +53,15 @@ repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && git rev-parse --show-toplevel)
 head=$(git -C "$repo" rev-parse --short HEAD)
 work=$(mktemp -d /tmp/pleg-fresh-XXXXXX)
 go=$(command -v go || echo /usr/local/go/bin/go)
-echo "fresh-machine: $runs run(s) of .ci/run on fresh clones of $repo at $head; logs in $work"
+load=
+((cpu)) && load=" beside a hog of $cpu CPU spinner(s)$( ((io)) && echo ' and I/O')"
+echo "fresh-machine: $runs run(s) of .ci/run on fresh clones of $repo at $head$load; logs in $work"
+
+if ((cpu)); then
+	# shellcheck source=hog/hog.sh
+	. "$repo/test/hog/hog.sh"
+	PATH=$PATH:$(dirname "$go") hog_build "$work"
+fi
 
 # What the suites install. chromium-common and chromium-sandbox come with
 # chromium; autoremove then drops the libraries only they needed. containerd
@@ -94,12 +114,14 @@ for i in $(seq 1 "$runs"); do
 	fi
 	log=$work/run$i.log
 	echo "fresh-machine: run $i of $runs: started $(date -u +%H:%M:%S)Z"
+	((cpu)) && hog_start "$cpu" "$io" "$work/hog$i.log"
 	start=$(date +%s)
 	set +e
 	(cd "$clone" && env "${envs[@]}" bash .ci/run </dev/null >"$log" 2>&1)
 	code=$?
 	set -e
 	took=$(($(date +%s) - start))
+	((cpu)) && hog_stop
 	if ((code == 0)); then
 		res=PASS
 	else
@@ -120,7 +142,7 @@ for i in $(seq 1 "$runs"); do
 done
 
 echo
-echo "fresh-machine: $head, $runs run(s):"
+echo "fresh-machine: $head, $runs run(s)$load:"
 printf '  %s\n' "${results[@]}"
 echo "fresh-machine: logs in $work"
 exit $failed

@@ -54,19 +54,10 @@ repo=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 cd "$repo"
 export PATH="$PATH:/usr/local/go/bin"
 work=$(mktemp -d /tmp/pleg-load-XXXXXX)
-go build -o "$work/hog" ./test/hog
 go build -o "$work/report" ./test/report
-
-hog_pid=
-stop_hog() {
-	if [[ -n $hog_pid ]]; then
-		kill -TERM "$hog_pid" 2>/dev/null || true
-		wait "$hog_pid" 2>/dev/null || true
-		hog_pid=
-	fi
-}
-trap 'stop_hog' EXIT
-trap 'stop_hog; exit 130' INT TERM
+# shellcheck source=hog/hog.sh
+. "$repo/test/hog/hog.sh"
+hog_build "$work"
 
 what="go test -race -count=1 ${flags[*]} ${pkgs[*]}"
 ((ci)) && what=".ci/run"
@@ -76,10 +67,7 @@ results=()
 failed=0
 for i in $(seq 1 "$runs"); do
 	log=$work/run$i.log
-	hogargs=(-cpu "$cpu")
-	((io)) && hogargs+=(-io)
-	"$work/hog" "${hogargs[@]}" >"$work/hog$i.log" 2>&1 &
-	hog_pid=$!
+	hog_start "$cpu" "$io" "$work/hog$i.log"
 	start=$(date +%s)
 	status=0
 	if ((ci)); then
@@ -88,7 +76,7 @@ for i in $(seq 1 "$runs"); do
 		{ go test -race -count=1 -json "${flags[@]}" "${pkgs[@]}" 2>&1 | "$work/report"; } >"$log" 2>&1 || status=$?
 	fi
 	took=$(($(date +%s) - start))
-	stop_hog
+	hog_stop
 	load=$(cut -d' ' -f1-3 /proc/loadavg)
 	count=$(grep -E '^[0-9]+ passed, [0-9]+ failed' "$log" | tail -n1 || true)
 	if ((status == 0)); then

@@ -16,37 +16,30 @@ import (
 
 // criFlags are pleg run's flags of its read-only CRI endpoint (docs/cri.md).
 type criFlags struct {
-	socket        string
-	socketMode    string
-	socketGroup   string
-	allowedUIDs   []uint
-	allowedGIDs   []uint
-	podSocket     string
-	podSocketMode string
-	maxInFlight   int
-	rate          float64
-	burst         int
-	maxStreams    int
-
-	// Set by validate.
-	mode, podMode os.FileMode
-	gid           int
+	sock        socketFlags // --cri-socket
+	podSock     socketFlags // --cri-pod-socket (no group, no allowed peers)
+	maxInFlight int
+	rate        float64
+	burst       int
+	maxStreams  int
 }
 
 func (f *criFlags) addFlags(fs *pflag.FlagSet) {
-	fs.StringVar(&f.socket, "cri-socket", "",
+	f.sock.name, f.sock.peers = "cri-socket", "cri-allowed"
+	f.podSock.name = "cri-pod-socket"
+	fs.StringVar(&f.sock.path, "cri-socket", "",
 		"unix socket to serve a read-only CRI (runtime.v1) on, from pleg's state, for agents that speak CRI (docs/cri.md; empty: none)")
-	fs.StringVar(&f.socketMode, "cri-socket-mode", fmt.Sprintf("%04o", server.DefaultSocketMode),
+	fs.StringVar(&f.sock.modeValue, "cri-socket-mode", fmt.Sprintf("%04o", server.DefaultSocketMode),
 		"file mode of --cri-socket, octal: who may connect (the owner is pleg's user)")
-	fs.StringVar(&f.socketGroup, "cri-socket-group", "",
+	fs.StringVar(&f.sock.group, "cri-socket-group", "",
 		"group (name or GID) of --cri-socket (empty: pleg's group)")
-	fs.UintSliceVar(&f.allowedUIDs, "cri-allowed-uids", nil,
+	fs.UintSliceVar(&f.sock.allowedUIDs, "cri-allowed-uids", nil,
 		"UIDs allowed on --cri-socket besides its mode (peer credentials; with --cri-allowed-gids: either matches; empty: any)")
-	fs.UintSliceVar(&f.allowedGIDs, "cri-allowed-gids", nil,
+	fs.UintSliceVar(&f.sock.allowedGIDs, "cri-allowed-gids", nil,
 		"primary GIDs allowed on --cri-socket besides its mode (see --cri-allowed-uids)")
-	fs.StringVar(&f.podSocket, "cri-pod-socket", "",
+	fs.StringVar(&f.podSock.path, "cri-pod-socket", "",
 		"unix socket to serve a pod-scoped read-only CRI on: a caller sees only the pod its process runs in, found from its peer credentials (PID -> cgroup -> pod), and nothing when it is in none (empty: none)")
-	fs.StringVar(&f.podSocketMode, "cri-pod-socket-mode", "0666",
+	fs.StringVar(&f.podSock.modeValue, "cri-pod-socket-mode", "0666",
 		"file mode of --cri-pod-socket, octal (pods run as any UID; what a caller sees is its own pod)")
 	intVar(fs, &f.maxInFlight, "cri-max-in-flight", criserve.DefaultMaxInFlight, 1, 256,
 		"calls the CRI endpoints pass through to the runtime at once (verbose statuses, images, stats); more wait, within --runtime-request-timeout")
@@ -68,31 +61,14 @@ func socketMode(flag, value string) (os.FileMode, error) {
 }
 
 func (f *criFlags) validate() error {
-	var err error
-	if f.mode, err = socketMode("cri-socket-mode", f.socketMode); err != nil {
+	if err := f.sock.validate(); err != nil {
 		return err
 	}
-	if f.podMode, err = socketMode("cri-pod-socket-mode", f.podSocketMode); err != nil {
+	if err := f.podSock.validate(); err != nil {
 		return err
 	}
-	f.gid = -1
-	if f.socketGroup != "" {
-		if f.gid, err = lookupGroup(f.socketGroup); err != nil {
-			return usageErrorf("invalid --cri-socket-group %q: %v", f.socketGroup, err)
-		}
-	}
-	for _, l := range []struct {
-		name string
-		ids  []uint
-	}{{"uids", f.allowedUIDs}, {"gids", f.allowedGIDs}} {
-		for _, id := range l.ids {
-			if id > 1<<32-1 {
-				return usageErrorf("invalid --cri-allowed-%s %d: too large", l.name, id)
-			}
-		}
-	}
-	if f.socket != "" && f.socket == f.podSocket {
-		return usageErrorf("--cri-socket and --cri-pod-socket are the same path %q: give each its own", f.socket)
+	if f.sock.path != "" && f.sock.path == f.podSock.path {
+		return usageErrorf("--cri-socket and --cri-pod-socket are the same path %q: give each its own", f.sock.path)
 	}
 	return nil
 }
@@ -104,10 +80,20 @@ type criAPI struct {
 	names []string
 }
 
-// listen makes the CRI servers of d and opens their sockets; nil when
-// none is configured.
-func (f *criFlags) listen(d *daemon, rf *runtimeFlags, cf *lifecycleFlags) (*criAPI, error) {
-	if f.socket == "" && f.podSocket == "" {
+// verboseStore returns the store of the verbose statuses pleg's relisting
+// gets for the CRI endpoints to answer from; nil when none is configured.
+func (f *criFlags) verboseStore() *criserve.VerboseStore {
+	if f.sock.path == "" && f.podSock.path == "" {
+		return nil
+	}
+	return criserve.NewVerboseStore(criserve.DefaultVerboseStoreBytes)
+}
+
+// listen makes the CRI servers of d and opens their sockets, answering
+// verbose statuses from verbose (nil: pass them through); nil when none
+// is configured.
+func (f *criFlags) listen(d *daemon, rf *runtimeFlags, cf *lifecycleFlags, verbose *criserve.VerboseStore) (*criAPI, error) {
+	if f.sock.path == "" && f.podSock.path == "" {
 		return nil, nil
 	}
 	api := &criAPI{}
@@ -130,36 +116,36 @@ func (f *criFlags) listen(d *daemon, rf *runtimeFlags, cf *lifecycleFlags) (*cri
 		Burst:        f.burst,
 		StallTimeout: cf.stallTimeout,
 		MaxStreams:   f.maxStreams,
+		Verbose:      verbose,
 	}
 	if d.ready != nil {
 		base.Conditions = d.ready
 	}
-	add := func(flag, path string, mode os.FileMode, gid int, cfg criserve.Config) error {
-		cfg.Flag = "--" + flag
-		cfg.Logger = d.log.WithName("cri-endpoint").WithValues("socket", path)
+	add := func(s *socketFlags, cfg criserve.Config) error {
+		cfg.Flag = "--" + s.name
+		cfg.Logger = d.log.WithName("cri-endpoint").WithValues("socket", s.path)
+		cfg.Access = s.access()
 		srv, err := criserve.New(cfg)
 		if err != nil {
 			return err
 		}
-		ln, err := server.ListenUnix(path, mode, gid)
+		ln, err := s.listen()
 		if err != nil {
-			return fmt.Errorf("cannot listen on --%s %s: %w (set --%s to another path, or to \"\" for none)", flag, path, err, flag)
+			return err
 		}
-		api.srvs, api.lns, api.names = append(api.srvs, srv), append(api.lns, ln), append(api.names, flag)
+		api.srvs, api.lns, api.names = append(api.srvs, srv), append(api.lns, ln), append(api.names, s.name)
 		return nil
 	}
-	if f.socket != "" {
-		cfg := base
-		cfg.Access = server.Access{AllowedUIDs: toUint32s(f.allowedUIDs), AllowedGIDs: toUint32s(f.allowedGIDs)}
-		if err := add("cri-socket", f.socket, f.mode, f.gid, cfg); err != nil {
+	if f.sock.path != "" {
+		if err := add(&f.sock, base); err != nil {
 			api.close()
 			return nil, err
 		}
 	}
-	if f.podSocket != "" {
+	if f.podSock.path != "" {
 		cfg := base
 		cfg.Scope = criserve.ProcScope{}
-		if err := add("cri-pod-socket", f.podSocket, f.podMode, -1, cfg); err != nil {
+		if err := add(&f.podSock, cfg); err != nil {
 			api.close()
 			return nil, err
 		}

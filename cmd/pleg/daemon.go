@@ -46,6 +46,9 @@ type daemonOptions struct {
 	nodeName string
 	// journal configures the generator's journal (zero: defaults).
 	journal journal.Options
+	// verbose, if set, makes the generator's status calls verbose and
+	// receives their answers (the CRI endpoint's store, docs/cri.md).
+	verbose cri.VerboseSink
 }
 
 // newDaemon builds everything; it does no I/O (the CRI connection is made
@@ -65,12 +68,16 @@ func newDaemon(rf *runtimeFlags, o daemonOptions) (*daemon, error) {
 	if o.nodeName != "" {
 		d.metrics.NodeName.WithLabelValues(o.nodeName).Set(1)
 	}
-	client, err := cri.Dial(rf.endpoint,
+	copts := []cri.Option{
 		cri.WithTimeout(rf.requestTimeout),
 		cri.WithMetrics(d.metrics),
 		cri.WithLogger(d.log.WithName("cri")),
 		cri.WithListStreaming(rf.listStreamingMode()),
-	)
+	}
+	if o.verbose != nil {
+		copts = append(copts, cri.WithVerboseStatuses(o.verbose))
+	}
+	client, err := cri.Dial(rf.endpoint, copts...)
 	if err != nil {
 		return nil, usageErrorf("invalid --container-runtime-endpoint %q: %v", rf.endpoint, endpointReason(err))
 	}

@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"net"
-	"os"
 	"os/user"
 	"strconv"
 	"time"
@@ -18,12 +17,8 @@ import (
 // lifecycleFlags are pleg run's flags of the lifecycle API (gRPC on a unix
 // socket, optionally loopback TCP) and of the journal it serves.
 type lifecycleFlags struct {
-	socket       string
-	socketMode   string
-	socketGroup  string
+	sock         socketFlags
 	tcpAddress   string
-	allowedUIDs  []uint
-	allowedGIDs  []uint
 	stallTimeout time.Duration
 	maxWatchers  int
 
@@ -31,24 +26,21 @@ type lifecycleFlags struct {
 	journalMaxAge   time.Duration
 	journalMaxBytes int
 	bookmark        time.Duration
-
-	// Set by validate.
-	mode os.FileMode
-	gid  int
 }
 
 func (f *lifecycleFlags) addFlags(fs *pflag.FlagSet) {
-	fs.StringVar(&f.socket, "lifecycle-socket", server.DefaultSocketPath,
+	f.sock.name, f.sock.peers = "lifecycle-socket", "lifecycle-allowed"
+	fs.StringVar(&f.sock.path, "lifecycle-socket", server.DefaultSocketPath,
 		"unix socket to serve the lifecycle API (gRPC, docs/stream.md) on; its directory is created (empty: none)")
-	fs.StringVar(&f.socketMode, "lifecycle-socket-mode", fmt.Sprintf("%04o", server.DefaultSocketMode),
+	fs.StringVar(&f.sock.modeValue, "lifecycle-socket-mode", fmt.Sprintf("%04o", server.DefaultSocketMode),
 		"file mode of the lifecycle socket, octal: who may connect (the owner is pleg's user)")
-	fs.StringVar(&f.socketGroup, "lifecycle-socket-group", "",
+	fs.StringVar(&f.sock.group, "lifecycle-socket-group", "",
 		"group (name or GID) of the lifecycle socket, e.g. the agents' group with mode 0660 (empty: pleg's group)")
 	fs.StringVar(&f.tcpAddress, "lifecycle-tcp-address", "",
 		"loopback host:port to also serve the lifecycle API on, without access control (empty: none; port 0 picks one)")
-	fs.UintSliceVar(&f.allowedUIDs, "lifecycle-allowed-uids", nil,
+	fs.UintSliceVar(&f.sock.allowedUIDs, "lifecycle-allowed-uids", nil,
 		"UIDs allowed on the lifecycle socket besides its mode (peer credentials; with --lifecycle-allowed-gids: either matches; empty: any)")
-	fs.UintSliceVar(&f.allowedGIDs, "lifecycle-allowed-gids", nil,
+	fs.UintSliceVar(&f.sock.allowedGIDs, "lifecycle-allowed-gids", nil,
 		"primary GIDs allowed on the lifecycle socket besides its mode (see --lifecycle-allowed-uids)")
 	durationVar(fs, &f.stallTimeout, "lifecycle-stall-timeout", server.DefaultStallTimeout, time.Second, time.Hour,
 		"a watcher that reads nothing for this long while messages wait is cut (it resumes by its cursor)")
@@ -65,15 +57,8 @@ func (f *lifecycleFlags) addFlags(fs *pflag.FlagSet) {
 }
 
 func (f *lifecycleFlags) validate() error {
-	var err error
-	if f.mode, err = socketMode("lifecycle-socket-mode", f.socketMode); err != nil {
+	if err := f.sock.validate(); err != nil {
 		return err
-	}
-	f.gid = -1
-	if f.socketGroup != "" {
-		if f.gid, err = lookupGroup(f.socketGroup); err != nil {
-			return usageErrorf("invalid --lifecycle-socket-group %q: %v", f.socketGroup, err)
-		}
 	}
 	if f.tcpAddress != "" {
 		if err := validateAddress("lifecycle-tcp-address", f.tcpAddress); err != nil {
@@ -82,18 +67,8 @@ func (f *lifecycleFlags) validate() error {
 		if !loopbackOnly(f.tcpAddress) {
 			return usageErrorf("invalid --lifecycle-tcp-address %q: must be on loopback (127.0.0.1, ::1 or localhost): TCP has no access control", f.tcpAddress)
 		}
-		if len(f.allowedUIDs) > 0 || len(f.allowedGIDs) > 0 {
+		if len(f.sock.allowedUIDs) > 0 || len(f.sock.allowedGIDs) > 0 {
 			return usageErrorf("--lifecycle-tcp-address cannot be combined with --lifecycle-allowed-uids/gids: TCP peers carry no credentials to check")
-		}
-	}
-	for _, l := range []struct {
-		name string
-		ids  []uint
-	}{{"uids", f.allowedUIDs}, {"gids", f.allowedGIDs}} {
-		for _, id := range l.ids {
-			if id > 1<<32-1 {
-				return usageErrorf("invalid --lifecycle-allowed-%s %d: too large", l.name, id)
-			}
 		}
 	}
 	return nil
@@ -116,14 +91,6 @@ func (f *lifecycleFlags) journalOptions() journal.Options {
 	return journal.Options{Size: f.journalSize, MaxAge: f.journalMaxAge, MaxBytes: f.journalMaxBytes, BookmarkInterval: f.bookmark}
 }
 
-func toUint32s(ids []uint) []uint32 {
-	out := make([]uint32, len(ids))
-	for i, id := range ids {
-		out[i] = uint32(id)
-	}
-	return out
-}
-
 // lifecycleAPI is the lifecycle server and its listeners.
 type lifecycleAPI struct {
 	srv *server.Server
@@ -133,7 +100,7 @@ type lifecycleAPI struct {
 // listen makes the lifecycle server of d's journal and opens its
 // listeners; nil when no listener is configured.
 func (f *lifecycleFlags) listen(d *daemon) (*lifecycleAPI, error) {
-	if f.socket == "" && f.tcpAddress == "" {
+	if f.sock.path == "" && f.tcpAddress == "" {
 		return nil, nil
 	}
 	srv, err := server.New(server.Config{
@@ -142,16 +109,16 @@ func (f *lifecycleFlags) listen(d *daemon) (*lifecycleAPI, error) {
 		Registerer:   d.reg,
 		StallTimeout: f.stallTimeout,
 		MaxWatchers:  f.maxWatchers,
-		Access:       server.Access{AllowedUIDs: toUint32s(f.allowedUIDs), AllowedGIDs: toUint32s(f.allowedGIDs)},
+		Access:       f.sock.access(),
 	})
 	if err != nil {
 		return nil, err
 	}
 	api := &lifecycleAPI{srv: srv}
-	if f.socket != "" {
-		ln, err := server.ListenUnix(f.socket, f.mode, f.gid)
+	if f.sock.path != "" {
+		ln, err := f.sock.listen()
 		if err != nil {
-			return nil, fmt.Errorf("cannot listen on --lifecycle-socket %s: %w (set --lifecycle-socket to another path, or to \"\" for none)", f.socket, err)
+			return nil, err
 		}
 		api.lns = append(api.lns, ln)
 	}

@@ -46,7 +46,9 @@ be restricted (--lifecycle-allowed-uids, --lifecycle-allowed-gids).
 --cri-socket serves the CRI (runtime.v1 RuntimeService and ImageService)
 read-only for agents that speak CRI (docs/cri.md): listings, statuses,
 Status and GetContainerEvents from pleg's state with no runtime call;
-verbose statuses, images and stats passed through, bounded
+verbose ContainerStatus from pleg's relist, whose ContainerStatus calls are
+then verbose; verbose PodSandboxStatus, images and stats passed through,
+bounded
 (--cri-max-in-flight, --cri-pass-through-rate, --runtime-request-timeout);
 every call that creates, changes, removes, execs, attaches or forwards
 refused (PermissionDenied). Its mode, group and allowed peers are set as the
@@ -114,7 +116,15 @@ func runDaemon(cmd *cobra.Command, rf *runtimeFlags, lf *listenFlags, cf *lifecy
 	ctx, cancel := context.WithCancel(sigCtx)
 	defer cancel()
 
-	d, err := newDaemon(rf, daemonOptions{withMetrics: true, withReadiness: true, nodeName: lf.nodeName, journal: cf.journalOptions()})
+	dopts := daemonOptions{withMetrics: true, withReadiness: true, nodeName: lf.nodeName, journal: cf.journalOptions()}
+	// With a CRI endpoint, pleg's own ContainerStatus calls are verbose
+	// and kept, so that its clients' verbose ContainerStatus calls cost
+	// the runtime nothing more (docs/cri.md).
+	verbose := crf.verboseStore()
+	if verbose != nil {
+		dopts.verbose = verbose
+	}
+	d, err := newDaemon(rf, dopts)
 	if err != nil {
 		return err
 	}
@@ -140,7 +150,7 @@ func runDaemon(cmd *cobra.Command, rf *runtimeFlags, lf *listenFlags, cf *lifecy
 		_ = d.client.Close()
 		return err
 	}
-	capi, err := crf.listen(d, rf, cf)
+	capi, err := crf.listen(d, rf, cf, verbose)
 	if err != nil {
 		ln.Close()
 		if public != nil {

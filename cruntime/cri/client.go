@@ -57,6 +57,7 @@ type Client struct {
 	statusConcurrency int
 	metrics           *metrics.Metrics
 	log               logr.Logger
+	verbose           VerboseSink   // nil: status calls are not verbose
 	memo              memo          // what the last unfiltered listing keeps for the next
 	images            sharedStrings // image references
 	labelKeys         sharedStrings // label and annotation keys
@@ -74,6 +75,7 @@ type options struct {
 	metrics           *metrics.Metrics
 	log               *logr.Logger
 	listStreaming     ListStreaming
+	verbose           VerboseSink
 }
 
 // Option configures a Client.
@@ -107,6 +109,28 @@ func WithMetrics(m *metrics.Metrics) Option {
 // malformed items are logged at V(4).
 func WithLogger(l logr.Logger) Option {
 	return func(o *options) { o.log = &l }
+}
+
+// VerboseSink receives the verbose ContainerStatus answers of the
+// client's status calls (WithVerboseStatuses), each with the ID pleg
+// listed the container by and the state the answer gives. It is called on
+// the calling goroutine, before ItemStatuses or Identities returns, so
+// before the generator applies the status; it must not block.
+type VerboseSink interface {
+	ContainerVerbose(id string, state cruntime.State, resp *runtimeapi.ContainerStatusResponse)
+}
+
+// WithVerboseStatuses makes every ContainerStatus call of ItemStatuses
+// verbose and hands each answer to s (Identities' verbose calls too):
+// pleg's read-only CRI endpoint answers its clients' verbose statuses from
+// them (docs/cri.md). It costs the runtime the info's encoding and the
+// connection its bytes (docs/performance.md); the statuses the generator
+// keeps are the same. PodSandboxStatus calls stay plain: containerd's
+// verbose one asks the sandbox's shim for its task's status, so a hung
+// shim would hang it (test/e2e/README.md), where the plain one answers
+// from containerd's own store. Nil: plain calls.
+func WithVerboseStatuses(s VerboseSink) Option {
+	return func(o *options) { o.verbose = s }
 }
 
 // Dial returns a client of the CRI runtime at endpoint. It does no I/O: the
@@ -174,6 +198,7 @@ func Dial(endpoint string, opts ...Option) (*Client, error) {
 		rs:                runtimeapi.NewRuntimeServiceClient(conn),
 		timeout:           o.timeout,
 		statusConcurrency: o.statusConcurrency,
+		verbose:           o.verbose,
 		metrics:           o.metrics,
 		log:               log,
 		listStreaming:     o.listStreaming,

@@ -69,7 +69,7 @@ func (c *Client) ItemStatuses(ctx context.Context, pod *cruntime.Pod, sandboxes,
 		if ct == nil {
 			return nil
 		}
-		resp, err := c.containerStatus(ctx, ct.ID, false)
+		resp, err := c.containerStatus(ctx, ct.ID, c.verbose != nil)
 		s := resp.GetStatus()
 		if isNotFound(err) {
 			c.log.V(4).Info("Container vanished before its status was fetched", "pod", pod.UID, "containerID", ct.ID)
@@ -203,13 +203,17 @@ func (c *Client) sandboxStatus(ctx context.Context, id string) (*runtimeapi.PodS
 }
 
 // containerStatus makes one ContainerStatus call; verbose asks for the
-// runtime's info too (Identities).
+// runtime's info too (Identities, WithVerboseStatuses), and hands the
+// answer to c.verbose.
 func (c *Client) containerStatus(ctx context.Context, id string, verbose bool) (*runtimeapi.ContainerStatusResponse, error) {
 	var resp *runtimeapi.ContainerStatusResponse
 	err := c.call(ctx, metrics.OpContainerStatus, "ContainerStatus", id, func(ctx context.Context) (err error) {
 		resp, err = c.rs.ContainerStatus(ctx, &runtimeapi.ContainerStatusRequest{ContainerId: id, Verbose: verbose})
 		return err
 	})
+	if err == nil && verbose && c.verbose != nil && resp.GetStatus() != nil {
+		c.verbose.ContainerVerbose(id, containerState(resp.Status.State), resp)
+	}
 	return resp, err
 }
 

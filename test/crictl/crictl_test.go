@@ -3,7 +3,6 @@ package crictl
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -145,37 +144,6 @@ func lines(out string) string {
 	return strings.Join(ls, "\n")
 }
 
-// items decodes crictl's -o json listing into its items by ID, dropping
-// the fields of drop (docs/cri.md, "What differs") and the image as the
-// user gave it (which the simulator lists and containerd does not).
-func items(t *testing.T, out, key string, drop ...string) map[string]map[string]any {
-	t.Helper()
-	var doc map[string][]map[string]any
-	if err := json.Unmarshal([]byte(out), &doc); err != nil {
-		t.Fatalf("crictl's JSON: %v\n%s", err, out)
-	}
-	m := map[string]map[string]any{}
-	for _, it := range doc[key] {
-		for _, d := range drop {
-			delete(it, d)
-		}
-		if img, ok := it["image"].(map[string]any); ok {
-			delete(img, "userSpecifiedImage")
-		}
-		m[it["id"].(string)] = it
-	}
-	return m
-}
-
-func equalJSON(t *testing.T, what string, a, b any) {
-	t.Helper()
-	ja, _ := json.MarshalIndent(a, "", " ")
-	jb, _ := json.MarshalIndent(b, "", " ")
-	if !bytes.Equal(ja, jb) {
-		t.Errorf("%s differs:\nruntime: %s\npleg:    %s", what, ja, jb)
-	}
-}
-
 // TestCrictl proves pleg's read-only CRI endpoint with the real crictl on
 // the simulator: it compares crictl's pods, ps -a, inspect and inspectp, as
 // tables and as JSON, through pleg and straight to the runtime, and checks
@@ -206,9 +174,9 @@ func TestCrictl(t *testing.T) {
 	n.synced(t)
 
 	r, p := n.both(t, "pods", "-o", "json")
-	equalJSON(t, "crictl pods -o json", items(t, r, "items", "runtimeHandler"), items(t, p, "items", "runtimeHandler"))
+	EqualJSON(t, "crictl pods -o json", Items(t, r, "items", "runtimeHandler"), Items(t, p, "items", "runtimeHandler"))
 	r, p = n.both(t, "ps", "-a", "-o", "json")
-	equalJSON(t, "crictl ps -a -o json", items(t, r, "containers", "imageRef", "imageId"), items(t, p, "containers", "imageRef", "imageId"))
+	EqualJSON(t, "crictl ps -a -o json", Items(t, r, "containers", "imageRef", "imageId", "image.userSpecifiedImage"), Items(t, p, "containers", "imageRef", "imageId", "image.userSpecifiedImage"))
 	r, p = n.both(t, "pods")
 	t.Logf("crictl pods through pleg:\n%s", p)
 	if lines(r) != lines(p) {

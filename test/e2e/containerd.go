@@ -262,11 +262,22 @@ func (e *env) importImages() error {
 // unpacked for the CRI snapshotter, and waits until CRI sees every image
 // of refs.
 func (e *env) importArchive(archive string, refs ...string) error {
-	if e.kind != kindContainerd {
-		return fmt.Errorf("importing %s into %s: %w", archive, e.name(), errNotContainerd)
-	}
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
+	if e.kind != kindContainerd {
+		// CRI-O's images are copied into its storage before it starts
+		// (env.preload): check that they were.
+		for _, img := range refs {
+			resp, err := e.cri.img.ImageStatus(ctx, &runtimeapi.ImageStatusRequest{Image: &runtimeapi.ImageSpec{Image: img}})
+			if err != nil {
+				return fmt.Errorf("CRI ImageStatus %s: %w", img, err)
+			}
+			if resp.Image == nil {
+				return fmt.Errorf("importing %s into %s: %w (give the archive to env.preload before it starts)", archive, e.name(), errNotContainerd)
+			}
+		}
+		return nil
+	}
 	cmd := exec.CommandContext(ctx, filepath.Join(e.binDir, "ctr"), "-n", criNamespace, "-a", e.sock,
 		"images", "import", "--snapshotter", e.snapshotter, archive)
 	if out, err := cmd.CombinedOutput(); err != nil {

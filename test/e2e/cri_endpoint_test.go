@@ -3,7 +3,6 @@ package e2e
 import (
 	"bytes"
 	"context"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"os"
@@ -98,40 +97,6 @@ func table(out string) string {
 	return strings.Join(ls, "\n")
 }
 
-// criItems decodes crictl's -o json listing into its items by ID, without
-// the fields of drop (docs/cri.md, "What differs").
-func criItems(t *testing.T, out, key string, drop ...string) map[string]map[string]any {
-	t.Helper()
-	var doc map[string][]map[string]any
-	if err := json.Unmarshal([]byte(out), &doc); err != nil {
-		t.Fatalf("crictl's JSON: %v\n%s", err, out)
-	}
-	m := map[string]map[string]any{}
-	for _, it := range doc[key] {
-		for _, d := range drop {
-			// "a.b" drops field b of the object a.
-			if outer, inner, ok := strings.Cut(d, "."); ok {
-				if o, _ := it[outer].(map[string]any); o != nil {
-					delete(o, inner)
-				}
-				continue
-			}
-			delete(it, d)
-		}
-		m[it["id"].(string)] = it
-	}
-	return m
-}
-
-func sameJSON(t *testing.T, what string, a, b any) {
-	t.Helper()
-	ja, _ := json.MarshalIndent(a, "", " ")
-	jb, _ := json.MarshalIndent(b, "", " ")
-	if !bytes.Equal(ja, jb) {
-		t.Errorf("%s differs:\nruntime: %s\npleg:    %s", what, ja, jb)
-	}
-}
-
 // TestCRIEndpointCrictl runs the real crictl (cri-tools v1.36.0) through
 // `pleg run --cri-socket` and straight to each containerd: pods, ps -a,
 // inspect and inspectp, as tables and as JSON, are equal but for the
@@ -156,9 +121,9 @@ func TestCRIEndpointCrictl(t *testing.T) {
 			return nil
 		})
 		r, p := tool.both(t, ep, "pods", "-o", "json")
-		sameJSON(t, "crictl pods -o json", criItems(t, r, "items", "runtimeHandler"), criItems(t, p, "items", "runtimeHandler"))
+		crictl.EqualJSON(t, "crictl pods -o json", crictl.Items(t, r, "items", "runtimeHandler"), crictl.Items(t, p, "items", "runtimeHandler"))
 		r, p = tool.both(t, ep, "ps", "-a", "-o", "json")
-		sameJSON(t, "crictl ps -a -o json", criItems(t, r, "containers", "imageId", "image.userSpecifiedImage"), criItems(t, p, "containers", "imageId", "image.userSpecifiedImage"))
+		crictl.EqualJSON(t, "crictl ps -a -o json", crictl.Items(t, r, "containers", "imageId", "image.userSpecifiedImage"), crictl.Items(t, p, "containers", "imageId", "image.userSpecifiedImage"))
 		for _, id := range []string{app, exited} {
 			r, p = tool.both(t, ep, "inspect", "-o", "json", id)
 			if r != p {
@@ -348,17 +313,25 @@ func TestCRIEndpointEventsThroughRestart(t *testing.T) {
 // the runtime calls while agentWorkload runs (pods start, crash, restart
 // and are removed), with 50 unmodified typical agents (list, follow
 // GetContainerEvents, a status call per event: a verbose ContainerStatus
-// for a container) pointed at `pleg run --cri-socket` instead of the
-// runtime, and without them, in the order without, with, with, without;
+// for a container; in a process of their own, as on a node) pointed at
+// `pleg run --cri-socket` instead of the runtime, and without them, in
+// the order without, with, with, without;
 // a control pleg beside it, which no agent uses, gives the calls' baseline
 // in the same windows. pleg's runtime calls are its relisting's
 // (kubelet_runtime_operations_total) and those its CRI endpoint passed
-// through (pleg_cri_runtime_calls_total).
+// through (pleg_cri_runtime_calls_total). With its CRI endpoint on, pleg's
+// own status calls are verbose and answer the agents' (docs/cri.md,
+// "Verbose statuses"): the agents' calls reaching containerd are the few
+// of items pleg could not inspect in the state it listed.
 //
 // The goal is 1.1x pleg alone for both; the MEASURE line gives the
-// figures. The test's bounds (1.5x) catch agents reaching the runtime one
-// call each: straight to containerd they cost it 2.9x its CPU and ~30x
-// pleg's calls (TestMeasureAgents).
+// figures. The test asserts the cause, not the CPU: the agents' calls
+// passed through to containerd (at most 12 in two windows; one each per
+// event straight to containerd, where they cost it 2.9x its CPU and ~30x
+// pleg's calls: TestMeasureAgents), and the calls against the control's
+// in the same windows (at most 1.5x). containerd's CPU is compared across
+// windows whose workload timing differs (0.81-1.54x in the runs of
+// 2026-11-28, the highest on a loaded machine): reported, not asserted.
 func TestMeasureCRIAgents(t *testing.T) {
 	e := useRuntime(t, "2.2")
 	PlegBinary(t)
@@ -371,79 +344,67 @@ func TestMeasureCRIAgents(t *testing.T) {
 	calls := func(base string) float64 {
 		return plegRuntimeCalls(t, base) + metricSum(t, base, "pleg_cri_runtime_calls_total")
 	}
+	// pleg's own status calls: verbose, with its CRI endpoint on.
+	statuses := func(base string) float64 {
+		return metricSum(t, base, `kubelet_runtime_operations_total{operation_type="container_status"`) +
+			metricSum(t, base, `kubelet_runtime_operations_total{operation_type="podsandbox_status"`)
+	}
 	type phase struct {
 		cpu         time.Duration
 		calls, ctrl float64
 		passed      float64 // of calls, passed through for agents
+		statuses    float64 // of calls, pleg's own (verbose) status calls
 	}
 	round := 100 // pod names apart from TestMeasureAgents'
 	run := func(name string) phase {
 		t.Helper()
 		round++
 		waitQuiet(t, pid)
-		c0, n0, q0, p0 := threadCPU(t, pid), calls(d.base), calls(ctrl.base), metricSum(t, d.base, "pleg_cri_runtime_calls_total")
+		c0, n0, q0, p0, s0 := threadCPU(t, pid), calls(d.base), calls(ctrl.base), metricSum(t, d.base, "pleg_cri_runtime_calls_total"), statuses(d.base)
 		start := time.Now()
 		agentWorkload(t, round)
 		if el := time.Since(start); el > agentWindow-2*time.Second {
 			t.Fatalf("%s: the workload took %v, longer than the window allows (%v)", name, el, agentWindow)
 		}
 		time.Sleep(time.Until(start.Add(agentWindow))) // the window's fixed length: as many periodic relists in each phase
-		c1, n1, q1, p1 := threadCPU(t, pid), calls(d.base), calls(ctrl.base), metricSum(t, d.base, "pleg_cri_runtime_calls_total")
-		p := phase{cpu: c1.since(c0), calls: n1 - n0, ctrl: q1 - q0, passed: p1 - p0}
-		t.Logf("%s: containerd CPU %v, pleg's runtime calls %.0f (%.0f passed through), the control's %.0f, over %v", name, p.cpu, p.calls, p.passed, p.ctrl, agentWindow)
+		c1, n1, q1, p1, s1 := threadCPU(t, pid), calls(d.base), calls(ctrl.base), metricSum(t, d.base, "pleg_cri_runtime_calls_total"), statuses(d.base)
+		p := phase{cpu: c1.since(c0), calls: n1 - n0, ctrl: q1 - q0, passed: p1 - p0, statuses: s1 - s0}
+		t.Logf("%s: containerd CPU %v, pleg's runtime calls %.0f (%.0f passed through, %.0f verbose statuses of its own), the control's %.0f, over %v", name, p.cpu, p.calls, p.passed, p.statuses, p.ctrl, agentWindow)
 		return p
 	}
 	add := func(a, b phase) phase {
-		return phase{cpu: a.cpu + b.cpu, calls: a.calls + b.calls, ctrl: a.ctrl + b.ctrl, passed: a.passed + b.passed}
+		return phase{cpu: a.cpu + b.cpu, calls: a.calls + b.calls, ctrl: a.ctrl + b.ctrl, passed: a.passed + b.passed, statuses: a.statuses + b.statuses}
 	}
 
 	alone := run("pleg alone (1)")
-	ctx, cancel := context.WithCancel(context.Background())
-	agents := make([]*typicalAgent, measuredAgents)
-	var stops []func()
-	stopAgents := func() {
-		cancel()
-		for _, s := range stops {
-			s()
-		}
-		stops = nil
-	}
-	t.Cleanup(stopAgents)
-	for i := range agents {
-		a, stop, err := runTypicalAgent(ctx, "unix://"+sock)
-		if err != nil {
-			t.Fatal(err)
-		}
-		agents[i], stops = a, append(stops, stop)
-	}
+	agents := startAgentsProcess(t, measuredAgents, "unix://"+sock)
 	eventually(t, 10*time.Second, "every typical agent listed and subscribed through pleg", func() error {
-		for i, a := range agents {
-			if a.calls.Load() < 3 {
-				return fmt.Errorf("agent %d: %d calls", i, a.calls.Load())
-			}
+		if calls, _ := agents.stats(t); calls < 3 {
+			return fmt.Errorf("an agent made %d calls", calls)
 		}
 		return nil
 	})
 	through := add(run(fmt.Sprintf("pleg + %d typical agents on its CRI socket (1)", measuredAgents)),
 		run(fmt.Sprintf("pleg + %d typical agents on its CRI socket (2)", measuredAgents)))
-	stopAgents()
-	var minEvents int64 = 1 << 62
-	for _, a := range agents {
-		minEvents = min(minEvents, a.events.Load())
-	}
+	_, minEvents := agents.stats(t)
+	agents.stop(t)
 	alone = add(alone, run("pleg alone (2)"))
 
 	cpuRatio := float64(through.cpu) / float64(alone.cpu)
 	callRatio := through.calls / through.ctrl
-	measure(t, "cri_agents=%d windows=2x%v containerd_cpu pleg_alone=%s pleg+agents_on_cri_socket=%s (%.2fx) runtime_calls pleg_serving_agents=%.0f (passed_through=%.0f) control_pleg_same_windows=%.0f (%.2fx) pleg_alone_windows=%.0f control=%.0f (%.2fx) events_per_agent>=%d",
-		measuredAgents, agentWindow, ms(alone.cpu), ms(through.cpu), cpuRatio, through.calls, through.passed, through.ctrl, callRatio,
+	measure(t, "cri_agents=%d windows=2x%v containerd_cpu pleg_alone=%s pleg+agents_on_cri_socket=%s (%.2fx) runtime_calls pleg_serving_agents=%.0f (passed_through=%.0f verbose_statuses=%.0f) control_pleg_same_windows=%.0f (%.2fx) pleg_alone_windows=%.0f control=%.0f (%.2fx) events_per_agent>=%d",
+		measuredAgents, agentWindow, ms(alone.cpu), ms(through.cpu), cpuRatio, through.calls, through.passed, through.statuses, through.ctrl, callRatio,
 		alone.calls, alone.ctrl, alone.calls/alone.ctrl, minEvents)
 	const atLeast = 2 * (6 + 6) // two windows: every pod's sandbox and app container started
 	if minEvents < atLeast {
 		t.Errorf("an agent on pleg's CRI socket had %d events, want at least %d", minEvents, atLeast)
 	}
-	if cpuRatio > 1.5 {
-		t.Errorf("containerd's CPU with %d agents on pleg's CRI socket is %.2fx without them, want at most 1.5x (goal 1.1x)", measuredAgents, cpuRatio)
+	// pleg's relist inspected each changed container, verbosely, before
+	// its event reached the agents: their verbose statuses are answered
+	// from what it kept (0 or 1 passed through in the runs of
+	// 2026-11-28; 48 when they were all passed through).
+	if through.passed > atLeast/2 {
+		t.Errorf("pleg passed %.0f of the agents' calls through to containerd in two windows, want at most %d: their verbose statuses should be answered from pleg's own", through.passed, atLeast/2)
 	}
 	if callRatio > 1.5 {
 		t.Errorf("the runtime calls of the pleg serving %d agents on its CRI socket are %.2fx the control pleg's, want at most 1.5x (goal 1.1x)", measuredAgents, callRatio)

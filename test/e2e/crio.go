@@ -44,7 +44,10 @@ const (
 //     container asks for oom_score_adj -998, which runc cannot set here
 //     (no CAP_SYS_RESOURCE in this sandbox).
 //   - runc, not Debian's crun 1.8, which refuses the runtime-spec version
-//     CRI-O 1.36 writes ("unknown version specified").
+//     CRI-O 1.36 writes ("unknown version specified"), through
+//     runcOOMClamp: CRI-O has no restrict_oom_score_adj, and a pod the
+//     kubelet gives a negative oom_score_adj (system-node-critical, as the
+//     DaemonSet's; Guaranteed) would fail here otherwise.
 //   - signature_policy: a private policy accepting every image (no fetch);
 //     the images are loaded with skopeo before CRI-O starts.
 //   - a loopback-only CNI conflist makes NetworkReady true without touching
@@ -105,6 +108,25 @@ enable_metrics = false
 enable_nri = false
 `
 
+// runcOOMClamp is the runtime_path of the suite's CRI-O: runc, after
+// raising a negative oomScoreAdj in the bundle's config.json to 0, the
+// runtime's own, as containerd's restrict_oom_score_adj does. This machine
+// lacks CAP_SYS_RESOURCE, so runc cannot lower a process's oom_score_adj
+// ("failed to update /proc/self/oom_score_adj: Permission denied"); on a
+// node CRI-O would pass it through unchanged.
+const runcOOMClamp = `#!/bin/sh
+prev=
+for a in "$@"; do
+	case $prev in --bundle | -b) bundle=$a ;; esac
+	case $a in --bundle=*) bundle=${a#--bundle=} ;; esac
+	prev=$a
+done
+if [ -n "$bundle" ] && [ -f "$bundle/config.json" ]; then
+	sed -i -E 's/("oomScoreAdj": *)-[0-9]+/\10/g' "$bundle/config.json" || exit 1
+fi
+exec {{runc}} "$@"
+`
+
 const crioPolicy = `{"default":[{"type":"insecureAcceptAnything"}]}` + "\n"
 
 const crioLoopbackCNI = `{"cniVersion":"1.0.0","name":"pleg-e2e-loopback","plugins":[{"type":"loopback"}]}` + "\n"
@@ -145,7 +167,7 @@ func (e *env) writeCRIOConfig() error {
 		"{{sock}}", q(e.sock),
 		"{{pinns}}", q(filepath.Join(e.binDir, "pinns")),
 		"{{podEvents}}", strconv.FormatBool(e.podEvents),
-		"{{runc}}", q(e.runcPath),
+		"{{runc}}", q(filepath.Join(e.dir, "runc-oom-clamp")),
 		"{{conmon}}", q(conmon),
 		"{{pause}}", q(pauseImage),
 	)
@@ -153,10 +175,14 @@ func (e *env) writeCRIOConfig() error {
 	if strings.Contains(cfg, "{{") {
 		return fmt.Errorf("unexpanded placeholder in the CRI-O config")
 	}
-	for _, d := range []string{"logs", "state", "conf.d", "cni/net.d", "auth", "keys", "policies"} {
+	for _, d := range []string{"logs", "state", "conf.d", "cni/net.d", "auth", "keys", "policies", filepath.Base(filepath.Dir(e.sock))} {
 		if err := os.MkdirAll(filepath.Join(e.dir, d), 0o755); err != nil {
 			return err
 		}
+	}
+	clamp := strings.ReplaceAll(runcOOMClamp, "{{runc}}", q(e.runcPath))
+	if err := os.WriteFile(filepath.Join(e.dir, "runc-oom-clamp"), []byte(clamp), 0o755); err != nil {
+		return err
 	}
 	if err := os.WriteFile(filepath.Join(e.dir, "policy.json"), []byte(crioPolicy), 0o644); err != nil {
 		return err
@@ -172,27 +198,29 @@ func (e *env) crioArgv() []string {
 	return []string{filepath.Join(e.binDir, "crio"), "--config", e.configPath, "--config-dir", filepath.Join(e.dir, "conf.d")}
 }
 
-// loadCRIOImages copies the pause and workload images into CRI-O's storage
-// with skopeo, before CRI-O first starts (one archive per image: skopeo
-// cannot choose between two images tagged e2e in one archive). skopeo
-// leaves the storage's overlay dir bind-mounted on itself: unmounted here.
+// loadCRIOImages copies the pause and workload images, and the env's
+// preload, into CRI-O's storage with skopeo, before CRI-O first starts (one
+// archive per image: skopeo cannot choose between two images tagged e2e in
+// one archive). skopeo leaves the storage's overlay dir bind-mounted on
+// itself: unmounted here, which is why it cannot run beside a CRI-O that
+// has containers.
 func (e *env) loadCRIOImages() error {
 	root, runroot := filepath.Join(e.dir, "root"), filepath.Join(e.dir, "runroot")
 	driver := crioStorageDriver(e.snapshotter)
 	images := filepath.Dir(e.imageArchive)
-	for _, img := range []struct{ archive, ref string }{
+	for _, img := range append([]ociArchive{
 		{filepath.Join(images, "pause.tar"), pauseImage},
 		{filepath.Join(images, "workload.tar"), workloadImage},
-	} {
+	}, e.preload...) {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Minute)
 		cmd := exec.CommandContext(ctx, "skopeo", "copy", "--quiet", "--policy", filepath.Join(e.dir, "policy.json"),
-			"oci-archive:"+img.archive, fmt.Sprintf("containers-storage:[%s@%s+%s]%s", driver, root, runroot, img.ref))
+			"oci-archive:"+img.path, fmt.Sprintf("containers-storage:[%s@%s+%s]%s", driver, root, runroot, img.ref))
 		cmd.Env = append(os.Environ(), "TMPDIR="+filepath.Join(e.dir, "tmp"))
 		os.MkdirAll(filepath.Join(e.dir, "tmp"), 0o755)
 		out, err := cmd.CombinedOutput()
 		cancel()
 		if err != nil {
-			return fmt.Errorf("skopeo copy %s: %v\n%s", img.archive, err, out)
+			return fmt.Errorf("skopeo copy %s: %v\n%s", img.path, err, out)
 		}
 	}
 	if _, err := unmountUnder(root); err != nil {

@@ -32,7 +32,7 @@ import (
 // reports the other static pods with the kubelet's container IDs; the
 // probe paths answer on the probes' port, which does not serve the pod
 // API; the node name came through the downward API and GOMEMLIMIT through
-// the environment; containerd restarts under it and it keeps up
+// the environment; the runtime restarts under it and it keeps up
 // (runtimeRestartUnderDaemonSet); made non-root by
 // deploy/kubernetes/pleg-nonroot-patch.yaml, a second one beside it
 // relists through a socket of its supplemental group (nonRootOnKubelet);
@@ -40,10 +40,37 @@ import (
 // /pods: ready, restartCount 0, the same container); node-problem-
 // detector's plugin finds it healthy.
 func TestDaemonSetOnKubelet(t *testing.T) {
+	testDaemonSetOnKubelet(t, kubeletRuntime, "")
+}
+
+// TestDaemonSetOnKubeletCRIO is TestDaemonSetOnKubelet on a node whose
+// runtime is CRI-O 1.36.3: the DaemonSet patched by
+// deploy/kubernetes/pleg-crio-patch.yaml (CRI-O's socket directory,
+// /var/run/crio, mounted read-only), as a static pod on the real kubelet
+// on CRI-O, with CRI-O restarted under it. The non-root step stays
+// containerd's (it gives containerd's socket a group; CRI-O's socket has
+// no such setting).
+func TestDaemonSetOnKubeletCRIO(t *testing.T) {
+	testDaemonSetOnKubelet(t, crioKubeletRuntime, crioPatchPath)
+}
+
+// crioPatchPath is the DaemonSet's patch for CRI-O nodes.
+const crioPatchPath = "deploy/kubernetes/pleg-crio-patch.yaml"
+
+// crioKubeletRuntime is the CRI-O the kubelet runs on in the CRI-O tests.
+const crioKubeletRuntime = "crio-1.36.3"
+
+func testDaemonSetOnKubelet(t *testing.T, item, patch string) {
+	requireRuntimeItem(t, item)
 	img := PlegImage(t)
 	ds, err := loadDaemonSet(suite.repoRoot)
 	if err != nil {
 		t.Fatal(err)
+	}
+	if patch != "" {
+		if ds, err = ds.patched(suite.repoRoot, patch); err != nil {
+			t.Fatal(err)
+		}
 	}
 	c := ds.container()
 
@@ -76,7 +103,12 @@ func TestDaemonSetOnKubelet(t *testing.T) {
 	api := "http://" + listen
 	probes := "http://" + net.JoinHostPort("127.0.0.1", metricsPort)
 
-	k := startKubelet(t)
+	k := startKubeletWith(t, item, func(e *env) error {
+		if e.kind == kindCRIO {
+			e.preload = append(e.preload, ociArchive{img.archive, img.ref})
+		}
+		return nil
+	})
 	// /readyz is the node Ready condition, which needs the runtime's
 	// network ready, as on any node.
 	k.enablePodNetwork(t)
@@ -147,13 +179,15 @@ func TestDaemonSetOnKubelet(t *testing.T) {
 		t.Errorf("the pod's Go runtime has a memory limit of %d bytes; the manifest's GOMEMLIMIT is %d", got, want)
 	}
 
-	// 4. containerd restarts under the running pod (its liveness probe
+	// 4. The runtime restarts under the running pod (its liveness probe
 	// keeps running meanwhile; step 6 checks that it never failed).
 	runtimeRestartUnderDaemonSet(t, k, c, plegPod, api, known, [2]string{beside[0], beside[1]})
 
 	// 5. The non-root variant, beside it: the image's user with the
-	// socket's group.
-	nonRootOnKubelet(t, k, pod, ds.name+"-nonroot")
+	// socket's group (containerd's [grpc] gid).
+	if k.env.kind == kindContainerd {
+		nonRootOnKubelet(t, k, pod, ds.name+"-nonroot")
+	}
 
 	// node-problem-detector's plugin, as the patch runs it, beside the
 	// DaemonSet's pod: checked at the end, after the probes' wait.
@@ -534,9 +568,10 @@ func runtimeRestartUnderDaemonSet(t *testing.T, k *kubelet, c k8sContainer, pleg
 		t.Fatalf("pleg's /readyz before the restart: %v %s", err, b)
 	}
 
-	// containerd stops; the first victim's process dies meanwhile. (Every
+	// The runtime stops; the first victim's process dies meanwhile. (Every
 	// relist that starts after StopContainerd returned starts while
-	// containerd is down or after it answered again.)
+	// the runtime is down or after it answered again.)
+	rt := k.env.name()
 	StopContainerd(t)
 	stoppedAt := time.Now()
 	if err := syscall.Kill(pids[victims[0]], syscall.SIGKILL); err != nil {
@@ -549,19 +584,22 @@ func runtimeRestartUnderDaemonSet(t *testing.T, k *kubelet, c k8sContainer, pleg
 		return nil
 	})
 	var failed relistEntry
-	eventually(t, 15*time.Second, "pleg's relists fail while containerd is down", func() (err error) {
+	eventually(t, 15*time.Second, "pleg's relists fail while the runtime is down", func() (err error) {
 		failed, err = firstRelist(api, stoppedAt, true)
 		return err
 	})
-	t.Logf("while containerd was down, pleg's relist failed: %s", failed.Error)
+	t.Logf("while %s was down, pleg's relist failed: %s", rt, failed.Error)
 	if code, err := httpStatus(api + "/healthz"); err != nil || code != http.StatusOK {
 		t.Errorf("pleg's /healthz during a short outage: %d %v, want 200 (the threshold is minutes)", code, err)
 	}
 
-	// containerd starts again, its socket now in the group.
-	k.env.socketGID = kubeletSocketGID
-	if err := k.env.writeConfig(); err != nil {
-		t.Fatal(err)
+	// The runtime starts again; containerd's socket now in the group
+	// (nonRootOnKubelet's step).
+	if k.env.kind == kindContainerd {
+		k.env.socketGID = kubeletSocketGID
+		if err := k.env.writeConfig(); err != nil {
+			t.Fatal(err)
+		}
 	}
 	StartContainerd(t)
 	answeredAt := time.Now()
@@ -570,9 +608,9 @@ func runtimeRestartUnderDaemonSet(t *testing.T, k *kubelet, c k8sContainer, pleg
 	}
 	outage := answeredAt.Sub(stoppedAt)
 
-	// pleg relists again, within seconds of containerd answering.
+	// pleg relists again, within seconds of the runtime answering.
 	var back relistEntry
-	eventually(t, 30*time.Second, "pleg relists again after containerd answers", func() (err error) {
+	eventually(t, 30*time.Second, "pleg relists again after the runtime answers", func() (err error) {
 		back, err = firstRelist(api, stoppedAt, false)
 		return err
 	})
@@ -580,7 +618,7 @@ func runtimeRestartUnderDaemonSet(t *testing.T, k *kubelet, c k8sContainer, pleg
 	measure(t, "daemonset_runtime_restart mount=directory outage=%s answering_to_relist=%s relist_started_after_answer=%s",
 		ms(outage), ms(reconnect), ms(back.Start.Sub(answeredAt)))
 	if reconnect > 5*time.Second {
-		t.Errorf("pleg's first successful relist after the restart ended %v after containerd answered, want within seconds", reconnect)
+		t.Errorf("pleg's first successful relist after the restart ended %v after %s answered, want within seconds", reconnect, rt)
 	}
 
 	// Both deaths, with the kubelet's exit codes, and both restarts.
@@ -650,7 +688,7 @@ func runtimeRestartUnderDaemonSet(t *testing.T, k *kubelet, c k8sContainer, pleg
 		t.Errorf("the DaemonSet's container after the restart: %s, restartCount %d; before: %s, %d",
 			cs.ContainerID, cs.RestartCount, plegBefore.ContainerID, plegBefore.RestartCount)
 	}
-	t.Logf("containerd down %v; pleg relisting %v after it answered; %d events delivered", outage.Round(time.Millisecond), reconnect.Round(time.Millisecond), len(events.all()))
+	t.Logf("%s down %v; pleg relisting %v after it answered; %d events delivered", rt, outage.Round(time.Millisecond), reconnect.Round(time.Millisecond), len(events.all()))
 }
 
 // procCreds reads a process's real uid, gid and supplementary groups.

@@ -87,6 +87,10 @@ type env struct {
 	// podEvents is CRI-O's enable_pod_events (true unless a test
 	// switches it off with setPodEvents).
 	podEvents bool
+	// preload are OCI archives CRI-O's storage gets before CRI-O first
+	// starts, beside the suite's two images (env.importArchive cannot
+	// copy into the storage of a CRI-O that runs: see loadCRIOImages).
+	preload []ociArchive
 
 	sup *supervisorClient
 	cri *criClient
@@ -96,6 +100,9 @@ type env struct {
 	teardownOnce sync.Once
 	teardownErr  error
 }
+
+// ociArchive is an OCI layout tar holding one image, and its reference.
+type ociArchive struct{ path, ref string }
 
 func logf(format string, args ...any) {
 	fmt.Fprintf(os.Stderr, "e2e: "+format+"\n", args...)
@@ -233,7 +240,11 @@ func startEnvWith(base *env, item string, before func(*env) error) (*env, error)
 		return nil, err
 	}
 	if e.kind == kindCRIO {
-		e.sock = filepath.Join(e.dir, "crio.sock")
+		// In a directory of its own, as on a node (/var/run/crio): a pod
+		// that mounts the socket's directory must not mount CRI-O's
+		// storage root with it (CRI-O then makes that mount HostToContainer,
+		// which needs a shared or slave mount of the source).
+		e.sock = filepath.Join(e.dir, "crio", "crio.sock")
 		e.configPath = filepath.Join(e.dir, "crio.conf")
 		e.logPath = filepath.Join(e.dir, "crio.log")
 	} else {

@@ -123,6 +123,14 @@ func startKubelet(t testing.TB, featureGates ...string) *kubelet {
 // when this run does not include that runtime.
 func startKubeletOn(t testing.TB, item string, featureGates ...string) *kubelet {
 	t.Helper()
+	return startKubeletWith(t, item, nil, featureGates...)
+}
+
+// startKubeletWith is startKubeletOn, calling before (when set) on the
+// runtime's env before the runtime first starts (e.g. to preload images
+// into CRI-O's storage).
+func startKubeletWith(t testing.TB, item string, before func(*env) error, featureGates ...string) *kubelet {
+	t.Helper()
 	if baseEnv == nil || baseEnv.kubeletBin == "" {
 		t.Fatal("kubelet not provisioned")
 	}
@@ -132,7 +140,7 @@ func startKubeletOn(t testing.TB, item string, featureGates ...string) *kubelet 
 	for _, p := range kubeletHostPaths {
 		k.hostPathsBefore[p] = fileExists(p)
 	}
-	e, err := startEnv(baseEnv, item)
+	e, err := startEnvWith(baseEnv, item, before)
 	if e != nil {
 		k.env = e
 		e.kubelet = k

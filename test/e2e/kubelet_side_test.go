@@ -114,7 +114,7 @@ func TestKubeletSideBySide(t *testing.T) {
 // CRI-O 1.36.3 of its own (enable_pod_events = true): the same scenarios
 // and assertions, CRI-O restarted (SIGKILL) in the last one.
 func TestKubeletSideBySideCRIO(t *testing.T) {
-	testKubeletSideBySide(t, "crio-1.36.3")
+	testKubeletSideBySide(t, crioKubeletRuntime)
 }
 
 func testKubeletSideBySide(t *testing.T, runtimeItem string) {

@@ -12,6 +12,10 @@ import (
 )
 
 func TestMain(m *testing.M) {
+	if spec := os.Getenv(envTypicalAgents); spec != "" {
+		// This process is a measurement's agents, not a test run.
+		os.Exit(typicalAgentsMain(spec))
+	}
 	if os.Getenv(envSupervisor) != "" {
 		// This process is the suite's supervisor (see supervisor.go),
 		// not a test run.

@@ -18,6 +18,8 @@ import (
 	"strings"
 
 	"go.yaml.in/yaml/v3"
+
+	"github.com/podlifecycle/pleg/internal/jsonpatch"
 )
 
 // manifestPath is the DaemonSet manifest, relative to the repository.
@@ -134,6 +136,41 @@ func loadDaemonSet(repoRoot string) (*daemonSet, error) {
 }
 
 func (ds *daemonSet) container() k8sContainer { return ds.spec.Containers[0] }
+
+// patched is the DaemonSet with the JSON patch at patchPath (relative to
+// the repository, e.g. deploy/kubernetes/pleg-crio-patch.yaml) applied, as
+// `kubectl patch --type json` would: its tests must hold on the manifest.
+// ds is unchanged.
+func (ds *daemonSet) patched(repoRoot, patchPath string) (*daemonSet, error) {
+	b, err := os.ReadFile(filepath.Join(repoRoot, patchPath))
+	if err != nil {
+		return nil, err
+	}
+	ops, err := jsonpatch.Parse(b)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", patchPath, err)
+	}
+	doc := deepCopy(ds.doc).(map[string]any)
+	if err := jsonpatch.Apply(doc, ops); err != nil {
+		return nil, fmt.Errorf("%s on %s: %w", patchPath, manifestPath, err)
+	}
+	// The typed view again, from the patched document.
+	y, err := yaml.Marshal(doc)
+	if err != nil {
+		return nil, err
+	}
+	var typed struct {
+		Spec struct {
+			Template struct {
+				Spec k8sPodSpec `yaml:"spec"`
+			} `yaml:"template"`
+		} `yaml:"spec"`
+	}
+	if err := yaml.Unmarshal(y, &typed); err != nil {
+		return nil, err
+	}
+	return &daemonSet{doc: doc, name: ds.name, ns: ds.ns, spec: typed.Spec.Template.Spec}, nil
+}
 
 // staticPod turns the DaemonSet's pod template into a static pod for a
 // standalone kubelet, changing only what must change:

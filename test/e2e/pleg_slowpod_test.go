@@ -114,6 +114,12 @@ func TestDiagnoseHungShim(t *testing.T) {
 			_, err := rt.ContainerStatus(ctx, &runtimeapi.ContainerStatusRequest{ContainerId: side})
 			return err
 		}},
+		// Verbose too: pleg's relist makes it with --cri-socket
+		// (docs/cri.md), so it must not wait on the shim.
+		{"verbose ContainerStatus(web)", func(ctx context.Context) error {
+			_, err := rt.ContainerStatus(ctx, &runtimeapi.ContainerStatusRequest{ContainerId: web, Verbose: true})
+			return err
+		}},
 		{"ListPodSandbox", func(ctx context.Context) error {
 			_, err := rt.ListPodSandbox(ctx, &runtimeapi.ListPodSandboxRequest{})
 			return err

@@ -264,7 +264,11 @@ func metricSum(t testing.TB, base, name string) float64 {
 	sc.Buffer(make([]byte, 1<<20), 1<<20)
 	for sc.Scan() {
 		l := sc.Text()
-		if rest, ok := strings.CutPrefix(l, name); ok && (strings.HasPrefix(rest, " ") || strings.HasPrefix(rest, "{")) {
+		// name may end in its first labels ("x{a=\"b\"").
+		rest, ok := strings.CutPrefix(l, name)
+		labelled := strings.Contains(name, "{")
+		if ok && (!labelled && (strings.HasPrefix(rest, " ") || strings.HasPrefix(rest, "{")) ||
+			labelled && (strings.HasPrefix(rest, ",") || strings.HasPrefix(rest, "}"))) {
 			f := strings.Fields(l)
 			v, err := strconv.ParseFloat(f[len(f)-1], 64)
 			if err != nil {
