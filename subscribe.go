@@ -184,7 +184,11 @@ func journalPod(uid types.UID, last, listing *cruntime.Pod, status *cruntime.Pod
 		return p
 	}
 	p := &journal.Pod{UID: uid, Name: listing.Name, Namespace: listing.Namespace, ObservedAt: now,
-		Sandboxes: make([]journal.Sandbox, 0, len(listing.Sandboxes)), Containers: make([]journal.Container, 0, len(listing.Containers))}
+		Sandboxes: make([]*journal.Sandbox, 0, len(listing.Sandboxes)), Containers: make([]*journal.Container, 0, len(listing.Containers))}
+	// One array of each: the journal shares those unchanged with the
+	// pod's last state (journal.Pod) and then copies the others out.
+	sbArr := make([]journal.Sandbox, len(listing.Sandboxes))
+	ctArr := make([]journal.Container, len(listing.Containers))
 	if status == nil {
 		status = &cruntime.PodStatus{}
 	}
@@ -193,8 +197,9 @@ func journalPod(uid types.UID, last, listing *cruntime.Pod, status *cruntime.Pod
 	for _, s := range status.SandboxStatuses {
 		sbs[s.ID] = s
 	}
-	for _, c := range newestFirst(listing.Sandboxes) {
-		s := journal.Sandbox{ID: c.ID, Name: c.Name, State: c.State, Attempt: c.Attempt}
+	for i, c := range newestFirst(listing.Sandboxes) {
+		s := &sbArr[i]
+		*s = journal.Sandbox{ID: c.ID, Name: c.Name, State: c.State, Attempt: c.Attempt}
 		if st := sbs[c.ID]; st != nil {
 			s.CreatedAt, s.IPs, s.HostNetwork, s.Labels, s.Annotations = st.CreatedAt, st.IPs, st.HostNetwork, st.Labels, st.Annotations
 		}
@@ -204,8 +209,9 @@ func journalPod(uid types.UID, last, listing *cruntime.Pod, status *cruntime.Pod
 	for _, s := range status.ContainerStatuses {
 		cts[s.ID] = s
 	}
-	for _, c := range newestFirst(listing.Containers) {
-		jc := journal.Container{ID: c.ID, Name: c.Name, State: c.State, Attempt: c.Attempt, Image: c.Image, ListCreatedAt: c.CreatedAt}
+	for i, c := range newestFirst(listing.Containers) {
+		jc := &ctArr[i]
+		*jc = journal.Container{ID: c.ID, Name: c.Name, State: c.State, Attempt: c.Attempt, Image: c.Image, ListCreatedAt: c.CreatedAt}
 		if st := cts[c.ID]; st != nil {
 			jc.ImageRef, jc.CreatedAt, jc.StartedAt, jc.FinishedAt = st.ImageRef, st.CreatedAt, st.StartedAt, st.FinishedAt
 			jc.Reason, jc.Message, jc.Labels, jc.Annotations = st.Reason, st.Message, st.Labels, st.Annotations
@@ -224,8 +230,8 @@ func journalPod(uid types.UID, last, listing *cruntime.Pod, status *cruntime.Pod
 	}
 	// The pod's labels and annotations are its newest sandbox's.
 	var newest *journal.Sandbox
-	for i := range p.Sandboxes {
-		if s := &p.Sandboxes[i]; newest == nil || s.CreatedAt.After(newest.CreatedAt) {
+	for _, s := range p.Sandboxes {
+		if newest == nil || s.CreatedAt.After(newest.CreatedAt) {
 			newest = s
 		}
 	}

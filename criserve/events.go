@@ -46,28 +46,28 @@ func containerEvents(m journal.Message) []*runtimeapi.ContainerEventResponse {
 		var sb *journal.Sandbox
 		for i := range p.Sandboxes {
 			if p.Sandboxes[i].ID == t.ContainerID {
-				sb = &p.Sandboxes[i]
+				sb = p.Sandboxes[i]
 			}
 		}
 		if sb == nil {
 			for i := range p.Containers {
 				if p.Containers[i].ID == t.ContainerID {
-					sb = sandboxOf(p, &p.Containers[i])
+					sb = sandboxOf(p, p.Containers[i])
 				}
 			}
 		}
 		if sb == nil {
 			for i := range p.Sandboxes {
 				if sb == nil || p.Sandboxes[i].CreatedAt.After(sb.CreatedAt) {
-					sb = &p.Sandboxes[i]
+					sb = p.Sandboxes[i]
 				}
 			}
 		}
 		if sb != nil {
 			ev.PodSandboxStatus = sandboxStatus(p, sb)
 			for i := range p.Containers {
-				if sandboxOf(p, &p.Containers[i]) == sb {
-					ev.ContainersStatuses = append(ev.ContainersStatuses, containerStatus(&p.Containers[i]))
+				if sandboxOf(p, p.Containers[i]) == sb {
+					ev.ContainersStatuses = append(ev.ContainersStatuses, containerStatus(p.Containers[i]))
 				}
 			}
 		}

@@ -93,7 +93,7 @@ func sandboxStatus(p *journal.Pod, sb *journal.Sandbox) *runtimeapi.PodSandboxSt
 func sandboxOf(p *journal.Pod, c *journal.Container) *journal.Sandbox {
 	var best, newest *journal.Sandbox
 	for i := range p.Sandboxes {
-		sb := &p.Sandboxes[i]
+		sb := p.Sandboxes[i]
 		if newest == nil || sb.CreatedAt.After(newest.CreatedAt) {
 			newest = sb
 		}
@@ -214,7 +214,7 @@ func (s *Server) listSandboxes(ctx context.Context, f *runtimeapi.PodSandboxFilt
 	var out []*runtimeapi.PodSandbox
 	for _, p := range pods {
 		for i := range p.Sandboxes {
-			sb := &p.Sandboxes[i]
+			sb := p.Sandboxes[i]
 			if !ids.match(sb.ID) || f.GetState() != nil && f.GetState().GetState() != sandboxState(sb.State) ||
 				!labelsMatch(sb.Labels, f.GetLabelSelector()) {
 				continue
@@ -234,7 +234,7 @@ func (s *Server) listContainers(ctx context.Context, f *runtimeapi.ContainerFilt
 	var out []*runtimeapi.Container
 	for _, p := range pods {
 		for i := range p.Containers {
-			c := &p.Containers[i]
+			c := p.Containers[i]
 			if !ids.match(c.ID) || f.GetState() != nil && f.GetState().GetState() != containerState(c.State) ||
 				!labelsMatch(c.Labels, f.GetLabelSelector()) {
 				continue
@@ -290,7 +290,7 @@ func (s *Server) findSandbox(v view, id string) (*journal.Pod, *journal.Sandbox,
 	for _, p := range pods {
 		for i := range p.Sandboxes {
 			if m.match(p.Sandboxes[i].ID) {
-				return p, &p.Sandboxes[i], true
+				return p, p.Sandboxes[i], true
 			}
 		}
 	}
@@ -305,7 +305,7 @@ func (s *Server) findContainer(v view, id string) (*journal.Pod, *journal.Contai
 	for _, p := range pods {
 		for i := range p.Containers {
 			if m.match(p.Containers[i].ID) {
-				return p, &p.Containers[i], true
+				return p, p.Containers[i], true
 			}
 		}
 	}
@@ -331,8 +331,8 @@ func (r *runtimeServer) PodSandboxStatus(ctx context.Context, req *runtimeapi.Po
 	}
 	resp := &runtimeapi.PodSandboxStatusResponse{Status: sandboxStatus(p, sb), Timestamp: nanos(p.ObservedAt)}
 	for i := range p.Containers {
-		if sandboxOf(p, &p.Containers[i]) == sb {
-			resp.ContainersStatuses = append(resp.ContainersStatuses, containerStatus(&p.Containers[i]))
+		if sandboxOf(p, p.Containers[i]) == sb {
+			resp.ContainersStatuses = append(resp.ContainersStatuses, containerStatus(p.Containers[i]))
 		}
 	}
 	return resp, nil

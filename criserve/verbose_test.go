@@ -127,9 +127,9 @@ func TestVerboseStoreRules(t *testing.T) {
 	// the journal), dropped by the next; past the bound, it goes before
 	// the live items' answers, then the oldest go.
 	j := journal.New(journal.Options{Epoch: "e"})
-	var cs []journal.Container
+	var cs []*journal.Container
 	for _, id := range []string{"c0", "c2", "c3", "c4", "c5"} {
-		cs = append(cs, journal.Container{ID: id, State: cruntime.StateRunning})
+		cs = append(cs, &journal.Container{ID: id, State: cruntime.StateRunning})
 	}
 	j.Append(journal.Entry{Kind: journal.KindPod, Pod: &journal.Pod{UID: "p", Containers: cs}, Source: journal.SourceRelist})
 	running := func(v *VerboseStore, id string) {

@@ -19,6 +19,8 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
+	"maps"
+	"reflect"
 	"slices"
 	"strconv"
 	"strings"
@@ -229,6 +231,12 @@ type RuntimeStatus struct {
 }
 
 // Pod is one pod's state: its listing and its last status.
+//
+// A pod state, its sandboxes and containers are immutable once appended,
+// and shared: Append gives a pod's new state the previous state's
+// *Sandbox and *Container wherever they are equal, so that an entry for a
+// change of one container holds that container and a slice of pointers,
+// not a copy of the whole pod.
 type Pod struct {
 	UID         types.UID
 	Name        string
@@ -236,8 +244,8 @@ type Pod struct {
 	IPs         []string
 	Labels      map[string]string
 	Annotations map[string]string
-	Sandboxes   []Sandbox
-	Containers  []Container
+	Sandboxes   []*Sandbox
+	Containers  []*Container
 	Gone        bool
 	ObservedAt  time.Time
 }
@@ -295,11 +303,19 @@ type Tombstone struct {
 }
 
 // Append adds e (its Seq is given, and its Time when zero) and wakes the
-// watchers. It never blocks on a watcher.
+// watchers. It never blocks on a watcher. A pod entry's sandboxes and
+// containers equal to those of the pod's current state are replaced by
+// them (Pod): e.Pod and its slices may be modified, the values they point
+// to are not.
 func (j *Journal) Append(e Entry) uint64 {
-	e.size = entrySize(&e) // outside the lock: it walks the pod's labels
 	j.mu.Lock()
 	defer j.mu.Unlock()
+	var prev *Pod
+	if e.Kind == KindPod && e.Pod != nil {
+		prev = j.pods[e.Pod.UID]
+		share(e.Pod, prev)
+	}
+	e.size = entrySize(&e, prev)
 	j.head++
 	e.Seq = j.head
 	if e.Time.IsZero() {
@@ -405,17 +421,98 @@ func (j *Journal) dropOldestLocked() {
 }
 
 // entrySize estimates the memory an entry holds: its structs, slices and
-// strings, and the labels and annotations of its pod (shared with the
-// pod's status while the pod lives, so an upper bound).
-func entrySize(e *Entry) int {
+// strings, and its pod's, without the sandboxes and containers it shares
+// with prev, the pod's state before it (nil: none); the labels and
+// annotations it counts are shared with the pod's status while the pod
+// lives, so it is an upper bound.
+func entrySize(e *Entry, prev *Pod) int {
 	n := 96 + len(e.Transitions)*64
 	for _, t := range e.Transitions {
 		n += len(t.ContainerID) + len(t.ContainerName)
 	}
 	if e.Pod != nil {
-		n += podSize(e.Pod)
+		n += podSizeBeside(e.Pod, prev)
 	}
 	return n
+}
+
+// share replaces the sandboxes and containers of p equal to those of prev
+// (same ID, equal content) by prev's. When it replaced any, the others get
+// an allocation each: the caller may have put them in one array (as
+// journalPod does), which the entry would otherwise keep whole for them.
+func share(p, prev *Pod) {
+	if prev == nil || p == prev {
+		return
+	}
+	shared := false
+	for i, s := range p.Sandboxes {
+		for _, o := range prev.Sandboxes {
+			if o.ID == s.ID && o != s && sandboxEqual(o, s) {
+				p.Sandboxes[i], shared = o, true
+				break
+			}
+		}
+	}
+	for i, c := range p.Containers {
+		for _, o := range prev.Containers {
+			if o.ID == c.ID && o != c && containerEqual(o, c) {
+				p.Containers[i], shared = o, true
+				break
+			}
+		}
+	}
+	if !shared {
+		return
+	}
+	for i, s := range p.Sandboxes {
+		if !slicesContains(prev.Sandboxes, s) {
+			own := *s
+			p.Sandboxes[i] = &own
+		}
+	}
+	for i, c := range p.Containers {
+		if !slicesContains(prev.Containers, c) {
+			own := *c
+			p.Containers[i] = &own
+		}
+	}
+}
+
+func slicesContains[T any](s []*T, x *T) bool {
+	for _, o := range s {
+		if o == x {
+			return true
+		}
+	}
+	return false
+}
+
+func sandboxEqual(a, b *Sandbox) bool {
+	return a.ID == b.ID && a.Name == b.Name && a.State == b.State && a.Attempt == b.Attempt && a.CreatedAt.Equal(b.CreatedAt) &&
+		slices.Equal(a.IPs, b.IPs) && a.HostNetwork == b.HostNetwork && sameMap(a.Labels, b.Labels) && sameMap(a.Annotations, b.Annotations)
+}
+
+func containerEqual(a, b *Container) bool {
+	return a.ID == b.ID && a.Name == b.Name && a.State == b.State && a.Attempt == b.Attempt && a.Image == b.Image &&
+		a.ImageRef == b.ImageRef && a.CreatedAt.Equal(b.CreatedAt) && a.ListCreatedAt == b.ListCreatedAt &&
+		a.StartedAt.Equal(b.StartedAt) && a.FinishedAt.Equal(b.FinishedAt) &&
+		(a.ExitCode == nil) == (b.ExitCode == nil) && (a.ExitCode == nil || *a.ExitCode == *b.ExitCode) &&
+		a.Reason == b.Reason && a.Message == b.Message && sameMap(a.Labels, b.Labels) && sameMap(a.Annotations, b.Annotations) &&
+		(a.Identity == nil) == (b.Identity == nil) && (a.Identity == nil || *a.Identity == *b.Identity)
+}
+
+// sameMapRef reports whether a and b are the same map.
+func sameMapRef(a, b map[string]string) bool {
+	return reflect.ValueOf(a).UnsafePointer() == reflect.ValueOf(b).UnsafePointer()
+}
+
+// sameMap reports whether a and b are equal: the same map (a status's,
+// shared), or equal entries.
+func sameMap(a, b map[string]string) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	return len(a) == 0 || sameMapRef(a, b) || maps.Equal(a, b)
 }
 
 // tombstoneSize estimates a tombstone's struct, its map entry and its
@@ -423,17 +520,31 @@ func entrySize(e *Entry) int {
 const tombstoneSize = 112
 
 // podSize estimates the memory a pod state holds.
-func podSize(p *Pod) int {
-	n := 160 + len(p.Name) + len(p.Namespace) + len(p.UID) + mapSize(p.Labels) + mapSize(p.Annotations)
+func podSize(p *Pod) int { return podSizeBeside(p, nil) }
+
+// podSizeBeside estimates the memory a pod state holds beside prev, whose
+// sandboxes, containers, labels and annotations it may share (nil: none).
+func podSizeBeside(p, prev *Pod) int {
+	n := 160 + len(p.Name) + len(p.Namespace) + len(p.UID) + 8*(len(p.Sandboxes)+len(p.Containers))
+	if prev == nil || !sameMapRef(p.Labels, prev.Labels) {
+		n += mapSize(p.Labels)
+	}
+	if prev == nil || !sameMapRef(p.Annotations, prev.Annotations) {
+		n += mapSize(p.Annotations)
+	}
 	for _, ip := range p.IPs {
 		n += 16 + len(ip)
 	}
 	for _, s := range p.Sandboxes {
-		n += 128 + len(s.ID) + mapSize(s.Labels) + mapSize(s.Annotations)
+		if prev == nil || !slicesContains(prev.Sandboxes, s) {
+			n += 128 + len(s.ID) + mapSize(s.Labels) + mapSize(s.Annotations)
+		}
 	}
 	for _, c := range p.Containers {
-		n += 256 + len(c.ID) + len(c.Name) + len(c.Image) + len(c.ImageRef) + len(c.Reason) + len(c.Message) +
-			mapSize(c.Labels) + mapSize(c.Annotations)
+		if prev == nil || !slicesContains(prev.Containers, c) {
+			n += 256 + len(c.ID) + len(c.Name) + len(c.Image) + len(c.ImageRef) + len(c.Reason) + len(c.Message) +
+				mapSize(c.Labels) + mapSize(c.Annotations)
+		}
 	}
 	return n
 }
@@ -557,14 +668,14 @@ func (j *Journal) Container(id string) (Found, bool) {
 }
 
 func find(p *Pod, id string) (Found, bool) {
-	for i := range p.Containers {
-		if p.Containers[i].ID == id {
-			return Found{Pod: p, Container: &p.Containers[i]}, true
+	for _, c := range p.Containers {
+		if c.ID == id {
+			return Found{Pod: p, Container: c}, true
 		}
 	}
-	for i := range p.Sandboxes {
-		if p.Sandboxes[i].ID == id {
-			return Found{Pod: p, Sandbox: &p.Sandboxes[i]}, true
+	for _, s := range p.Sandboxes {
+		if s.ID == id {
+			return Found{Pod: p, Sandbox: s}, true
 		}
 	}
 	return Found{}, false

@@ -23,7 +23,7 @@ func pod(uid, ns string, lbl map[string]string, items ...string) *Pod {
 	for _, it := range items {
 		id, st, _ := strings.Cut(it, "=")
 		s := map[string]cruntime.State{"running": cruntime.StateRunning, "exited": cruntime.StateExited}[st]
-		p.Containers = append(p.Containers, Container{ID: id, State: s})
+		p.Containers = append(p.Containers, &Container{ID: id, State: s})
 	}
 	return p
 }
@@ -510,4 +510,63 @@ func TestRemovedContainersKeptByAge(t *testing.T) {
 			t.Fatalf("the newest tombstone: %+v %v", f, ok)
 		}
 	})
+}
+
+// A pod's new state shares the containers and sandboxes it did not change
+// with its last state, whatever the appender built; the changed ones are
+// its own; the entry is charged for what it does not share; and the
+// states read back are the states appended.
+func TestEntriesShareUnchangedContainers(t *testing.T) {
+	labels := map[string]string{"io.kubernetes.pod.uid": "a"}
+	build := func(states ...string) *Pod {
+		p := pod("a", "prod", labels, states...)
+		p.Sandboxes = []*Sandbox{{ID: "sb", State: cruntime.StateRunning, Labels: labels}}
+		for _, c := range p.Containers {
+			c.Labels = map[string]string{"io.kubernetes.container.name": c.ID} // equal, not the same map
+		}
+		return p
+	}
+	j := New(Options{Epoch: "e"})
+	first := build("c0=running", "c1=running", "c2=running", "c3=running")
+	j.Append(podEntry(first, "ContainerStarted"))
+	second := build("c0=running", "c1=exited", "c2=running", "c3=running")
+	// Its containers in one array, as journalPod builds them.
+	arr := make([]Container, len(second.Containers))
+	for i, c := range second.Containers {
+		arr[i] = *c
+		second.Containers[i] = &arr[i]
+	}
+	j.Append(podEntry(second, "ContainerDied"))
+	if second.Containers[1] == &arr[1] {
+		t.Error("the changed container left in the appender's array: the entry keeps the whole array")
+	}
+	for i, c := range second.Containers {
+		if shared := c == first.Containers[i]; shared != (i != 1) {
+			t.Errorf("container %s shared with the last state: %v", c.ID, shared)
+		}
+	}
+	if second.Sandboxes[0] != first.Sandboxes[0] {
+		t.Error("unchanged sandbox not shared")
+	}
+	if second.Containers[1].State != cruntime.StateExited || first.Containers[1].State != cruntime.StateRunning {
+		t.Errorf("states mixed up: %v then %v", first.Containers[1].State, second.Containers[1].State)
+	}
+	j.mu.Lock()
+	firstSize, secondSize := j.entryLocked(1).size, j.entryLocked(2).size
+	j.mu.Unlock()
+	if secondSize >= firstSize/2 {
+		t.Errorf("an entry changing 1 of 4 containers charged %d bytes, the first state %d", secondSize, firstSize)
+	}
+	if p, _ := j.Pod("a"); !reflect.DeepEqual(p, build("c0=running", "c1=exited", "c2=running", "c3=running")) {
+		t.Errorf("current state %+v", p)
+	}
+	w, err := j.Watch("e-1", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer w.Close()
+	msgs := collect(t, w)
+	if len(msgs) != 1 || msgs[0].Pod.Containers[1].State != cruntime.StateExited || msgs[0].Pod.Containers[0].State != cruntime.StateRunning {
+		t.Fatalf("after the first entry: %+v", msgs)
+	}
 }

@@ -28,6 +28,8 @@ type benchOptions struct {
 	budget   budgetFlags
 	// compareStreaming: --compare-list-streaming
 	compareStreaming bool
+	plegBinary       string
+	plainMetadata    bool
 }
 
 func newBenchCmd() *cobra.Command {
@@ -87,6 +89,16 @@ events off, the baseline, and on, each against a fresh node (the budget:
                     times (--quick 8; a fifth with events off)
                     target: delivery p99 at most 50ms with events on
 
+What lifecycle API watchers cost pleg (live, events on, 12s; --quick 4s):
+  watchers          110 pods x 5 containers, the lifecycle API served, four
+                    runs: a quiet node with no watcher and with 200 idle
+                    watchers (each on a connection of its own, open after its
+                    snapshot), then 1 pod changed every 150ms (about 20
+                    events a second) with no watcher and with 200 watchers
+                    reading every message
+                    targets: peak RSS per idle watcher at most 16 KiB, per
+                    reading watcher at most 32 KiB (beside no watcher)
+
 With --kubelet PATH, every scenario driven by hand also runs with the
 kubelet v1.37.2's own relist: PATH is the kubelet-relist program of the
 repository's test/kubelet module (build it with 'test/kubelet/build.sh DIR';
@@ -99,6 +111,18 @@ With --compare-list-streaming, pleg runs twice in every scenario driven by
 hand, listing through the streaming RPCs (StreamPodSandboxes,
 StreamContainers) and through the unary calls, against identical simulated
 nodes, and the report puts the two side by side with their ratio.
+
+The simulated node's sandboxes and containers carry the labels and
+annotations a kubelet puts on them (the pod's app, pod-template-hash and
+app.kubernetes.io labels; kubernetes.io/config.seen and .source and a few
+annotations shared by the replicas of a workload; each container's
+io.kubernetes.container.hash, restartCount, terminationMessage* and ports
+annotations): most of what pleg keeps per pod. --plain-metadata leaves only
+the io.kubernetes.* labels pleg reads and three annotations, as the bench
+did before 2026-11-28. --pleg-binary PATH runs pleg's generator from
+another pleg binary (an older build: 'git worktree add DIR COMMIT', 'go
+build -o OLD ./cmd/pleg' there) against the same simulated node, to
+compare two builds in one run.
 
 The simulated runtime and each generator run in processes of their own
 (this binary, re-executed as 'pleg bench child runtime|pleg'; pleg's with
@@ -135,7 +159,9 @@ A full run takes about four minutes with --kubelet; --quick about a minute.`,
 	uint64Var(f, &o.seed, "seed", 1, "seed of the simulated node")
 	o.budget.addFlags(f)
 	f.BoolVar(&o.compareStreaming, "compare-list-streaming", false, "run pleg twice per scenario driven by hand, listing through the streaming RPCs and with the unary calls, and compare them (CPU, allocations, peak RSS, the list RPCs the runtime served)")
-	f.StringVar(&o.heapProf, "memprofile", "", "write a heap profile of pleg's generator process, as its scenario ends, to this file (each run writes it anew: the last run's stays; read it with go tool pprof -sample_index=inuse_space)")
+	f.StringVar(&o.plegBinary, "pleg-binary", "", "run pleg's generator from this pleg binary (e.g. an older build) instead of this one; the simulated runtime stays this binary's")
+	f.BoolVar(&o.plainMetadata, "plain-metadata", false, "give the simulated node's sandboxes and containers only the labels pleg reads and three annotations, not a kubelet's usual labels and annotations (the bench before 2026-11-28)")
+	f.StringVar(&o.heapProf, "memprofile", "", "write a heap profile of pleg's generator process, as its scenario ends, to this file (each run writes it anew: the last run's stays; a live run also writes FILE.window at its window's end; read it with go tool pprof -sample_index=inuse_space)")
 	f.StringVar(&o.cpuProf, "cpuprofile", "", "write a CPU profile of pleg's generator process, its whole life, to this file (each run writes it anew: the last run's stays)")
 	return cmd
 }
@@ -150,7 +176,7 @@ func runBench(cmd *cobra.Command, o *benchOptions) error {
 	}
 	var budget bench.Budget
 	budget.PodRelistRate, budget.PodRelistBurst, budget.PodRelistSpacing, budget.EarlyRelistGap = o.budget.options()
-	for _, prof := range []*string{&o.cpuProf, &o.heapProf} {
+	for _, prof := range []*string{&o.cpuProf, &o.heapProf, &o.plegBinary} {
 		if *prof != "" {
 			if *prof, err = filepath.Abs(*prof); err != nil {
 				return err
@@ -177,6 +203,8 @@ func runBench(cmd *cobra.Command, o *benchOptions) error {
 		Seed:                   o.seed,
 		Progress:               cmd.ErrOrStderr(),
 		CompareListStreaming:   o.compareStreaming,
+		PLEGExecutable:         o.plegBinary,
+		PlainMetadata:          o.plainMetadata,
 	})
 	if err != nil {
 		return fmt.Errorf("bench: %w", err)

@@ -62,6 +62,7 @@ type Client struct {
 	images            sharedStrings // image references
 	labelKeys         sharedStrings // label and annotation keys
 	labelValues       sharedStrings // label and annotation values
+	labelMaps         sharedMaps    // label and annotation maps
 
 	listStreaming ListStreaming
 	conns         *atomic.Uint64 // connections made and lost so far (connCounter)

@@ -2,9 +2,11 @@ package cri
 
 import (
 	"context"
+	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
+	"slices"
 	"sync"
 	"time"
 
@@ -57,8 +59,8 @@ func (c *Client) ItemStatuses(ctx context.Context, pod *cruntime.Pod, sandboxes,
 			}
 			if err == nil && s != nil {
 				sbOut[i] = convertSandbox(s, sb)
-				sbOut[i].Labels = c.labelValues.labels(&c.labelKeys, sbOut[i].Labels)
-				sbOut[i].Annotations = c.labelValues.labels(&c.labelKeys, sbOut[i].Annotations)
+				sbOut[i].Labels = c.labelValues.labels(&c.labelKeys, &c.labelMaps, sbOut[i].Labels)
+				sbOut[i].Annotations = c.labelValues.labels(&c.labelKeys, &c.labelMaps, sbOut[i].Annotations)
 			}
 			return err
 		}
@@ -76,8 +78,8 @@ func (c *Client) ItemStatuses(ctx context.Context, pod *cruntime.Pod, sandboxes,
 		if err == nil && s != nil {
 			ctOut[i] = convertContainer(s, ct)
 			ctOut[i].ImageRef = c.images.intern(ctOut[i].ImageRef)
-			ctOut[i].Labels = c.labelValues.labels(&c.labelKeys, ctOut[i].Labels)
-			ctOut[i].Annotations = c.labelValues.labels(&c.labelKeys, ctOut[i].Annotations)
+			ctOut[i].Labels = c.labelValues.labels(&c.labelKeys, &c.labelMaps, ctOut[i].Labels)
+			ctOut[i].Annotations = c.labelValues.labels(&c.labelKeys, &c.labelMaps, ctOut[i].Annotations)
 		}
 		return err
 	})
@@ -357,8 +359,10 @@ func (r *sharedStrings) internLocked(s string) string {
 // labels returns a copy of m whose keys come from keys and whose values
 // come from r, the strings shorter than internMin excepted (sharing them
 // costs more than it saves); nil stays nil. The copy is sized to m, where
-// the decoder's map grew as it went.
-func (r *sharedStrings) labels(keys *sharedStrings, m map[string]string) map[string]string {
+// the decoder's map grew as it went. An equal map that shared returned
+// before is returned again instead (the annotations of a workload's
+// replicas are the same): the maps returned are shared, read-only.
+func (r *sharedStrings) labels(keys *sharedStrings, shared *sharedMaps, m map[string]string) map[string]string {
 	if m == nil {
 		return nil
 	}
@@ -376,5 +380,66 @@ func (r *sharedStrings) labels(keys *sharedStrings, m map[string]string) map[str
 	}
 	r.mu.Unlock()
 	keys.mu.Unlock()
-	return out
+	return shared.share(out)
+}
+
+// sharedMaps shares equal label and annotation maps between statuses: a
+// node's replicas of one workload carry the same annotations on their
+// containers, and the cache keeps every container's status for as long as
+// its pod lives; a map costs 300 bytes and more before its strings.
+//
+// The table is bounded: when it holds maxSharedMaps maps it is emptied
+// and fills again, so what it keeps beyond what the statuses hold is at
+// most its bound, and maps that no status holds any longer go with the
+// next emptying.
+type sharedMaps struct {
+	mu   sync.Mutex
+	maps map[string]map[string]string // content key (sharedMapKey) -> the shared map
+	keys []string                     // scratch: m's keys, sorted
+	buf  []byte                       // scratch: the content key
+}
+
+// maxSharedMaps bounds a sharedMaps' table.
+const maxSharedMaps = 1024
+
+// maxSharedMapBytes is the largest content key shared: a map larger than
+// this is kept as is (no workload shares such a map often enough to pay
+// for its key).
+const maxSharedMapBytes = 4096
+
+// share returns the table's map equal to m, adding m if there is none.
+func (s *sharedMaps) share(m map[string]string) map[string]string {
+	if len(m) == 0 {
+		return m
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	s.keys = s.keys[:0]
+	n := 0
+	for k, v := range m {
+		s.keys = append(s.keys, k)
+		n += len(k) + len(v) + 2
+	}
+	if n > maxSharedMapBytes {
+		return m
+	}
+	slices.Sort(s.keys)
+	s.buf = s.buf[:0]
+	for _, k := range s.keys {
+		// Keys and values may hold any byte: each is prefixed by its
+		// length, so that no two maps have one key.
+		s.buf = binary.AppendUvarint(s.buf, uint64(len(k)))
+		s.buf = append(s.buf, k...)
+		v := m[k]
+		s.buf = binary.AppendUvarint(s.buf, uint64(len(v)))
+		s.buf = append(s.buf, v...)
+	}
+	if old, ok := s.maps[string(s.buf)]; ok {
+		return old
+	}
+	if s.maps == nil || len(s.maps) >= maxSharedMaps {
+		s.maps = make(map[string]map[string]string)
+	}
+	s.maps[string(s.buf)] = m
+	return m
 }

@@ -7,6 +7,7 @@ import (
 	"maps"
 	"reflect"
 	"sort"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -409,7 +410,9 @@ func TestLabelsShareStrings(t *testing.T) {
 			strings.Clone("io.kubernetes.container.restartCount"):           strings.Clone("0"),
 		}
 	}
-	a, b := values.labels(&keys, decoded()), values.labels(&keys, decoded())
+	// Each through a table of maps of its own: the strings are shared
+	// even where the maps are not.
+	a, b := values.labels(&keys, new(sharedMaps), decoded()), values.labels(&keys, new(sharedMaps), decoded())
 	if !maps.Equal(a, b) || !maps.Equal(a, decoded()) {
 		t.Fatalf("labels changed: %v, %v", a, b)
 	}
@@ -427,7 +430,43 @@ func TestLabelsShareStrings(t *testing.T) {
 			t.Errorf("value %q kept twice", a[k])
 		}
 	}
-	if values.labels(&keys, nil) != nil {
+	if values.labels(&keys, new(sharedMaps), nil) != nil {
 		t.Error("nil labels became a map")
+	}
+}
+
+// Equal label maps are one map; maps that differ by one value, or whose
+// entries' bytes run together the same way, are not; the table stays
+// within its bound, and a map too large to share is kept as is.
+func TestLabelsShareMaps(t *testing.T) {
+	var keys, values sharedStrings
+	var shared sharedMaps
+	ann := func(restarts string) map[string]string {
+		return map[string]string{
+			strings.Clone("io.kubernetes.container.hash"):         strings.Clone("5d1e2c3b"),
+			strings.Clone("io.kubernetes.container.restartCount"): strings.Clone(restarts),
+		}
+	}
+	a, b, c := values.labels(&keys, &shared, ann("0")), values.labels(&keys, &shared, ann("0")), values.labels(&keys, &shared, ann("1"))
+	if reflect.ValueOf(a).UnsafePointer() != reflect.ValueOf(b).UnsafePointer() {
+		t.Error("two equal maps kept twice")
+	}
+	if reflect.ValueOf(a).UnsafePointer() == reflect.ValueOf(c).UnsafePointer() || c["io.kubernetes.container.restartCount"] != "1" {
+		t.Errorf("maps that differ shared: %v", c)
+	}
+	// {"ab": "c"} and {"a": "bc"} run together as "abc".
+	x, y := values.labels(&keys, &shared, map[string]string{"ab": "c"}), values.labels(&keys, &shared, map[string]string{"a": "bc"})
+	if !maps.Equal(x, map[string]string{"ab": "c"}) || !maps.Equal(y, map[string]string{"a": "bc"}) {
+		t.Errorf("maps mixed up: %v, %v", x, y)
+	}
+	for i := range 3 * maxSharedMaps {
+		values.labels(&keys, &shared, map[string]string{"k": strconv.Itoa(i)})
+		if len(shared.maps) > maxSharedMaps {
+			t.Fatalf("%d maps shared, bound %d", len(shared.maps), maxSharedMaps)
+		}
+	}
+	big := func() map[string]string { return map[string]string{"k": strings.Repeat("v", maxSharedMapBytes)} }
+	if p, q := values.labels(&keys, &shared, big()), values.labels(&keys, &shared, big()); reflect.ValueOf(p).UnsafePointer() == reflect.ValueOf(q).UnsafePointer() {
+		t.Error("a map beyond maxSharedMapBytes shared")
 	}
 }

@@ -261,7 +261,11 @@ func (r *Runtime) RestartContainer(podUID, name string) (string, error) {
 		return "", fmt.Errorf("sim: pod %s has no ready sandbox: %w", podUID, errState)
 	}
 	r.exitContainerLocked(old, 137, exitedFailed)
-	c := r.createContainerLocked(sb, name, p.nextAttempt(name), old.image, nil, nil)
+	var annotations map[string]string
+	if r.kubeletMeta {
+		annotations = kubeletContainerMeta(p, name, old.image, slices.Index(p.names, name))
+	}
+	c := r.createContainerLocked(sb, name, p.nextAttempt(name), old.image, nil, annotations)
 	r.startContainerLocked(c)
 	return c.id, nil
 }

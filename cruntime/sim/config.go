@@ -91,6 +91,17 @@ type Config struct {
 	ReplayEvents int
 	ReplayAge    time.Duration
 
+	// KubeletMetadata gives the pods the workload creates (New's and
+	// Step's) the labels and annotations a kubelet puts on sandboxes and
+	// containers (see kubeletSandboxMeta and kubeletContainerMeta): the
+	// pod's labels (app, pod-template-hash) and annotations
+	// (kubernetes.io/config.seen and .source, a few shared by the
+	// replicas of a workload), and each container's io.kubernetes.*
+	// annotations (hash, restartCount, termination message, ports). Off,
+	// they carry only the io.kubernetes.* labels pleg reads and three
+	// annotations.
+	KubeletMetadata bool
+
 	// CRIOMux serves the socket as CRI-O does: behind cmux, which hands a
 	// connection to the gRPC server only when its first request's
 	// content-type is exactly "application/grpc" and closes it otherwise

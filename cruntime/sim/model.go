@@ -9,6 +9,7 @@ import (
 	"maps"
 	"slices"
 	"strconv"
+	"time"
 
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
@@ -351,17 +352,68 @@ func (p *pod) nextAttempt(name string) uint32 {
 
 // startPodLocked creates a ready sandbox and one started container per name.
 func (r *Runtime) startPodLocked(p *pod, attempt uint32, start bool) {
-	sb := r.runSandboxLocked(p, attempt, p.hostNetwork, "", nil, nil)
+	var sbLabels, sbAnnotations map[string]string
+	if r.kubeletMeta {
+		sbLabels, sbAnnotations = kubeletSandboxMeta(p, r.clock.Now())
+	}
+	sb := r.runSandboxLocked(p, attempt, p.hostNetwork, "", sbLabels, sbAnnotations)
 	for i, name := range p.names {
 		img := images[(len(p.app)+i)%len(images)]
 		if old := p.latest(name); old != nil {
 			img = old.image
 		}
-		c := r.createContainerLocked(sb, name, p.nextAttempt(name), img, nil, nil)
+		var annotations map[string]string
+		if r.kubeletMeta {
+			annotations = kubeletContainerMeta(p, name, img, i)
+		}
+		c := r.createContainerLocked(sb, name, p.nextAttempt(name), img, nil, annotations)
 		if start {
 			r.startContainerLocked(c)
 		}
 	}
+}
+
+// kubeletSandboxMeta returns the labels and annotations, beyond
+// podLabels', a kubelet gives the sandbox of a workload's pod at now: the
+// pod's labels and annotations. The replicas of one workload (its app in
+// its namespace) share every value but kubernetes.io/config.seen.
+func kubeletSandboxMeta(p *pod, now time.Time) (labels, annotations map[string]string) {
+	hash := shortHash(p.namespace + "/" + p.app)
+	labels = map[string]string{
+		"app":                       p.app,
+		"app.kubernetes.io/name":    p.app,
+		"app.kubernetes.io/part-of": p.namespace + "-platform",
+		"pod-template-hash":         hash[:10],
+	}
+	annotations = map[string]string{
+		"kubernetes.io/config.seen":         now.UTC().Format(time.RFC3339Nano),
+		"kubernetes.io/config.source":       "api",
+		"kubectl.kubernetes.io/restartedAt": "2026-11-01T08:00:00Z",
+		"prometheus.io/scrape":              "true",
+		"prometheus.io/port":                "9090",
+		"checksum/config":                   shortHash("config:" + p.namespace + "/" + p.app),
+	}
+	return labels, annotations
+}
+
+// kubeletContainerMeta returns the annotations, beyond
+// createContainerLocked's, a kubelet gives container i (name, image) of a
+// workload's pod: the same for every replica.
+func kubeletContainerMeta(p *pod, name, image string, i int) map[string]string {
+	a := map[string]string{
+		"io.kubernetes.container.hash":                     shortHash(p.namespace + "/" + p.app + "/" + name + "/" + image)[:8],
+		"io.kubernetes.container.terminationMessagePolicy": "File",
+	}
+	if i == 0 {
+		a["io.kubernetes.container.ports"] = `[{"name":"http","containerPort":8080,"protocol":"TCP"},{"name":"metrics","containerPort":9090,"protocol":"TCP"}]`
+	}
+	return a
+}
+
+// shortHash is a stable hex digest of s.
+func shortHash(s string) string {
+	h := sha256.Sum256([]byte(s))
+	return hex.EncodeToString(h[:8])
 }
 
 // Proto conversions.

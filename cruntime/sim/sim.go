@@ -26,6 +26,7 @@ type Runtime struct {
 	clock       clock.Clock
 	eventBuffer int
 	crioMux     bool
+	kubeletMeta bool
 
 	// mu guards the model, the workload settings and the subscribers.
 	// Lock order: mu before kmu.
@@ -95,6 +96,7 @@ func New(cfg Config) *Runtime {
 		clock:         clk,
 		eventBuffer:   cfg.EventBuffer,
 		crioMux:       cfg.CRIOMux,
+		kubeletMeta:   cfg.KubeletMetadata,
 		rng:           rand.New(rand.NewPCG(cfg.Seed, cfg.Seed^0x9e3779b97f4a7c15)),
 		pods:          map[string]*pod{},
 		sandboxes:     map[string]*sandbox{},

@@ -109,7 +109,11 @@ func (r *Runtime) actLocked(p *pod) {
 			if c != nil {
 				img = c.image
 			}
-			n := r.createContainerLocked(sb, name, p.nextAttempt(name), img, nil, nil)
+			var annotations map[string]string
+			if r.kubeletMeta {
+				annotations = kubeletContainerMeta(p, name, img, slices.Index(p.names, name))
+			}
+			n := r.createContainerLocked(sb, name, p.nextAttempt(name), img, nil, annotations)
 			r.startContainerLocked(n)
 		case c.state == runtimeapi.ContainerState_CONTAINER_CREATED:
 			r.startContainerLocked(c)

@@ -354,7 +354,7 @@ func TestChildFailureIsReported(t *testing.T) {
 
 func TestLookup(t *testing.T) {
 	all, err := Lookup("all")
-	if err != nil || len(all) != 10 {
+	if err != nil || len(all) != 11 {
 		t.Fatalf("all: %d, %v", len(all), err)
 	}
 	two, err := Lookup("500x10, 110x5-hung")
@@ -367,7 +367,7 @@ func TestLookup(t *testing.T) {
 	// The scenarios.
 	want := map[string][4]int{"66x7": {66, 7, 10, 0}, "500x10": {500, 10, 50, 0}, "1000x10-idle": {1000, 10, 0, 0}, "110x5-idle": {110, 5, 0, 0}, "110x5-hung": {110, 5, 0, 1},
 		"hung-pod-events": {110, 5, 0, 1}, "hint-storm": {500, 5, 0, 0},
-		"events-unchanged": {200, 5, 0, 0}, "events-churn": {200, 5, 0, 0}, "events-isolated": {200, 5, 0, 0}}
+		"events-unchanged": {200, 5, 0, 0}, "events-churn": {200, 5, 0, 0}, "watchers": {110, 5, 0, 0}, "events-isolated": {200, 5, 0, 0}}
 	for _, s := range all {
 		w := want[s.Name]
 		if [4]int{s.Pods, s.Containers, s.Changed, s.HungPods} != w {
@@ -754,5 +754,59 @@ func TestCompareListStreaming(t *testing.T) {
 	if !strings.Contains(b.String(), "pleg's lists streamed (StreamPodSandboxes, StreamContainers) vs unary") ||
 		!strings.Contains(b.String(), "StreamContainers 1, StreamPodSandboxes 1") {
 		t.Errorf("no comparison in the report:\n%s", b.String())
+	}
+}
+
+// The watchers scenario's machinery on a small node: pleg's child serves
+// the lifecycle API, the watchers each get their snapshot, the reading
+// ones receive the churn's events, and the per-watcher targets are
+// computed from the runs' RSS.
+func TestWatchersScenarioSmall(t *testing.T) {
+	scs, err := Lookup("watchers")
+	if err != nil {
+		t.Fatal(err)
+	}
+	sc := scs[0]
+	sc.Pods, sc.Containers = 6, 2
+	live := *sc.Live
+	live.Quick = time.Second
+	live.Runs = slices.Clone(live.Runs)
+	for i := range live.Runs {
+		if live.Runs[i].Watchers > 0 {
+			live.Runs[i].Watchers = 3
+		}
+	}
+	sc.Live = &live
+	rep, err := Run(context.Background(), Options{Scenarios: []Scenario{sc}, Quick: true})
+	if err != nil {
+		t.Fatal(err)
+	}
+	runs := rep.Scenarios[0].Live
+	if len(runs) != 4 {
+		t.Fatalf("%d runs, want 4", len(runs))
+	}
+	for i, r := range runs {
+		if want := live.Runs[i].Watchers; r.Watchers != want || r.PeakRSSBytes < 1<<20 || r.RSSBytes < 1<<20 {
+			t.Errorf("run %q: %d watchers (want %d), RSS %d, peak %d", r.Run, r.Watchers, want, r.RSSBytes, r.PeakRSSBytes)
+		}
+	}
+	if runs[1].WatcherMessages != 0 {
+		t.Errorf("idle watchers received %d messages in a quiet window", runs[1].WatcherMessages)
+	}
+	if runs[3].WatcherMessages < 3 || runs[2].ChurnedPods == 0 || runs[3].ChurnedPods == 0 || runs[0].ChurnedPods != 0 {
+		t.Errorf("reading watchers received %d messages; pods churned %d, %d, quiet %d", runs[3].WatcherMessages, runs[2].ChurnedPods, runs[3].ChurnedPods, runs[0].ChurnedPods)
+	}
+	ts := rep.Scenarios[0].Targets
+	if len(ts) != 2 || !ts[0].Checked || !ts[1].Checked || !strings.Contains(ts[0].Figure, "/ 3 =") {
+		t.Errorf("targets %+v", ts)
+	}
+	var b strings.Builder
+	if err := rep.WriteText(&b); err != nil {
+		t.Fatal(err)
+	}
+	for _, want := range []string{"lifecycle API watchers", "pleg's peak RSS (VmHWM)", "an idle watcher costs at most 16 KiB"} {
+		if !strings.Contains(b.String(), want) {
+			t.Errorf("report lacks %q:\n%s", want, b.String())
+		}
 	}
 }

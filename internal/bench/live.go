@@ -104,6 +104,23 @@ type LiveResult struct {
 	// simulated runtime's; -1 where not measured.
 	CPUPerSecondMs        float64 `json:"cpuPerSecondMs"`
 	RuntimeCPUPerSecondMs float64 `json:"runtimeCpuPerSecondMs"`
+	// Watchers is the number of lifecycle API watchers open through the
+	// window (LiveRun.Watchers); WatcherMessages the messages they
+	// received in it, all of them.
+	Watchers        int   `json:"watchers,omitempty"`
+	WatcherMessages int64 `json:"watcherMessages,omitempty"`
+	// RSSBytes is the generator's process's resident set size at the
+	// window's end (VmRSS), PeakRSSBytes its peak (VmHWM) then (0: not
+	// measured: only in scenarios with LiveSpec.API).
+	RSSBytes     int64 `json:"rssBytes"`
+	PeakRSSBytes int64 `json:"peakRssBytes"`
+	// Goroutines is the number of the generator's process's goroutines
+	// at the window's end.
+	Goroutines int `json:"goroutines"`
+	// StackBytes is the memory of their stacks then (StackInuse),
+	// HeapInuseBytes the heap's spans in use (HeapInuse).
+	StackBytes     int64 `json:"stackBytes"`
+	HeapInuseBytes int64 `json:"heapInuseBytes"`
 	// Changes counts the changes made one at a time (LiveSpec.Changes),
 	// and their delivery: from the change in the runtime to the first
 	// event about the pod delivered to the generator's Watch channel.
@@ -220,15 +237,37 @@ func runLive(ctx context.Context, o Options, sc Scenario, run LiveRun) (_ *LiveR
 			}
 		}
 	}
-	if spec.Churn > 0 {
+	var ws *watchers
+	if spec.API {
+		path, err := gen.Call("api")
+		if err != nil {
+			return nil, err
+		}
+		if run.Watchers > 0 {
+			if ws, err = openWatchers(ctx, path, run.Watchers); err != nil {
+				return nil, err
+			}
+			defer func() {
+				if cerr := ws.close(); err == nil {
+					err = cerr
+				}
+			}()
+		}
+	}
+	churn := spec.Churn > 0 && !run.Quiet
+	if churn {
 		if _, err := rt.Call("churn %d %v", spec.Churn, spec.ChurnEvery); err != nil {
 			return nil, err
 		}
 	}
 
-	s0, err := snapshot(rt, hung, spec.Churn > 0)
+	s0, err := snapshot(rt, hung, churn)
 	if err != nil {
 		return nil, err
+	}
+	var msgs0 int64
+	if ws != nil {
+		msgs0 = ws.msgs.Load()
 	}
 	if _, err := gen.Call("begin"); err != nil {
 		return nil, err
@@ -252,7 +291,23 @@ func runLive(ctx context.Context, o Options, sc Scenario, run LiveRun) (_ *LiveR
 	if err := gen.CallJSON(&r, "end"); err != nil {
 		return nil, err
 	}
-	s1, err := snapshot(rt, hung, spec.Churn > 0)
+	if ws != nil {
+		r.Watchers, r.WatcherMessages = run.Watchers, ws.msgs.Load()-msgs0
+		if err := ws.failed(); err != nil {
+			return nil, err
+		}
+	}
+	// Only where the watchers are measured: a pleg child of a build
+	// before 2026-11-28 (Options.PLEGExecutable) knows no rssnow.
+	if spec.API {
+		if r.RSSBytes, err = gen.CallInt("rssnow"); err != nil {
+			return nil, err
+		}
+		if r.PeakRSSBytes, err = gen.CallInt("rss"); err != nil {
+			return nil, err
+		}
+	}
+	s1, err := snapshot(rt, hung, churn)
 	if err != nil {
 		return nil, err
 	}
@@ -339,6 +394,11 @@ func evaluateLive(sc Scenario, runs []*LiveResult) []Target {
 			liveRatio("runtime calls per second at most 1.5x events off", off, on, 1.5, fmtCount,
 				func(r *LiveResult) float64 { return r.RuntimeCallsPerSecond }),
 		}
+	case "watchers":
+		return []Target{
+			perWatcher("an idle watcher costs at most 16 KiB of pleg's peak RSS", runs[0], runs[1], 16<<10),
+			perWatcher("a reading watcher costs at most 32 KiB of pleg's peak RSS", runs[2], runs[3], 32<<10),
+		}
 	case "events-isolated":
 		on := runs[len(runs)-1]
 		return []Target{{
@@ -387,6 +447,22 @@ func evaluateLive(sc Scenario, runs []*LiveResult) []Target {
 			r.Unhealthy, r.HealthChecks, healthEvery, fmtMs(r.RelistThresholdMs), first),
 	}
 	return []Target{intervals, span, health}
+}
+
+// perWatcher checks the peak RSS the watchers of run with add beside
+// those of none, per watcher, against limit bytes.
+func perWatcher(goal string, none, with *LiveResult, limit float64) Target {
+	t := Target{Goal: goal}
+	if with.Watchers == 0 || none.PeakRSSBytes <= 0 || with.PeakRSSBytes <= 0 {
+		t.Figure = "not measured"
+		return t
+	}
+	per := float64(with.PeakRSSBytes-none.PeakRSSBytes) / float64(with.Watchers)
+	t.Checked, t.Met = true, per <= limit
+	t.Figure = fmt.Sprintf("(%s - %s) / %d = %s %s %s (at the window's end, VmRSS: %s per watcher)",
+		fmtBytes(float64(with.PeakRSSBytes)), fmtBytes(float64(none.PeakRSSBytes)), with.Watchers, fmtBytes(per), cmp(t.Met), fmtBytes(limit),
+		fmtBytes(float64(with.RSSBytes-none.RSSBytes)/float64(with.Watchers)))
+	return t
 }
 
 // liveRatio checks f(on) <= limit x f(off).

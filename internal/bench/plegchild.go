@@ -5,7 +5,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"os"
+	"path/filepath"
 	goruntime "runtime"
 	"runtime/debug"
 	"runtime/pprof"
@@ -22,6 +24,7 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 
 	"github.com/podlifecycle/pleg"
+	"github.com/podlifecycle/pleg/api/lifecycle/server"
 	"github.com/podlifecycle/pleg/cruntime"
 	"github.com/podlifecycle/pleg/cruntime/cri"
 	"github.com/podlifecycle/pleg/internal/lineproto"
@@ -74,6 +77,9 @@ type Budget struct {
 //	health     what Healthy said since watch, as JSON (null: not watched)
 //	rss        the process's peak resident set size in bytes (VmHWM)
 //	rssfile    its resident pages mapped from files in bytes (RssFile)
+//	rssnow     its resident set size now in bytes (VmRSS)
+//	api        serve the lifecycle API (api/lifecycle/server, the
+//	           daemon's defaults) on a unix socket; answers its path
 //	start      start the generator and wait until its warm-up is over:
 //	           some global relists, the last of which inspected nothing,
 //	           and the event stream connected if on; answers a liveStart
@@ -131,6 +137,51 @@ type plegChild struct {
 	health *healthWatch       // driven by hand, after watch
 	sink   *sink              // started
 	win    *window            // between begin and end
+	api    *apiServer         // after api
+}
+
+// apiServer is the lifecycle API the pleg child serves after "api", as
+// the daemon does, on a unix socket in a directory of its own.
+type apiServer struct {
+	dir    string
+	cancel context.CancelFunc
+	done   chan error
+}
+
+// serveAPI serves the lifecycle API of the generator's journal and
+// returns its socket's path.
+func (p *plegChild) serveAPI() (string, error) {
+	if p.api != nil {
+		return "", errors.New("api: already served")
+	}
+	dir, err := os.MkdirTemp("", "pleg-bench-api-")
+	if err != nil {
+		return "", err
+	}
+	path := filepath.Join(dir, "lifecycle.sock")
+	ln, err := net.Listen("unix", path)
+	if err != nil {
+		os.RemoveAll(dir)
+		return "", err
+	}
+	srv, err := server.New(server.Config{Journal: p.g.Journal(), Logger: logr.Discard()})
+	if err != nil {
+		ln.Close()
+		os.RemoveAll(dir)
+		return "", err
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	a := &apiServer{dir: dir, cancel: cancel, done: make(chan error, 1)}
+	go func() { a.done <- srv.Serve(ctx, ln) }()
+	p.api = a
+	return path, nil
+}
+
+// stop stops the server and waits for it.
+func (a *apiServer) stop() {
+	a.cancel()
+	<-a.done
+	os.RemoveAll(a.dir)
 }
 
 func newPLEGChild(c plegConfig) (*plegChild, error) {
@@ -186,6 +237,9 @@ func (p *plegChild) close() {
 	if p.win != nil {
 		p.win.stop()
 	}
+	if p.api != nil {
+		p.api.stop()
+	}
 	// Stop cancels the calls still out (a hung pod's), so it returns at
 	// once; it closes the Watch channel, which ends the sink.
 	p.g.Stop()
@@ -219,8 +273,10 @@ func (p *plegChild) command(name, arg string) (string, error) {
 			return "null", nil
 		}
 		return lineproto.JSON(p.health.result())
-	case "rss", "rssfile":
-		field := map[string]string{"rss": "VmHWM", "rssfile": "RssFile"}[name]
+	case "api":
+		return p.serveAPI()
+	case "rss", "rssfile", "rssnow":
+		field := map[string]string{"rss": "VmHWM", "rssfile": "RssFile", "rssnow": "VmRSS"}[name]
 		n, err := procStatusBytes(field)
 		return strconv.FormatInt(n, 10), err
 	case "start":
@@ -244,6 +300,14 @@ func (p *plegChild) command(name, arg string) (string, error) {
 		}
 		r := p.endWindow(p.win)
 		p.win = nil
+		// A live run's heap profile is of the window's end, while what
+		// it measures (its watchers, say) is still there; the child's end
+		// writes it again, after them.
+		if p.cfg.HeapProfile != "" {
+			if err := writeHeapProfile(p.cfg.HeapProfile + ".window"); err != nil {
+				return "", err
+			}
+		}
 		return lineproto.JSON(r)
 	case "await":
 		if p.sink == nil {
@@ -516,7 +580,11 @@ func (p *plegChild) endWindow(w *window) *LiveResult {
 		HungPodLists:           s1.hungLists - s0.hungLists,
 		HungPodStatuses:        s1.hungStatuses - s0.hungStatuses,
 		CPUPerSecondMs:         -1,
+		Goroutines:             goruntime.NumGoroutine(),
 	}
+	var mem goruntime.MemStats
+	goruntime.ReadMemStats(&mem)
+	r.StackBytes, r.HeapInuseBytes = int64(mem.StackInuse), int64(mem.HeapInuse)
 	if cpuMeasured {
 		r.CPUPerSecondMs = ms(s1.cpu-s0.cpu) / t1.Sub(w.t0).Seconds()
 	}

@@ -503,6 +503,17 @@ func writeLive(w io.Writer, s ScenarioResult) {
 		f.row("pleg CPU / second", fmtMs, true, v)
 		f.row("(simulator CPU / second)", fmtMs, true, get(func(r *LiveResult) float64 { return r.RuntimeCPUPerSecondMs }))
 	}
+	if v := get(func(r *LiveResult) float64 { return float64(r.Watchers) }); anyPositive(v) {
+		f.row("lifecycle API watchers", fmtCount, true, v)
+		f.row("  messages they received in the window", fmtCount, true, get(func(r *LiveResult) float64 { return float64(r.WatcherMessages) }))
+	}
+	if v := get(func(r *LiveResult) float64 { return float64(r.PeakRSSBytes) }); anyPositive(v) {
+		f.row("pleg's RSS at the window's end (VmRSS)", fmtBytes, true, get(func(r *LiveResult) float64 { return float64(r.RSSBytes) }))
+		f.row("pleg's peak RSS (VmHWM)", fmtBytes, true, v)
+		f.row("pleg's goroutines at the window's end", fmtCount, true, get(func(r *LiveResult) float64 { return float64(r.Goroutines) }))
+		f.row("  their stacks (StackInuse)", fmtBytes, true, get(func(r *LiveResult) float64 { return float64(r.StackBytes) }))
+		f.row("  the heap's spans in use (HeapInuse)", fmtBytes, true, get(func(r *LiveResult) float64 { return float64(r.HeapInuseBytes) }))
+	}
 	f.row("single-pod lists (ListPod)", fmtCount, true, get(func(r *LiveResult) float64 { return float64(r.PodLists) }))
 	f.row("pod status fetches (ItemStatuses)", fmtCount, true, get(func(r *LiveResult) float64 { return float64(r.PodStatuses) }))
 	for _, what := range []struct {

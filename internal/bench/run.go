@@ -43,6 +43,18 @@ type Options struct {
 	// processes of their own (see ServeChild); the running binary when
 	// empty.
 	Executable string
+	// PLEGExecutable, when set, is the binary run as `<PLEGExecutable>
+	// bench child pleg` for pleg's generator only (the simulated runtime
+	// stays Executable's): another build of pleg, measured against the
+	// same simulated node, e.g. an older commit's, to compare in one run.
+	PLEGExecutable string
+	// PlainMetadata gives the simulated node's sandboxes and containers
+	// only the io.kubernetes.* labels pleg reads and three annotations,
+	// as the bench did before 2026-11-28; by default they carry the
+	// labels and annotations a kubelet puts on them
+	// (sim.Config.KubeletMetadata), which are most of what pleg keeps
+	// per pod.
+	PlainMetadata bool
 	// GCPercent is the garbage collector's target in pleg's process (the
 	// daemon's, so that its peak RSS is the daemon's; 0: GOGC or Go's
 	// default). The simulated runtime keeps Go's default.
@@ -91,6 +103,9 @@ func ServeChild(role string, in io.Reader, out io.Writer) error {
 // <role>`, bounded by ctx.
 func startChild(ctx context.Context, o Options, role, what string, config any) (*lineproto.Child, string, error) {
 	exe := o.Executable
+	if role == rolePLEG && o.PLEGExecutable != "" {
+		exe = o.PLEGExecutable
+	}
 	if exe == "" {
 		var err error
 		if exe, err = os.Executable(); err != nil {
@@ -104,6 +119,7 @@ func startChild(ctx context.Context, o Options, role, what string, config any) (
 // endpoint.
 func startRuntime(ctx context.Context, o Options, cfg simConfig) (*lineproto.Child, string, error) {
 	cfg.Seed = o.Seed
+	cfg.KubeletMetadata = !o.PlainMetadata
 	return startChild(ctx, o, roleRuntime, "simulated runtime", cfg)
 }
 

@@ -24,6 +24,10 @@ type simConfig struct {
 	// EventBuffer is the per-subscriber event buffer (0: 1, for runs
 	// where nobody subscribes).
 	EventBuffer int `json:"eventBuffer,omitempty"`
+	// KubeletMetadata gives the node's sandboxes and containers the
+	// labels and annotations a kubelet puts on them
+	// (sim.Config.KubeletMetadata).
+	KubeletMetadata bool `json:"kubeletMetadata,omitempty"`
 }
 
 func (c simConfig) sim() sim.Config {
@@ -33,8 +37,9 @@ func (c simConfig) sim() sim.Config {
 		ContainersPerPod: c.Containers,
 		// Pods never change by themselves (Step is never called): the
 		// bench changes them.
-		Mix:         sim.Mix{Steady: 1},
-		EventBuffer: max(c.EventBuffer, 1),
+		Mix:             sim.Mix{Steady: 1},
+		EventBuffer:     max(c.EventBuffer, 1),
+		KubeletMetadata: c.KubeletMetadata,
 	}
 }
 

@@ -109,6 +109,9 @@ type LiveSpec struct {
 	Changes      int           `json:"changes,omitempty"`
 	QuickChanges int           `json:"-"`
 	ChangeGap    time.Duration `json:"changeGap,omitempty"`
+	// API makes pleg's child serve the lifecycle API (as the daemon does)
+	// in every run, for the runs' Watchers.
+	API bool `json:"api,omitempty"`
 	// Runs are the runs of the scenario, each against a fresh runtime and
 	// generator; the first is the baseline of the others. Nil: one run
 	// with events on.
@@ -123,6 +126,12 @@ type LiveRun struct {
 	// Storm is what the event storm says about each running container:
 	// "" STOPPED and STARTED in turn, "started" or "stopped" only.
 	Storm string `json:"storm,omitempty"`
+	// Quiet leaves the scenario's churn off in this run: nothing changes.
+	Quiet bool `json:"quiet,omitempty"`
+	// Watchers is the number of lifecycle API watchers open through the
+	// window (LiveSpec.API; see watchers): each reads every message, and
+	// in a quiet run is idle after its snapshot.
+	Watchers int `json:"watchers,omitempty"`
 }
 
 // runs returns the runs of a live scenario.
@@ -296,6 +305,26 @@ func Scenarios() []Scenario {
 			},
 		},
 		{
+			// What lifecycle API watchers cost pleg (issue 26): RSS with
+			// 200 watchers beside none, on a quiet node (idle watchers)
+			// and with about 20 events a second (reading watchers: each
+			// pod change is a container's death, removal and restart).
+			Name: "watchers", Pods: 110, Containers: 5,
+			RequestTimeout: 10 * time.Second, RelistThreshold: 10 * time.Second,
+			Live: &LiveSpec{
+				Window: 12 * time.Second, Quick: 4 * time.Second,
+				RelistPeriod: time.Second,
+				Churn:        1, ChurnEvery: 150 * time.Millisecond,
+				API: true,
+				Runs: []LiveRun{
+					{Name: "quiet, no watcher", Events: true, Quiet: true},
+					{Name: "quiet, 200 idle watchers", Events: true, Quiet: true, Watchers: 200},
+					{Name: "churn, no watcher", Events: true},
+					{Name: "churn, 200 reading watchers", Events: true, Watchers: 200},
+				},
+			},
+		},
+		{
 			// One pod changes at a time: the budget must not delay a
 			// change that comes alone.
 			Name: "events-isolated", Pods: 200, Containers: 5, Latency: time.Millisecond,
@@ -359,7 +388,16 @@ func (s Scenario) liveDescription() string {
 		}
 	}
 	if l.Churn > 0 {
-		fmt.Fprintf(&b, ", %d pods changed every %v (each change streamed as runtime events)", l.Churn, l.ChurnEvery)
+		fmt.Fprintf(&b, ", %d %s changed every %v (each change streamed as runtime events)", l.Churn, textfmt.Plural(l.Churn, "pod", "pods"), l.ChurnEvery)
+		if slices.ContainsFunc(l.Runs, func(r LiveRun) bool { return r.Quiet }) {
+			b.WriteString(" in the runs not quiet")
+		}
+	}
+	if l.API {
+		b.WriteString(", the lifecycle API served")
+		if slices.ContainsFunc(l.Runs, func(r LiveRun) bool { return r.Watchers > 0 }) {
+			b.WriteString(" to watchers on connections of their own")
+		}
 	}
 	if l.Changes > 0 {
 		fmt.Fprintf(&b, ", one pod changed at a time, %v after the last change was delivered (%d changes; a fifth with events off)", l.ChangeGap, l.Changes)

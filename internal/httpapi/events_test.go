@@ -48,7 +48,7 @@ func newJournalServer(t *testing.T, jo journal.Options, cfg Config) (*journal.Jo
 
 func hostPod(uid, ns string, labels map[string]string) *journal.Pod {
 	return &journal.Pod{UID: types.UID(uid), Name: "pod-" + uid, Namespace: ns, Labels: labels,
-		Containers: []journal.Container{{ID: uid + "-c", Name: "c", State: cruntime.StateRunning}}}
+		Containers: []*journal.Container{{ID: uid + "-c", Name: "c", State: cruntime.StateRunning}}}
 }
 
 func appendChange(j *journal.Journal, p *journal.Pod, typ string) uint64 {

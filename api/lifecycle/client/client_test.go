@@ -85,7 +85,7 @@ func (p *pleg) shutdown(t *testing.T) {
 func podState(uid string, gen int) *journal.Pod {
 	return &journal.Pod{UID: types.UID(uid), Name: "pod-" + uid, Namespace: "default",
 		Annotations: map[string]string{"gen": fmt.Sprint(gen)},
-		Containers:  []journal.Container{{ID: uid + "-c", Name: "c", State: cruntime.StateRunning}}}
+		Containers:  []*journal.Container{{ID: uid + "-c", Name: "c", State: cruntime.StateRunning}}}
 }
 
 func change(j *journal.Journal, uid string, gen int) uint64 {

@@ -113,13 +113,13 @@ func podMessage(p *journal.Pod, identity bool) *lifecyclev1.Pod {
 	if len(p.Sandboxes) > 0 {
 		out.Sandboxes = make([]*lifecyclev1.Sandbox, len(p.Sandboxes))
 		for i := range p.Sandboxes {
-			out.Sandboxes[i] = sandbox(&p.Sandboxes[i])
+			out.Sandboxes[i] = sandbox(p.Sandboxes[i])
 		}
 	}
 	if len(p.Containers) > 0 {
 		out.Containers = make([]*lifecyclev1.Container, len(p.Containers))
 		for i := range p.Containers {
-			out.Containers[i] = container(&p.Containers[i], identity)
+			out.Containers[i] = container(p.Containers[i], identity)
 		}
 	}
 	return out

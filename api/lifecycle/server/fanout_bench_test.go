@@ -172,11 +172,11 @@ func fanoutPod(i int) *journal.Pod {
 	now := time.Now()
 	p := &journal.Pod{UID: types.UID(uid), Name: "web-7d9f8b6c5d-x2k4p", Namespace: "shop", IPs: []string{"10.244.1.17"},
 		Labels: labels, Annotations: map[string]string{"kubernetes.io/config.source": "api", "kubernetes.io/config.seen": now.Format(time.RFC3339Nano)},
-		Sandboxes: []journal.Sandbox{{ID: fmt.Sprintf("%064d", i), Name: "web-7d9f8b6c5d-x2k4p", State: cruntime.StateRunning,
+		Sandboxes: []*journal.Sandbox{{ID: fmt.Sprintf("%064d", i), Name: "web-7d9f8b6c5d-x2k4p", State: cruntime.StateRunning,
 			CreatedAt: now, IPs: []string{"10.244.1.17"}, Labels: labels}},
 		ObservedAt: now}
 	for _, n := range []string{"app", "istio-proxy", "log-shipper"} {
-		p.Containers = append(p.Containers, journal.Container{ID: fmt.Sprintf("%s%058d", n[:3]+"abc", i), Name: n, State: cruntime.StateRunning,
+		p.Containers = append(p.Containers, &journal.Container{ID: fmt.Sprintf("%s%058d", n[:3]+"abc", i), Name: n, State: cruntime.StateRunning,
 			Image: "registry.example/shop/" + n + ":1.4.2", ImageRef: "registry.example/shop/" + n + "@sha256:" + fmt.Sprintf("%064d", i%7),
 			CreatedAt: now, StartedAt: now, Labels: map[string]string{"io.kubernetes.container.name": n, "io.kubernetes.pod.uid": uid},
 			Annotations: map[string]string{"io.kubernetes.container.restartCount": "0", "io.kubernetes.container.terminationMessagePath": "/dev/termination-log"}})

@@ -200,10 +200,10 @@ func kinds(ms []*lifecyclev1.WatchResponse) []string {
 // "<uid>-<name>" running.
 func pod(uid, ns string, labels map[string]string, names ...string) *journal.Pod {
 	p := &journal.Pod{UID: types.UID(uid), Name: "pod-" + uid, Namespace: ns, Labels: labels, IPs: []string{"10.0.0.1"},
-		Sandboxes:  []journal.Sandbox{{ID: uid + "-sb", Name: "pod-" + uid, State: cruntime.StateRunning, CreatedAt: epoch}},
+		Sandboxes:  []*journal.Sandbox{{ID: uid + "-sb", Name: "pod-" + uid, State: cruntime.StateRunning, CreatedAt: epoch}},
 		ObservedAt: epoch}
 	for _, n := range names {
-		p.Containers = append(p.Containers, journal.Container{ID: uid + "-" + n, Name: n, State: cruntime.StateRunning,
+		p.Containers = append(p.Containers, &journal.Container{ID: uid + "-" + n, Name: n, State: cruntime.StateRunning,
 			Image: "img", StartedAt: epoch})
 	}
 	return p
