@@ -449,6 +449,14 @@ func TestEventStreamDropsClientThatNeverReads(t *testing.T) {
 // write deadline would otherwise end it).
 func TestEventStreamOutlivesRequestTimeouts(t *testing.T) {
 	g := startGenerator(t, samplePods())
+	// The inspected pod in the journal before the stream opens: the first
+	// relist can end before its inspections do, and a pod journaled after
+	// the snapshot would be an event where the test wants only heartbeats.
+	// (uid-a's inspection fails every time: the journal never has it.)
+	waitFor(t, "the web pod in the journal", func() bool {
+		_, ok := g.Journal().Pod("uid-b")
+		return ok
+	})
 	s := New(Config{Generator: g, Heartbeat: 50 * time.Millisecond, ReadTimeout: 100 * time.Millisecond,
 		WriteTimeout: 100 * time.Millisecond, ReadHeaderTimeout: 100 * time.Millisecond, StreamWriteTimeout: time.Second})
 	addr := serve(t, s, false)
