@@ -292,6 +292,46 @@ func TestPassThroughBounded(t *testing.T) {
 	}
 }
 
+// TestVerboseNotFoundShared: the verbose status of a container the
+// runtime removed after pleg listed it reaches the runtime once: its
+// NotFound is kept for the callers after (an agent each, asking on the
+// container's event), where another error is not.
+func TestVerboseNotFoundShared(t *testing.T) {
+	r := newRig(t, sim.Config{Seed: 5, Pods: 2, ContainersPerPod: 1}, Config{})
+	r.synced(t)
+	r.stopGen() // pleg's state keeps the container the runtime removes
+	ctx := context.Background()
+	gone, hung := r.sim.Pods()[0].ContainerIDs()[0], r.sim.Pods()[1]
+	if err := r.sim.RemoveContainer(gone); err != nil {
+		t.Fatal(err)
+	}
+	r.sim.ResetCalls()
+	for range 3 {
+		_, err := r.pleg.ContainerStatus(ctx, &runtimeapi.ContainerStatusRequest{ContainerId: gone, Verbose: true})
+		if status.Code(err) != codes.NotFound {
+			t.Errorf("verbose ContainerStatus of a removed container: %v, want NotFound", err)
+		}
+	}
+	if n := r.sim.Calls()["ContainerStatus"]; n != 1 {
+		t.Errorf("the runtime had %d ContainerStatus calls for 3 callers of a removed container, want 1", n)
+	}
+	// A call that failed otherwise (its deadline, on a hung pod) is
+	// asked again.
+	r.sim.SetHung(hung.UID, true)
+	for range 2 {
+		dctx, cancel := context.WithTimeout(ctx, 100*time.Millisecond)
+		_, err := r.pleg.ContainerStatus(dctx, &runtimeapi.ContainerStatusRequest{ContainerId: hung.ContainerIDs()[0], Verbose: true})
+		cancel()
+		if status.Code(err) != codes.DeadlineExceeded {
+			t.Errorf("verbose ContainerStatus on a hung pod: %v, want DeadlineExceeded", err)
+		}
+	}
+	r.sim.SetHung(hung.UID, false)
+	if n := r.sim.Calls()["ContainerStatus"]; n != 3 {
+		t.Errorf("the runtime had %d ContainerStatus calls, want 3: the removed container's once, the hung pod's for each caller", n)
+	}
+}
+
 // TestRateRefusesAtOnce: past the burst, a call whose token would come
 // after its timeout is refused at once and never reaches the runtime.
 func TestRateRefusesAtOnce(t *testing.T) {
