@@ -457,7 +457,7 @@ func TestMeasureCRIAgents(t *testing.T) {
 		with.calls, with.passed, with.statuses, alone.calls, callRatio, minEvents)
 	// pleg's relist inspected each changed container, verbosely, before
 	// its event reached the agents: their verbose statuses are answered
-	// from what it kept (0 to 2 passed through in four windows in the
+	// from what it kept (0 to 5 passed through in four windows in the
 	// runs of 2026-11-28; ~24 a window when they were all passed through,
 	// and up to 52 in a window when each agent passed through its own
 	// NotFound for a container removed right after its event, before
