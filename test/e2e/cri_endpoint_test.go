@@ -365,10 +365,10 @@ func TestMeasureCRIAgents(t *testing.T) {
 	for _, s := range sides {
 		s.pid = containerdPid(t, s.e)
 		s.sock = filepath.Join(s.e.dir, "cri-agents.sock")
-		useEnv(t, s.e) // startDaemon's runtime is the suite's
+		suite = s.e // startDaemon's runtime is the suite's (useRuntime's cleanup restores it on a Fatal)
 		s.d = startDaemon(t, "pleg-cri-"+s.name, "--cri-socket", s.sock)
+		suite = a
 	}
-	useEnv(t, a)
 
 	calls := func(base string) float64 {
 		return plegRuntimeCalls(t, base) + metricSum(t, base, "pleg_cri_runtime_calls_total")
