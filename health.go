@@ -130,7 +130,12 @@ func (r *Readiness) CheckRuntime(ctx context.Context) {
 	cctx, cancel := context.WithTimeout(ctx, r.timeout)
 	conds, err := r.rt.Status(cctx)
 	cancel()
-	if err != nil && ctx.Err() == nil {
+	if err != nil && ctx.Err() != nil {
+		// The check was stopped (Run's end), not failed by the runtime:
+		// the last answer stands.
+		return
+	}
+	if err != nil {
 		// Logged before the lock: a blocked log writer must not block
 		// Condition().
 		r.log.Error(err, "Container runtime sanity check failed")

@@ -58,6 +58,26 @@ func TestReadinessCondition(t *testing.T) {
 	}
 }
 
+// TestReadinessStoppedCheck: a check whose context ends (Run stopped
+// mid-call) says nothing of the runtime: its last conditions stand, with
+// no error (criserve answers Status from them).
+func TestReadinessStoppedCheck(t *testing.T) {
+	ready := []cruntime.Condition{{Type: cruntime.RuntimeReady, Status: true}, {Type: cruntime.NetworkReady, Status: true}}
+	st := &fakeStatus{conds: ready}
+	r := NewReadiness(nil, ReadinessOptions{Runtime: st})
+	r.CheckRuntime(context.Background())
+	ctx, cancel := context.WithCancel(context.Background())
+	cancel()
+	st.conds, st.err = nil, context.Canceled // what the call returns once its context ended
+	r.CheckRuntime(ctx)
+	if conds, _, err := r.RuntimeConditions(); err != nil || len(conds) != 2 {
+		t.Errorf("after a stopped check: conditions %v, error %v; want the last answer's, no error", conds, err)
+	}
+	if c := r.Condition(); c.Status != "True" {
+		t.Errorf("after a stopped check: %+v", c)
+	}
+}
+
 func TestJoinErrors(t *testing.T) {
 	if got := JoinErrors([]error{errors.New("a")}); got != "a" {
 		t.Fatal(got)

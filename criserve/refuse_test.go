@@ -292,6 +292,43 @@ func TestPassThroughBounded(t *testing.T) {
 	}
 }
 
+// TestVerboseNotFoundShared: the verbose status of a container the
+// runtime removed after pleg listed it reaches the runtime once: its
+// NotFound is kept for the callers after (an agent each, asking on the
+// container's event), where another error is not.
+func TestVerboseNotFoundShared(t *testing.T) {
+	r := newRig(t, sim.Config{Seed: 5, Pods: 2, ContainersPerPod: 1}, Config{})
+	r.synced(t)
+	r.stopGen() // pleg's state keeps the container the runtime removes
+	ctx := context.Background()
+	gone, other := r.sim.Pods()[0].ContainerIDs()[0], r.sim.Pods()[1]
+	if err := r.sim.RemoveContainer(gone); err != nil {
+		t.Fatal(err)
+	}
+	r.sim.ResetCalls()
+	for range 3 {
+		_, err := r.pleg.ContainerStatus(ctx, &runtimeapi.ContainerStatusRequest{ContainerId: gone, Verbose: true})
+		if status.Code(err) != codes.NotFound {
+			t.Errorf("verbose ContainerStatus of a removed container: %v, want NotFound", err)
+		}
+	}
+	if n := r.sim.Calls()["ContainerStatus"]; n != 1 {
+		t.Errorf("the runtime had %d ContainerStatus calls for 3 callers of a removed container, want 1", n)
+	}
+	// A call that failed otherwise (the runtime's error) is asked again.
+	r.sim.SetErrorRate(1)
+	for range 2 {
+		_, err := r.pleg.ContainerStatus(ctx, &runtimeapi.ContainerStatusRequest{ContainerId: other.ContainerIDs()[0], Verbose: true})
+		if c := status.Code(err); c != codes.Unavailable && c != codes.Internal {
+			t.Errorf("verbose ContainerStatus with the runtime failing: %v, want its error", err)
+		}
+	}
+	r.sim.SetErrorRate(0)
+	if n := r.sim.Calls()["ContainerStatus"]; n != 3 {
+		t.Errorf("the runtime had %d ContainerStatus calls, want 3: the removed container's once, the other's for each caller", n)
+	}
+}
+
 // TestRateRefusesAtOnce: past the burst, a call whose token would come
 // after its timeout is refused at once and never reaches the runtime.
 func TestRateRefusesAtOnce(t *testing.T) {

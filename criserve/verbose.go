@@ -46,7 +46,10 @@ type verboseEntry struct {
 // asks for key meanwhile) unless it is kept. The fetch runs on its own
 // goroutine, with ctx's values but not its end: it ends when the server
 // stops, when it is done, or when every caller waiting for it has gone.
-// A failed fetch is not kept: the next caller fetches again.
+// A failed fetch is not kept: the next caller fetches again; but NotFound
+// is: the runtime removed the item after pleg listed it, and its ID will
+// not come back (when 50 agents ask for the verbose status of a container
+// removed right after the event they got, the runtime answers once).
 func (c *verboseCache) get(ctx context.Context, key string, fetch func(context.Context) (any, error)) (any, error) {
 	c.mu.Lock()
 	if c.entries == nil {
@@ -77,7 +80,7 @@ func (c *verboseCache) get(ctx context.Context, key string, fetch func(context.C
 			cancel()
 			c.mu.Lock()
 			e.resp, e.err = resp, err
-			if err != nil && c.entries[key] == e {
+			if err != nil && status.Code(err) != codes.NotFound && c.entries[key] == e {
 				delete(c.entries, key)
 			}
 			c.mu.Unlock()

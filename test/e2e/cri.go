@@ -135,14 +135,14 @@ func namespaceOptions() *runtimeapi.NamespaceOption {
 	}
 }
 
-func podSandboxConfig(name, uid string, labels, annotations map[string]string) *runtimeapi.PodSandboxConfig {
+func (e *env) podSandboxConfig(name, uid string, labels, annotations map[string]string) *runtimeapi.PodSandboxConfig {
 	return &runtimeapi.PodSandboxConfig{
 		Metadata:     &runtimeapi.PodSandboxMetadata{Name: name, Uid: uid, Namespace: podNamespace},
-		LogDirectory: filepath.Join(suite.dir, "logs", podNamespace+"_"+name+"_"+uid),
+		LogDirectory: filepath.Join(e.dir, "logs", podNamespace+"_"+name+"_"+uid),
 		Labels:       labels,
 		Annotations:  annotations,
 		Linux: &runtimeapi.LinuxPodSandboxConfig{
-			CgroupParent:    suite.cgroupParent + "/pod" + uid,
+			CgroupParent:    e.cgroupParent + "/pod" + uid,
 			SecurityContext: &runtimeapi.LinuxSandboxSecurityContext{NamespaceOptions: namespaceOptions()},
 		},
 	}
@@ -155,27 +155,33 @@ func podSandboxConfig(name, uid string, labels, annotations map[string]string) *
 // pod if the test has not.
 func RunPod(t testing.TB, name string) (sandboxID, podUID string) {
 	t.Helper()
+	return suite.runPod(t, name)
+}
+
+// runPod is RunPod on e.
+func (e *env) runPod(t testing.TB, name string) (sandboxID, podUID string) {
+	t.Helper()
 	podUID = newUID()
 	labels := map[string]string{labelPodUID: podUID, labelPodName: name, labelPodNamespace: podNamespace}
-	cfg := podSandboxConfig(name, podUID, labels, map[string]string{"kubernetes.io/config.source": "e2e"})
+	cfg := e.podSandboxConfig(name, podUID, labels, map[string]string{"kubernetes.io/config.source": "e2e"})
 	if err := os.MkdirAll(cfg.LogDirectory, 0o755); err != nil {
 		t.Fatal(err)
 	}
-	resp, err := suite.cri.rt.RunPodSandbox(criCtx(t), &runtimeapi.RunPodSandboxRequest{Config: cfg})
+	resp, err := e.cri.rt.RunPodSandbox(criCtx(t), &runtimeapi.RunPodSandboxRequest{Config: cfg})
 	if err != nil {
 		t.Fatalf("RunPodSandbox %s: %v", name, err)
 	}
 	sandboxID = resp.PodSandboxId
-	suite.cri.mu.Lock()
-	suite.cri.pods[sandboxID] = cfg
-	suite.cri.mu.Unlock()
+	e.cri.mu.Lock()
+	e.cri.pods[sandboxID] = cfg
+	e.cri.mu.Unlock()
 	t.Cleanup(func() {
 		ctx, cancel := context.WithTimeout(context.Background(), criTimeout)
 		defer cancel()
-		if _, err := suite.cri.rt.StopPodSandbox(ctx, &runtimeapi.StopPodSandboxRequest{PodSandboxId: sandboxID}); err != nil && status.Code(err) != codes.NotFound {
+		if _, err := e.cri.rt.StopPodSandbox(ctx, &runtimeapi.StopPodSandboxRequest{PodSandboxId: sandboxID}); err != nil && status.Code(err) != codes.NotFound {
 			t.Logf("cleanup: StopPodSandbox %s: %v", name, err)
 		}
-		if _, err := suite.cri.rt.RemovePodSandbox(ctx, &runtimeapi.RemovePodSandboxRequest{PodSandboxId: sandboxID}); err != nil && status.Code(err) != codes.NotFound {
+		if _, err := e.cri.rt.RemovePodSandbox(ctx, &runtimeapi.RemovePodSandboxRequest{PodSandboxId: sandboxID}); err != nil && status.Code(err) != codes.NotFound {
 			t.Logf("cleanup: RemovePodSandbox %s: %v", name, err)
 		}
 	})
@@ -186,18 +192,24 @@ func RunPod(t testing.TB, name string) (sandboxID, podUID string) {
 // or one rebuilt from PodSandboxStatus for sandboxes run by raw CRI calls.
 func sandboxConfig(t testing.TB, sandboxID string) *runtimeapi.PodSandboxConfig {
 	t.Helper()
-	suite.cri.mu.Lock()
-	cfg := suite.cri.pods[sandboxID]
-	suite.cri.mu.Unlock()
+	return suite.sandboxConfigOf(t, sandboxID)
+}
+
+// sandboxConfigOf is sandboxConfig on e.
+func (e *env) sandboxConfigOf(t testing.TB, sandboxID string) *runtimeapi.PodSandboxConfig {
+	t.Helper()
+	e.cri.mu.Lock()
+	cfg := e.cri.pods[sandboxID]
+	e.cri.mu.Unlock()
 	if cfg != nil {
 		return cfg
 	}
-	st, err := suite.cri.rt.PodSandboxStatus(criCtx(t), &runtimeapi.PodSandboxStatusRequest{PodSandboxId: sandboxID})
+	st, err := e.cri.rt.PodSandboxStatus(criCtx(t), &runtimeapi.PodSandboxStatusRequest{PodSandboxId: sandboxID})
 	if err != nil {
 		t.Fatalf("PodSandboxStatus %s: %v", sandboxID, err)
 	}
 	m := st.Status.Metadata
-	cfg = podSandboxConfig(m.Name, m.Uid, st.Status.Labels, st.Status.Annotations)
+	cfg = e.podSandboxConfig(m.Name, m.Uid, st.Status.Labels, st.Status.Annotations)
 	cfg.Metadata.Namespace = m.Namespace
 	return cfg
 }
@@ -211,12 +223,18 @@ func sandboxConfig(t testing.TB, sandboxID string) *runtimeapi.PodSandboxConfig 
 // previous container exited (its log is <pod log dir>/<name>/<attempt>.log).
 func CreateContainer(t testing.TB, sandboxID, name string, args []string) string {
 	t.Helper()
-	sb := sandboxConfig(t, sandboxID)
+	return suite.createContainer(t, sandboxID, name, args)
+}
+
+// createContainer is CreateContainer on e.
+func (e *env) createContainer(t testing.TB, sandboxID, name string, args []string) string {
+	t.Helper()
+	sb := e.sandboxConfigOf(t, sandboxID)
 	key := sandboxID + "/" + name
-	suite.cri.mu.Lock()
-	attempt := suite.cri.attempts[key]
-	suite.cri.attempts[key] = attempt + 1
-	suite.cri.mu.Unlock()
+	e.cri.mu.Lock()
+	attempt := e.cri.attempts[key]
+	e.cri.attempts[key] = attempt + 1
+	e.cri.mu.Unlock()
 	labels := map[string]string{
 		labelContainerName: name,
 		labelPodName:       sb.Metadata.Name,
@@ -237,7 +255,7 @@ func CreateContainer(t testing.TB, sandboxID, name string, args []string) string
 			SecurityContext: &runtimeapi.LinuxContainerSecurityContext{NamespaceOptions: namespaceOptions()},
 		},
 	}
-	resp, err := suite.cri.rt.CreateContainer(criCtx(t), &runtimeapi.CreateContainerRequest{
+	resp, err := e.cri.rt.CreateContainer(criCtx(t), &runtimeapi.CreateContainerRequest{
 		PodSandboxId: sandboxID, Config: cfg, SandboxConfig: sb,
 	})
 	if err != nil {
@@ -249,7 +267,13 @@ func CreateContainer(t testing.TB, sandboxID, name string, args []string) string
 // StartContainer starts a created container.
 func StartContainer(t testing.TB, containerID string) {
 	t.Helper()
-	if _, err := suite.cri.rt.StartContainer(criCtx(t), &runtimeapi.StartContainerRequest{ContainerId: containerID}); err != nil {
+	suite.startContainer(t, containerID)
+}
+
+// startContainer is StartContainer on e.
+func (e *env) startContainer(t testing.TB, containerID string) {
+	t.Helper()
+	if _, err := e.cri.rt.StartContainer(criCtx(t), &runtimeapi.StartContainerRequest{ContainerId: containerID}); err != nil {
 		t.Fatalf("StartContainer %s: %v", containerID, err)
 	}
 }
@@ -258,8 +282,14 @@ func StartContainer(t testing.TB, containerID string) {
 // returns its ID.
 func CreateAndStart(t testing.TB, sandboxID, name string, args []string) string {
 	t.Helper()
-	id := CreateContainer(t, sandboxID, name, args)
-	StartContainer(t, id)
+	return suite.createAndStart(t, sandboxID, name, args)
+}
+
+// createAndStart is CreateAndStart on e.
+func (e *env) createAndStart(t testing.TB, sandboxID, name string, args []string) string {
+	t.Helper()
+	id := e.createContainer(t, sandboxID, name, args)
+	e.startContainer(t, id)
 	return id
 }
 
@@ -275,7 +305,13 @@ func StopContainer(t testing.TB, containerID string, timeout int64) {
 // RemoveContainer removes a container (stopping it first if needed).
 func RemoveContainer(t testing.TB, containerID string) {
 	t.Helper()
-	if _, err := suite.cri.rt.RemoveContainer(criCtx(t), &runtimeapi.RemoveContainerRequest{ContainerId: containerID}); err != nil {
+	suite.removeContainer(t, containerID)
+}
+
+// removeContainer is RemoveContainer on e.
+func (e *env) removeContainer(t testing.TB, containerID string) {
+	t.Helper()
+	if _, err := e.cri.rt.RemoveContainer(criCtx(t), &runtimeapi.RemoveContainerRequest{ContainerId: containerID}); err != nil {
 		t.Fatalf("RemoveContainer %s: %v", containerID, err)
 	}
 }
@@ -283,7 +319,13 @@ func RemoveContainer(t testing.TB, containerID string) {
 // StopPod stops a pod sandbox and all its containers.
 func StopPod(t testing.TB, sandboxID string) {
 	t.Helper()
-	if _, err := suite.cri.rt.StopPodSandbox(criCtx(t), &runtimeapi.StopPodSandboxRequest{PodSandboxId: sandboxID}); err != nil {
+	suite.stopPod(t, sandboxID)
+}
+
+// stopPod is StopPod on e.
+func (e *env) stopPod(t testing.TB, sandboxID string) {
+	t.Helper()
+	if _, err := e.cri.rt.StopPodSandbox(criCtx(t), &runtimeapi.StopPodSandboxRequest{PodSandboxId: sandboxID}); err != nil {
 		t.Fatalf("StopPodSandbox %s: %v", sandboxID, err)
 	}
 }
@@ -291,12 +333,18 @@ func StopPod(t testing.TB, sandboxID string) {
 // RemovePod removes a pod sandbox and all its containers.
 func RemovePod(t testing.TB, sandboxID string) {
 	t.Helper()
-	if _, err := suite.cri.rt.RemovePodSandbox(criCtx(t), &runtimeapi.RemovePodSandboxRequest{PodSandboxId: sandboxID}); err != nil {
+	suite.removePod(t, sandboxID)
+}
+
+// removePod is RemovePod on e.
+func (e *env) removePod(t testing.TB, sandboxID string) {
+	t.Helper()
+	if _, err := e.cri.rt.RemovePodSandbox(criCtx(t), &runtimeapi.RemovePodSandboxRequest{PodSandboxId: sandboxID}); err != nil {
 		t.Fatalf("RemovePodSandbox %s: %v", sandboxID, err)
 	}
-	suite.cri.mu.Lock()
-	delete(suite.cri.pods, sandboxID)
-	suite.cri.mu.Unlock()
+	e.cri.mu.Lock()
+	delete(e.cri.pods, sandboxID)
+	e.cri.mu.Unlock()
 }
 
 // PodState returns the sandbox's state (SANDBOX_READY or SANDBOX_NOTREADY).
@@ -312,7 +360,13 @@ func PodState(t testing.TB, sandboxID string) runtimeapi.PodSandboxState {
 // ContainerStatus returns the CRI status of a container.
 func ContainerStatus(t testing.TB, containerID string) *runtimeapi.ContainerStatus {
 	t.Helper()
-	st, err := suite.cri.rt.ContainerStatus(criCtx(t), &runtimeapi.ContainerStatusRequest{ContainerId: containerID})
+	return suite.containerStatus(t, containerID)
+}
+
+// containerStatus is ContainerStatus on e.
+func (e *env) containerStatus(t testing.TB, containerID string) *runtimeapi.ContainerStatus {
+	t.Helper()
+	st, err := e.cri.rt.ContainerStatus(criCtx(t), &runtimeapi.ContainerStatusRequest{ContainerId: containerID})
 	if err != nil {
 		t.Fatalf("ContainerStatus %s: %v", containerID, err)
 	}
@@ -330,9 +384,15 @@ func ContainerState(t testing.TB, containerID string) runtimeapi.ContainerState 
 // test after timeout) and returns its status.
 func WaitContainerState(t testing.TB, containerID string, state runtimeapi.ContainerState, timeout time.Duration) *runtimeapi.ContainerStatus {
 	t.Helper()
+	return suite.waitContainerState(t, containerID, state, timeout)
+}
+
+// waitContainerState is WaitContainerState on e.
+func (e *env) waitContainerState(t testing.TB, containerID string, state runtimeapi.ContainerState, timeout time.Duration) *runtimeapi.ContainerStatus {
+	t.Helper()
 	deadline := time.Now().Add(timeout)
 	for {
-		st := ContainerStatus(t, containerID)
+		st := e.containerStatus(t, containerID)
 		if st.State == state {
 			return st
 		}

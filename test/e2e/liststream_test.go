@@ -221,7 +221,7 @@ func TestListLargerThanMessageLimit(t *testing.T) {
 		// Not RunPod: its cleanup would remove 700 containers a pod
 		// through CRI; the env's teardown removes its root instead.
 		name, uid := fmt.Sprintf("big-%d", i), newUID()
-		cfg := podSandboxConfig(name, uid, map[string]string{labelPodUID: uid, labelPodName: name, labelPodNamespace: podNamespace}, nil)
+		cfg := suite.podSandboxConfig(name, uid, map[string]string{labelPodUID: uid, labelPodName: name, labelPodNamespace: podNamespace}, nil)
 		resp, err := suite.cri.rt.RunPodSandbox(criCtx(t), &runtimeapi.RunPodSandboxRequest{Config: cfg})
 		if err != nil {
 			t.Fatalf("RunPodSandbox %s: %v", name, err)

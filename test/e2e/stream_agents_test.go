@@ -291,21 +291,33 @@ func plegRuntimeCalls(t testing.TB, base string) float64 {
 // and removed.
 func agentWorkload(t *testing.T, round int) {
 	t.Helper()
+	agentWorkloadOn(t, []*env{suite}, round)
+}
+
+// agentWorkloadOn runs agentWorkload on every runtime of envs at once, step
+// by step: each step runs on all of them in parallel and ends when it has
+// on all of them, so that each sees the same work in the same seconds.
+func agentWorkloadOn(t *testing.T, envs []*env, round int) {
+	t.Helper()
 	const pods = 6
-	sbs := make([]string, pods)
-	inParallel(t, pods, pods, func(tb testing.TB, i int) {
-		sbs[i], _ = RunPod(tb, fmt.Sprintf("agents-%d-%d", round, i))
-		CreateAndStart(tb, sbs[i], "app", []string{"run"})
+	n := len(envs)
+	sbs := make([]string, n*pods) // env k's pod i at k*pods+i
+	inParallel(t, n*pods, n*pods, func(tb testing.TB, j int) {
+		e := envs[j/pods]
+		sbs[j], _ = e.runPod(tb, fmt.Sprintf("agents-%d-%d", round, j%pods))
+		e.createAndStart(tb, sbs[j], "app", []string{"run"})
 	})
-	inParallel(t, 3, 3, func(tb testing.TB, i int) {
-		crashed := CreateAndStart(tb, sbs[i], "crash", []string{"exit", "3", "300ms"})
-		WaitContainerState(tb, crashed, runtimeapi.ContainerState_CONTAINER_EXITED, 10*time.Second)
-		CreateAndStart(tb, sbs[i], "crash", []string{"run"})
-		RemoveContainer(tb, crashed)
+	inParallel(t, n*3, n*3, func(tb testing.TB, j int) {
+		e, sb := envs[j/3], sbs[j/3*pods+j%3]
+		crashed := e.createAndStart(tb, sb, "crash", []string{"exit", "3", "300ms"})
+		e.waitContainerState(tb, crashed, runtimeapi.ContainerState_CONTAINER_EXITED, 10*time.Second)
+		e.createAndStart(tb, sb, "crash", []string{"run"})
+		e.removeContainer(tb, crashed)
 	})
-	inParallel(t, pods, pods, func(tb testing.TB, i int) {
-		StopPod(tb, sbs[i])
-		RemovePod(tb, sbs[i])
+	inParallel(t, n*pods, n*pods, func(tb testing.TB, j int) {
+		e := envs[j/pods]
+		e.stopPod(tb, sbs[j])
+		e.removePod(tb, sbs[j])
 	})
 }
 

@@ -1,8 +1,8 @@
 // Command report turns `go test -json` output into a log a person reads:
 // go test's own `ok`/`FAIL` line for each package, the output of every
 // failing test, every skipped test with its reason (go test hides both for
-// a passing package), how long each package's tests took, and a closing
-// count.
+// a passing package), the MEASURE lines of passing tests (the e2e suite's
+// figures), how long each package's tests took, and a closing count.
 //
 //	go test -race -json ./... | go run ./test/report
 //

@@ -109,6 +109,13 @@ func (r *reporter) testDone(e event) {
 	switch e.Action {
 	case "pass":
 		r.passed++
+		// A passing test's figures (the e2e suite's MEASURE lines) are
+		// shown: a run under the load harness reports them.
+		for _, l := range out {
+			if strings.HasPrefix(l, "MEASURE ") {
+				fmt.Fprint(r.w, l)
+			}
+		}
 	case "fail":
 		r.failed++
 		for _, l := range out {

@@ -27,9 +27,12 @@ func TestReportOfRealGoTest(t *testing.T) {
 	write("go.mod", "module example.com/m\n\ngo 1.22\n")
 	write("a/a_test.go", `package a
 
-import "testing"
+import (
+	"fmt"
+	"testing"
+)
 
-func TestGood(t *testing.T) { t.Log("quiet when passing") }
+func TestGood(t *testing.T) { t.Log("quiet when passing"); fmt.Println("MEASURE good=1") }
 func TestBad(t *testing.T)  { t.Error("broken on purpose") }
 func TestSkipped(t *testing.T) { t.Skip("needs a unicorn") }
 `)
@@ -80,7 +83,8 @@ func TestHangs(t *testing.T) {
 	got := out.String()
 	for _, want := range []string{
 		"broken on purpose",
-		"SKIP example.com/m/a TestSkipped: a_test.go:7: needs a unicorn",
+		"SKIP example.com/m/a TestSkipped: a_test.go:10: needs a unicorn",
+		"MEASURE good=1\n",
 		"SKIP: the whole suite, because B_SKIP=1",
 		"FAIL\texample.com/m/a\t",
 		"ok  \texample.com/m/b\t",
