@@ -54,7 +54,10 @@ head=$(git -C "$repo" rev-parse --short HEAD)
 work=$(mktemp -d /tmp/pleg-fresh-XXXXXX)
 go=$(command -v go || echo /usr/local/go/bin/go)
 load=
-((cpu)) && load=" beside a hog of $cpu CPU spinner(s)$( ((io)) && echo ' and I/O')"
+if ((cpu)); then
+	load=" beside a hog of $cpu CPU spinner(s)"
+	((!io)) || load+=" and I/O"
+fi
 echo "fresh-machine: $runs run(s) of .ci/run on fresh clones of $repo at $head$load; logs in $work"
 
 if ((cpu)); then
@@ -114,14 +117,14 @@ for i in $(seq 1 "$runs"); do
 	fi
 	log=$work/run$i.log
 	echo "fresh-machine: run $i of $runs: started $(date -u +%H:%M:%S)Z"
-	((cpu)) && hog_start "$cpu" "$io" "$work/hog$i.log"
+	if ((cpu)); then hog_start "$cpu" "$io" "$work/hog$i.log"; fi
 	start=$(date +%s)
 	set +e
 	(cd "$clone" && env "${envs[@]}" bash .ci/run </dev/null >"$log" 2>&1)
 	code=$?
 	set -e
 	took=$(($(date +%s) - start))
-	((cpu)) && hog_stop
+	if ((cpu)); then hog_stop; fi
 	if ((code == 0)); then
 		res=PASS
 	else

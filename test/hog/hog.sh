@@ -18,7 +18,7 @@ hog_build() {
 
 hog_start() {
 	local args=(-cpu "$1")
-	(($2)) && args+=(-io)
+	if (($2)); then args+=(-io); fi
 	"$hog_bin" "${args[@]}" >"$3" 2>&1 &
 	hog_pid=$!
 }
