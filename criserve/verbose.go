@@ -202,21 +202,35 @@ func (v *VerboseStore) put(method, id string, state cruntime.State, resp proto.M
 	}
 	size := int64(proto.Size(resp))
 	v.mu.Lock()
-	defer v.mu.Unlock()
 	key := verboseItem(method, id)
 	if old := v.items[key]; old != nil {
 		v.bytes -= old.size
 		delete(v.items, key)
 	}
 	if size > v.maxBytes {
+		v.mu.Unlock()
 		return
 	}
 	v.seq++
 	v.items[key] = &storedVerbose{id: id, state: state, resp: resp, size: size, seq: v.seq}
 	v.bytes += size
 	v.puts++
-	if v.puts%verbosePruneEvery == 0 || v.bytes > v.maxBytes {
-		v.pruneLocked()
+	live, upTo := v.live, v.seq
+	due := live != nil && (v.puts%verbosePruneEvery == 0 || v.bytes > v.maxBytes)
+	v.mu.Unlock()
+
+	// The journal's items are read without the store's lock held: the
+	// scan is over every pod, and the store's readers (the CRI
+	// endpoint's calls) and writers (the relist's status calls) do not
+	// wait for it.
+	var ids map[string]bool
+	if due {
+		ids = live()
+	}
+	v.mu.Lock()
+	defer v.mu.Unlock()
+	if due {
+		v.pruneLocked(ids, upTo)
 	}
 	for v.bytes > v.maxBytes {
 		var oldest *storedVerbose
@@ -231,21 +245,20 @@ func (v *VerboseStore) put(method, id string, state cruntime.State, resp proto.M
 	}
 }
 
-// pruneLocked drops the answers of items the journal does not have,
-// those kept since the last pruning excepted (their items may be on their
-// way to the journal).
-func (v *VerboseStore) pruneLocked() {
-	if v.live == nil {
-		return
-	}
-	live := v.live()
+// pruneLocked drops the answers of items not in live (the journal's,
+// read when the store had kept answers up to upTo), those kept since the
+// last pruning excepted (their items may be on their way to the
+// journal).
+func (v *VerboseStore) pruneLocked(live map[string]bool, upTo uint64) {
 	for k, it := range v.items {
 		if it.seq <= v.pruned && !live[it.id] {
 			v.bytes -= it.size
 			delete(v.items, k)
 		}
 	}
-	v.pruned = v.seq
+	if upTo > v.pruned {
+		v.pruned = upTo
+	}
 }
 
 // get returns the kept answer of method for item id when it was got in
