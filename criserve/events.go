@@ -10,6 +10,7 @@ import (
 	"google.golang.org/grpc/status"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
+	"github.com/podlifecycle/pleg/internal/outbox"
 	"github.com/podlifecycle/pleg/journal"
 )
 
@@ -77,7 +78,7 @@ func containerEvents(m journal.Message) []*runtimeapi.ContainerEventResponse {
 }
 
 // errCut is the cause of a stream cut for not reading.
-var errCut = errors.New("cut")
+var errCut = errors.New("cut") // a stream's outbox's Abort
 
 // GetContainerEvents streams the journal's container transitions from
 // now on, in the runtime's event shape. It stays open across runtime
@@ -118,21 +119,29 @@ func (r *runtimeServer) GetContainerEvents(_ *runtimeapi.GetEventsRequest, strea
 	s.watching.Add(1)
 	defer s.watching.Add(-1)
 
-	q := make(chan *runtimeapi.ContainerEventResponse, s.cfg.QueueSize)
+	// internal/outbox's rule, as for the lifecycle Watch: at most
+	// QueueSize events ahead of the client, Push waits for room, and a
+	// client that takes nothing for the stall timeout while events wait
+	// is cut.
 	s.senders.Add(1)
-	go func() {
-		defer s.senders.Done()
-		for ev := range q {
+	ob := outbox.New(outbox.Config[*runtimeapi.ContainerEventResponse]{
+		Max:          s.cfg.QueueSize,
+		StallTimeout: s.cfg.StallTimeout,
+		Send: func(ev *runtimeapi.ContainerEventResponse, progress func()) error {
 			if err := stream.Send(ev); err != nil {
 				cancel(err)
-				// Drain, so that the producer never waits on a dead sender.
-				for range q {
-				}
-				return
+				return err
 			}
-		}
-	}()
-	defer close(q)
+			progress()
+			return nil
+		},
+		// The handler returns on the cut; gRPC then ends the stream, which
+		// makes a Send blocked on the client's flow control return.
+		Abort:  func() { cancel(errCut) },
+		Exited: s.senders.Done,
+		Clock:  s.cfg.Clock,
+	})
+	defer ob.Stop()
 	for {
 		m, err := jw.Next(ctx)
 		if err != nil {
@@ -147,36 +156,18 @@ func (r *runtimeServer) GetContainerEvents(_ *runtimeapi.GetEventsRequest, strea
 			continue
 		}
 		for _, ev := range containerEvents(m) {
-			if err := s.push(ctx, q, ev); err != nil {
+			if err := ob.Push(ctx, ev); err != nil {
 				return s.eventsEnded(ctx, err)
 			}
 		}
 	}
 }
 
-// push queues ev, waiting at most the stall timeout for room.
-func (s *Server) push(ctx context.Context, q chan<- *runtimeapi.ContainerEventResponse, ev *runtimeapi.ContainerEventResponse) error {
-	select {
-	case q <- ev:
-		return nil
-	default:
-	}
-	t := s.cfg.Clock.NewTimer(s.cfg.StallTimeout)
-	defer t.Stop()
-	select {
-	case q <- ev:
-		return nil
-	case <-ctx.Done():
-		return context.Cause(ctx)
-	case <-t.C():
-		return errCut
-	}
-}
-
 // eventsEnded is the status a GetContainerEvents stream ends with after
 // err.
 func (s *Server) eventsEnded(ctx context.Context, err error) error {
-	if errors.Is(err, errCut) {
+	var drop *outbox.DropError
+	if errors.As(err, &drop) || errors.Is(err, errCut) || errors.Is(context.Cause(ctx), errCut) {
 		s.cfg.Metrics.cuts.WithLabelValues(s.cfg.Flag, "not_reading").Inc()
 		s.log.Info("Cut a GetContainerEvents client that did not read", "stallTimeout", s.cfg.StallTimeout, "peer", peerString(ctx))
 		return status.Errorf(codes.ResourceExhausted, "pleg's CRI endpoint: the client read no event for %v; call GetContainerEvents again (events meanwhile are lost: list again)", s.cfg.StallTimeout)

@@ -142,23 +142,21 @@ func TestContainerEventsCutNonReader(t *testing.T) {
 		t.Fatal(err)
 	}
 	watching(t, srv, 1)
-	// Append until its queue is full and it waits on the stall timer (the
-	// only timer made on clk).
+	// Append until the stream is cut, letting each stall timer made on
+	// clk (the outbox's watchdog, armed as a send starts) expire: the
+	// client reads nothing meanwhile, so the cut can only be for that.
 	big := 64 << 10
-	i := 0
-	for waiting := false; !waiting; {
-		started(j, journalPod(fmt.Sprintf("pod-%05d", i), big))
-		i++
+	for i := 0; srv.watching.Load() != 0; i++ {
 		select {
 		case <-clk.Timers:
-			waiting = true
+			clk.Step(10 * time.Second)
 		case <-time.After(10 * time.Millisecond):
+			started(j, journalPod(fmt.Sprintf("pod-%05d", i), big))
 		}
 		if i > 10000 {
-			t.Fatal("the stream never waited for its client")
+			t.Fatal("the stream was never cut")
 		}
 	}
-	clk.Step(10 * time.Second)
 	// The client now reads: what was sent, then the cut.
 	for {
 		_, err := stalled.Recv()

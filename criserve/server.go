@@ -132,7 +132,7 @@ type Config struct {
 	// DefaultShutdownTimeout).
 	ShutdownTimeout time.Duration
 	// Clock times the stall timeout, the rate and the version cache.
-	Clock clock.WithTicker
+	Clock clock.WithTickerAndDelayedExecution
 }
 
 // Server serves the CRI from a journal. Create it with New, serve it with

@@ -105,9 +105,10 @@ func parseEventsRequest(r *http.Request) (eventsRequest, error) {
 //
 // An idle stream also carries a ": heartbeat" comment every heartbeat
 // interval. pleg drops a stream whose connection takes none of the data
-// waiting for it for the stream write timeout; the reader waits for the
-// queue to drain past half its bound, so a reading client is never cut
-// for a burst (a large snapshot).
+// waiting for it for the stream write timeout (internal/outbox's rule,
+// the gRPC streams' too); the reader waits for room in the stream's
+// bounded queue, so a reading client is never cut for a burst (a large
+// snapshot).
 func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 	req, err := parseEventsRequest(r)
 	if err != nil {
@@ -147,7 +148,7 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 	w.WriteHeader(http.StatusOK)
 
 	ob := outbox.New(outbox.Config[[]byte]{
-		MaxBytes:     s.cfg.StreamMaxQueuedBytes,
+		Max:          s.cfg.StreamMaxQueuedBytes,
 		StallTimeout: s.cfg.StreamWriteTimeout,
 		Size:         func(b []byte) int { return len(b) },
 		Send: func(b []byte, progress func()) error {
@@ -174,13 +175,11 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 	s.addOutbox(ob)
 	defer s.removeOutbox(ob)
 	defer ob.Close() // before the handler returns: its sender writes to w
-	// Waiting for the queue to drain ends with the client or the server.
-	defer context.AfterFunc(ctx, ob.Close)()
 
 	// The headers, then how soon EventSource should reconnect.
-	err = ob.Put(nil)
+	err = ob.Push(ctx, nil)
 	if err == nil {
-		err = ob.Put([]byte("retry: 1000\n\n"))
+		err = ob.Push(ctx, []byte("retry: 1000\n\n"))
 	}
 	for err == nil {
 		var msg []byte
@@ -203,16 +202,11 @@ func (s *Server) events(w http.ResponseWriter, r *http.Request) {
 		if msg == nil {
 			continue
 		}
-		// Past half the bound, wait for the client to take what waits:
-		// the journal holds the rest.
-		if ob.Queued() > s.cfg.StreamMaxQueuedBytes/2 {
-			if err = ob.Drain(); err != nil {
-				break
-			}
-		}
-		if err = ob.Put(msg); err == nil && m.Type == journal.ResyncRequired {
+		// Push waits for room: the journal holds what the client has not
+		// taken yet.
+		if err = ob.Push(ctx, msg); err == nil && m.Type == journal.ResyncRequired {
 			// The stream ends after it, cleanly.
-			if err = ob.Drain(); err == nil {
+			if err = ob.Drain(ctx); err == nil {
 				return
 			}
 		}

@@ -55,7 +55,7 @@ func newServerMetrics(s *Server) *serverMetrics {
 		}),
 		streamDrops: prometheus.NewCounterVec(prometheus.CounterOpts{
 			Name: "pleg_event_stream_drops_total",
-			Help: "Event stream (/api/v1/events) clients cut off by pleg: queue_full (more bytes queued for it than the per-stream bound) or stalled (its connection took nothing for the stream write timeout).",
+			Help: "Event stream (/api/v1/events) clients cut off by pleg: stalled (its connection took nothing for the stream write timeout while data waited for it; the stream's reader waits for room in its bounded queue instead of dropping).",
 		}, []string{"reason"}),
 	}
 	m.streams = prometheus.NewGaugeFunc(prometheus.GaugeOpts{
@@ -66,9 +66,7 @@ func newServerMetrics(s *Server) *serverMetrics {
 		Name: "pleg_event_stream_queued_bytes",
 		Help: "Bytes of event stream messages queued in pleg for their clients, summed over the open streams (each stream's bounded; the kernel's socket buffers not included).",
 	}, func() float64 { _, b := s.streamStats(); return float64(b) })
-	for _, r := range []outbox.Reason{outbox.QueueFull, outbox.Stalled} {
-		m.streamDrops.WithLabelValues(string(r))
-	}
+	m.streamDrops.WithLabelValues(string(outbox.Stalled))
 	return m
 }
 

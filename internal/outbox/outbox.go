@@ -1,158 +1,187 @@
-// Package outbox bounds what a server holds for one streaming client.
+// Package outbox is pleg's one rule for a streaming client that reads
+// slower than pleg produces: the lifecycle Watch (gRPC), the CRI
+// endpoint's GetContainerEvents (gRPC) and /api/v1/events (SSE) each give
+// every client an Outbox.
 //
 // An Outbox queues the messages for one client and sends them in order
-// from a goroutine of its own, so that the producer never waits for the
-// client. Two bounds cut a client off:
+// from a goroutine of its own. The rule:
 //
-//   - bytes: at most MaxBytes may wait behind the message being sent (a
-//     single message larger than that is accepted when nothing waits, so
-//     that a large first snapshot can go out); a Put beyond it cuts the
-//     client off at once (QueueFull);
-//   - time: a Send that reports no progress for StallTimeout cuts the
-//     client off (Stalled). Send reports progress as it goes (for a byte
-//     stream, after each chunk the connection took), so a slow client that
-//     keeps taking data is not cut off by one large message, and one that
-//     takes nothing is cut off StallTimeout after it stopped.
+//   - At most Max waits behind the message being sent (in units of Size:
+//     bytes for SSE, messages for gRPC). Push waits for room, so the
+//     producer (a journal watch) stops reading the journal, and the journal
+//     holds what the client has not taken yet. A single message larger than
+//     Max is accepted when nothing waits, so that a large snapshot can go.
+//   - A client is cut off (Stalled) when a Send in progress reports no
+//     progress for StallTimeout. Send reports progress as it goes: after
+//     each message for gRPC, whose SendMsg takes a whole message, and after
+//     each chunk the connection took for SSE, so that a slow client that
+//     keeps taking data is never cut off by one large message. Nothing is
+//     in progress while the queue is empty: an idle client is never cut.
 //
-// When a client is cut off, Abort is called to make a Send in progress
-// return. The memory an Outbox holds is therefore at most MaxBytes plus the
-// message being sent, and a client that stops taking data is dropped
-// within StallTimeout of its connection refusing more, however long its
-// queue is.
+// When a client is cut off, Abort is called to end the Send in progress and
+// the owner's stream. The memory an Outbox holds is at most Max plus the
+// message being sent, and a client that takes nothing while something
+// waits for it is cut off StallTimeout after its last progress.
 //
-// It carries any message type; the SSE stream (internal/httpapi) is its
-// one user. The gRPC Watch (api/lifecycle/server/watch.go) does not use
-// it: its bound is a count of messages converted ahead of the client (64),
-// and its stall timeout runs while that queue has no room, on the
-// server's clock (fake in its tests), because a gRPC SendMsg takes a whole
-// message and reports no progress within one; an HTTP write is cut in
-// chunks, each one progress, and its bound is in bytes. Both cut only a
-// client that takes nothing for the stall timeout, and both let the
-// journal hold what the client has not read yet.
+// Time comes from Config.Clock, so that the owners' tests can use a fake
+// clock; the watchdog is one timer per outbox, made when a Send starts
+// with none pending and re-armed by its own expiry, never per message.
 package outbox
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"sync"
 	"time"
+
+	"k8s.io/utils/clock"
 )
 
 // Reason says why an Outbox cut its client off.
 type Reason string
 
-const (
-	// QueueFull: a Put would have left more than MaxBytes waiting behind
-	// the message being sent.
-	QueueFull Reason = "queue_full"
-	// Stalled: a Send reported no progress for StallTimeout.
-	Stalled Reason = "stalled"
-)
+// Stalled: a Send reported no progress for StallTimeout.
+const Stalled Reason = "stalled"
 
 // DropError is the error of an Outbox that cut its client off.
 type DropError struct {
 	Reason Reason
-	// Queued is how many bytes were queued (the message being sent
-	// included) when the client was cut off.
+	// Queued is how much was queued (the message being sent included)
+	// when the client was cut off, in units of Size.
 	Queued int
-	// The bound that was hit: MaxBytes for QueueFull, StallTimeout for
-	// Stalled.
-	MaxBytes     int
+	// StallTimeout is the bound that was hit.
 	StallTimeout time.Duration
 }
 
 func (e *DropError) Error() string {
-	switch e.Reason {
-	case QueueFull:
-		return fmt.Sprintf("client cut off: more than %d bytes queued for it (%d queued)", e.MaxBytes, e.Queued)
-	case Stalled:
-		return fmt.Sprintf("client cut off: it took nothing for %v (%d bytes queued)", e.StallTimeout, e.Queued)
-	}
-	return fmt.Sprintf("client cut off (%s, %d bytes queued)", e.Reason, e.Queued)
+	return fmt.Sprintf("client cut off: it took nothing for %v (%d queued)", e.StallTimeout, e.Queued)
 }
 
 // ErrClosed is the error of an Outbox its owner closed.
 var ErrClosed = errors.New("outbox closed")
 
-// Config configures an Outbox. Every field is required.
+// Clock is the time an Outbox uses: k8s.io/utils/clock's RealClock and
+// its fake clocks have it.
+type Clock interface {
+	Now() time.Time
+	AfterFunc(d time.Duration, f func()) clock.Timer
+}
+
+// Config configures an Outbox. Send, Abort, Max and StallTimeout are
+// required.
 type Config[T any] struct {
-	// MaxBytes bounds the bytes waiting behind the message being sent.
-	MaxBytes int
+	// Max bounds what may wait behind the message being sent.
+	Max int
 	// StallTimeout cuts the client off when a Send reports no progress for
 	// this long.
 	StallTimeout time.Duration
-	// Size returns a message's size in bytes.
+	// Size returns a message's size; nil counts every message as 1, so
+	// that Max is a number of messages.
 	Size func(T) int
 	// Send delivers one message and calls progress each time part of it
 	// was taken by the client (at least once, before returning nil, for a
 	// message that went out in one piece). It is called from one goroutine
-	// at a time, in the order of Put.
+	// at a time, in the order of Push.
 	Send func(msg T, progress func()) error
 	// Abort makes a Send in progress return (with an error), and every
-	// later one: for example by putting a write deadline in the past or
-	// closing the connection. It may be called from any goroutine, at
-	// most once.
+	// later one, and ends the owner's stream: for example by putting a
+	// write deadline in the past, or by cancelling the context the owner's
+	// handler waits on. It may be called from any goroutine, at most once,
+	// with no lock of the outbox held.
 	Abort func()
+	// Exited, if set, is called by the sender goroutine as it returns: an
+	// owner that cannot wait for it (a gRPC handler, whose blocked SendMsg
+	// returns only once the handler has) counts it there.
+	Exited func()
+	// Clock is the outbox's time; nil is the real clock.
+	Clock Clock
 }
 
 // Outbox is the queue of one client. Create it with New; its owner must
-// call Close.
+// call Stop or Close.
 type Outbox[T any] struct {
 	cfg Config[T]
 
 	mu      sync.Mutex
 	queue   []T   // queue[0] is being sent, or about to be
 	sizes   []int // of queue's messages
-	queued  int   // bytes in queue
+	queued  int   // in queue, in units of Size
 	err     error // set once: why the outbox stopped
 	sending bool  // a Send is in progress
-	watch   uint64
-	timer   *time.Timer // the stall watchdog of the Send in progress
-	aborted bool
+	// progressAt is when the Send in progress started or last reported
+	// progress; watchdog is the pending check of it.
+	progressAt time.Time
+	watchdog   clock.Timer // pending, or nil
+	aborted    bool
 
-	wake    chan struct{} // one token: the queue or err changed
-	emptied chan struct{} // closed (and replaced) when the queue empties
+	wake    chan struct{} // one token, for the sender: the queue or err changed
+	room    chan struct{} // closed (and replaced) when a message leaves the queue
 	done    chan struct{} // closed when err is set
 	exited  chan struct{} // closed when the sender goroutine returns
+	emptied chan struct{} // closed (and replaced) when the queue empties
 }
 
 // New returns an outbox and starts its sender goroutine.
 func New[T any](cfg Config[T]) *Outbox[T] {
-	o := &Outbox[T]{cfg: cfg, wake: make(chan struct{}, 1), emptied: make(chan struct{}), done: make(chan struct{}), exited: make(chan struct{})}
+	if cfg.Clock == nil {
+		cfg.Clock = clock.RealClock{}
+	}
+	o := &Outbox[T]{cfg: cfg, wake: make(chan struct{}, 1), room: make(chan struct{}),
+		emptied: make(chan struct{}), done: make(chan struct{}), exited: make(chan struct{})}
 	go o.run()
 	return o
 }
 
-// Put queues msg for the client without waiting. It returns the reason the
-// outbox stopped (a *DropError, the error of a failed Send, or ErrClosed),
-// cutting the client off with QueueFull if msg does not fit.
-func (o *Outbox[T]) Put(msg T) error {
-	size := o.cfg.Size(msg)
-	o.mu.Lock()
-	if o.err != nil {
-		err := o.err
-		o.mu.Unlock()
-		return err
+func (o *Outbox[T]) size(msg T) int {
+	if o.cfg.Size == nil {
+		return 1
 	}
-	// What waits behind the message being sent (or about to be), in
-	// bytes: a message that does not fit is accepted only when nothing
-	// waits, so that one larger than the bound (a first resync) can go.
-	if waiting := o.waitingLocked(); waiting > 0 && waiting+size > o.cfg.MaxBytes {
-		err := o.stopLocked(&DropError{Reason: QueueFull, Queued: o.queued, MaxBytes: o.cfg.MaxBytes})
-		abort := o.abortLocked()
+	return o.cfg.Size(msg)
+}
+
+// Push queues msg for the client, waiting for room: until what waits
+// behind the message being sent leaves room for msg, or nothing waits. It
+// returns ctx's cause if ctx ends first, or why the outbox stopped (a
+// *DropError, the error of a failed Send, or ErrClosed). The wait is
+// bounded: a client that takes nothing meanwhile is cut off StallTimeout
+// after its last progress.
+func (o *Outbox[T]) Push(ctx context.Context, msg T) error {
+	size := o.size(msg)
+	o.mu.Lock()
+	for {
+		if o.err != nil {
+			err := o.err
+			o.mu.Unlock()
+			return err
+		}
+		// A message that does not fit is accepted only when nothing
+		// waits, so that one larger than the bound (a snapshot) can go.
+		if waiting := o.waitingLocked(); waiting == 0 || waiting+size <= o.cfg.Max {
+			break
+		}
+		room := o.room
 		o.mu.Unlock()
-		abort()
-		return err
+		select {
+		case <-room:
+		case <-o.done:
+		case <-ctx.Done():
+			return context.Cause(ctx)
+		}
+		o.mu.Lock()
 	}
 	o.queue = append(o.queue, msg)
 	o.sizes = append(o.sizes, size)
 	o.queued += size
 	o.mu.Unlock()
-	o.signal()
+	select {
+	case o.wake <- struct{}{}:
+	default:
+	}
 	return nil
 }
 
-// waitingLocked returns the bytes queued behind the first message.
+// waitingLocked returns what is queued behind the first message.
 func (o *Outbox[T]) waitingLocked() int {
 	if len(o.queue) == 0 {
 		return 0
@@ -160,7 +189,8 @@ func (o *Outbox[T]) waitingLocked() int {
 	return o.queued - o.sizes[0]
 }
 
-// Done is closed when the outbox stops: cut off, failed or closed.
+// Done is closed when the outbox stops: cut off, failed, stopped or
+// closed.
 func (o *Outbox[T]) Done() <-chan struct{} { return o.done }
 
 // Err returns nil while the outbox runs, then why it stopped.
@@ -170,16 +200,18 @@ func (o *Outbox[T]) Err() error {
 	return o.err
 }
 
-// Queued returns the bytes queued, the message being sent included.
+// Queued returns what is queued, the message being sent included, in
+// units of Size.
 func (o *Outbox[T]) Queued() int {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	return o.queued
 }
 
-// Close stops the outbox: messages not sent yet are dropped, a Send in
-// progress is aborted, and Close returns once the sender goroutine has.
-func (o *Outbox[T]) Close() {
+// Stop stops the outbox without waiting for its sender: messages not sent
+// yet are dropped and a Send in progress is aborted. A gRPC handler stops
+// its outbox as it returns (its blocked SendMsg returns only after it has).
+func (o *Outbox[T]) Stop() {
 	o.mu.Lock()
 	o.stopLocked(ErrClosed)
 	abort := func() {}
@@ -188,15 +220,18 @@ func (o *Outbox[T]) Close() {
 	}
 	o.mu.Unlock()
 	abort()
-	o.signal()
-	<-o.exited
-}
-
-func (o *Outbox[T]) signal() {
 	select {
 	case o.wake <- struct{}{}:
 	default:
 	}
+}
+
+// Close stops the outbox and returns once its sender goroutine has: an
+// owner whose Send writes to what it must not touch after it returns (an
+// http.ResponseWriter) closes it.
+func (o *Outbox[T]) Close() {
+	o.Stop()
+	<-o.exited
 }
 
 // stopLocked records why the outbox stops, unless it already has, and
@@ -206,6 +241,10 @@ func (o *Outbox[T]) stopLocked(err error) error {
 		o.err = err
 		clear(o.queue) // release the messages now, not when the owner lets go
 		o.queue, o.sizes, o.queued = nil, nil, 0
+		if o.watchdog != nil {
+			o.watchdog.Stop()
+			o.watchdog = nil
+		}
 		close(o.done)
 	}
 	return o.err
@@ -221,7 +260,12 @@ func (o *Outbox[T]) abortLocked() func() {
 }
 
 func (o *Outbox[T]) run() {
-	defer close(o.exited)
+	defer func() {
+		close(o.exited)
+		if o.cfg.Exited != nil {
+			o.cfg.Exited()
+		}
+	}()
 	for {
 		o.mu.Lock()
 		for o.err == nil && len(o.queue) == 0 {
@@ -235,14 +279,13 @@ func (o *Outbox[T]) run() {
 		}
 		msg := o.queue[0]
 		o.sending = true
-		o.rearmLocked()
+		o.progressLocked()
 		o.mu.Unlock()
 
 		err := o.cfg.Send(msg, o.progress)
 
 		o.mu.Lock()
 		o.sending = false
-		o.disarmLocked()
 		if err != nil {
 			o.stopLocked(err) // keeps a DropError set while Send was aborted
 			o.mu.Unlock()
@@ -253,6 +296,8 @@ func (o *Outbox[T]) run() {
 			o.queue[0] = zero
 			o.queue, o.queued = o.queue[1:], o.queued-o.sizes[0]
 			o.sizes = o.sizes[1:]
+			close(o.room)
+			o.room = make(chan struct{})
 			if len(o.queue) == 0 {
 				close(o.emptied)
 				o.emptied = make(chan struct{})
@@ -263,11 +308,11 @@ func (o *Outbox[T]) run() {
 }
 
 // Drain waits until every message queued has been sent, or the outbox
-// stops, and returns the outbox's error. A client that stops reading is
-// cut by the stall watchdog, so the wait is bounded by StallTimeout. An
-// owner that ends a stream cleanly drains before it closes: Close aborts a
-// Send in progress.
-func (o *Outbox[T]) Drain() error {
+// stops, or ctx ends, and returns the outbox's error (ctx's cause if it
+// ended first). A client that stops reading is cut by the watchdog, so the
+// wait is bounded. An owner that ends a stream cleanly drains before it
+// stops: Stop aborts a Send in progress.
+func (o *Outbox[T]) Drain(ctx context.Context) error {
 	for {
 		o.mu.Lock()
 		if o.err != nil || len(o.queue) == 0 {
@@ -280,38 +325,48 @@ func (o *Outbox[T]) Drain() error {
 		select {
 		case <-ch:
 		case <-o.done:
+		case <-ctx.Done():
+			return context.Cause(ctx)
 		}
 	}
 }
 
-// progress restarts the stall watchdog of the Send in progress.
+// progress notes that the client took part of the message being sent.
 func (o *Outbox[T]) progress() {
 	o.mu.Lock()
 	defer o.mu.Unlock()
 	if o.sending && o.err == nil {
-		o.rearmLocked()
+		o.progressAt = o.cfg.Clock.Now()
 	}
 }
 
-// rearmLocked starts a new watchdog; an older one that fires late finds its
-// generation stale and does nothing.
-func (o *Outbox[T]) rearmLocked() {
-	o.disarmLocked()
-	gen := o.watch
-	o.timer = time.AfterFunc(o.cfg.StallTimeout, func() { o.stalled(gen) })
-}
-
-func (o *Outbox[T]) disarmLocked() {
-	o.watch++
-	if o.timer != nil {
-		o.timer.Stop()
-		o.timer = nil
+// progressLocked notes a Send starting, and arms the watchdog if it is
+// not pending.
+func (o *Outbox[T]) progressLocked() {
+	o.progressAt = o.cfg.Clock.Now()
+	if o.watchdog == nil {
+		o.watchdog = o.cfg.Clock.AfterFunc(o.cfg.StallTimeout, o.expired)
 	}
 }
 
-func (o *Outbox[T]) stalled(gen uint64) {
+// expired runs check on a goroutine of its own: a fake clock calls its
+// AfterFunc functions with its lock held, and check reads the clock.
+func (o *Outbox[T]) expired() { go o.check() }
+
+// check is the watchdog: it cuts the client off when the Send in progress
+// has made no progress for StallTimeout, and otherwise waits again for
+// what is left of StallTimeout since the last progress (nothing when no
+// Send is in progress: the next Send arms it again).
+func (o *Outbox[T]) check() {
 	o.mu.Lock()
-	if gen != o.watch || !o.sending || o.err != nil {
+	o.watchdog = nil
+	if !o.sending || o.err != nil {
+		o.mu.Unlock()
+		return
+	}
+	idle := o.cfg.Clock.Now().Sub(o.progressAt)
+	if idle < o.cfg.StallTimeout {
+		o.watchdog = o.cfg.Clock.AfterFunc(o.cfg.StallTimeout-idle, o.expired)
 		o.mu.Unlock()
 		return
 	}

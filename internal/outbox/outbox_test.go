@@ -1,12 +1,16 @@
 package outbox
 
 import (
+	"context"
 	"errors"
 	"slices"
 	"sync"
 	"testing"
 	"testing/synctest"
 	"time"
+
+	"k8s.io/utils/clock"
+	clocktesting "k8s.io/utils/clock/testing"
 )
 
 // client is a fake connection: Send takes a message whole, unless the
@@ -70,9 +74,19 @@ func (c *client) received() []string {
 	return slices.Clone(c.got)
 }
 
-func newOutbox(c *client, maxBytes int, stall time.Duration) *Outbox[string] {
-	return New(Config[string]{MaxBytes: maxBytes, StallTimeout: stall,
+func newOutbox(c *client, max int, stall time.Duration) *Outbox[string] {
+	return New(Config[string]{Max: max, StallTimeout: stall,
 		Size: func(s string) int { return len(s) }, Send: c.send, Abort: c.abort})
+}
+
+// push is Push with a background context, failing the test on an error.
+func push(t *testing.T, o *Outbox[string], msgs ...string) {
+	t.Helper()
+	for _, m := range msgs {
+		if err := o.Push(context.Background(), m); err != nil {
+			t.Fatalf("Push(%q): %v", m, err)
+		}
+	}
 }
 
 func TestSendsInOrder(t *testing.T) {
@@ -80,11 +94,7 @@ func TestSendsInOrder(t *testing.T) {
 		c := newClient()
 		o := newOutbox(c, 10, time.Second)
 		defer o.Close()
-		for _, m := range []string{"a", "bb", "ccc"} {
-			if err := o.Put(m); err != nil {
-				t.Fatal(err)
-			}
-		}
+		push(t, o, "a", "bb", "ccc")
 		synctest.Wait()
 		if got := c.received(); !slices.Equal(got, []string{"a", "bb", "ccc"}) {
 			t.Errorf("sent %q", got)
@@ -95,77 +105,144 @@ func TestSendsInOrder(t *testing.T) {
 	})
 }
 
-// The bytes bound counts what waits behind the message being sent: a
-// large first message goes out, and a client that takes nothing is cut
-// off once more than MaxBytes wait.
-func TestQueueFull(t *testing.T) {
+// The bound counts what waits behind the message being sent: a large
+// first message goes out, and a Push that does not fit waits for room
+// instead of cutting the client off; nothing is lost.
+func TestPushWaitsForRoom(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		c := newClient()
 		c.stall()
 		o := newOutbox(c, 10, time.Hour)
 		defer o.Close()
-		if err := o.Put("a snapshot larger than the bound"); err != nil {
-			t.Fatalf("a first message larger than MaxBytes: %v", err)
+		push(t, o, "a snapshot larger than the bound")
+		synctest.Wait()              // its Send is blocked
+		push(t, o, "12345", "67890") // exactly Max behind it
+		pushed := make(chan error, 1)
+		go func() { pushed <- o.Push(context.Background(), "x") }()
+		time.Sleep(time.Minute)
+		synctest.Wait()
+		if len(pushed) != 0 {
+			t.Fatal("a Push beyond the bound returned while nothing left the queue")
 		}
-		synctest.Wait()                                // its Send is blocked
-		for _, m := range []string{"12345", "67890"} { // exactly MaxBytes behind it
-			if err := o.Put(m); err != nil {
-				t.Fatalf("Put(%q) within the bound: %v", m, err)
-			}
+		if q := o.Queued(); q != 42 {
+			t.Errorf("Queued() = %d, want 42", q)
 		}
-		err := o.Put("x")
-		var de *DropError
-		if !errors.As(err, &de) || de.Reason != QueueFull || de.MaxBytes != 10 || de.Queued != 42 {
-			t.Fatalf("Put beyond the bound = %v, want a QueueFull DropError with 42 bytes queued", err)
+		c.unstall()
+		if err := <-pushed; err != nil {
+			t.Fatalf("the waiting Push: %v", err)
 		}
-		select {
-		case <-o.Done():
-		default:
-			t.Error("Done is not closed after the drop")
+		synctest.Wait()
+		want := []string{"a snapshot larger than the bound", "12345", "67890", "x"}
+		if got := c.received(); !slices.Equal(got, want) || o.Err() != nil {
+			t.Errorf("sent %q, err %v; want %q", got, o.Err(), want)
 		}
-		synctest.Wait() // the aborted Send returns
-		if o.Err() != err {
-			t.Errorf("Err() = %v, want the drop", o.Err())
+	})
+}
+
+// Without Size, Max is a number of messages.
+func TestCountBound(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := newClient()
+		c.stall()
+		o := New(Config[string]{Max: 2, StallTimeout: time.Hour, Send: c.send, Abort: c.abort})
+		defer o.Close()
+		push(t, o, "a long first message", "b", "c")
+		synctest.Wait()
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		if err := o.Push(ctx, "d"); !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("a third message behind the one being sent: Push = %v, want it to wait until its context ends", err)
 		}
-		if q := o.Queued(); q != 0 {
-			t.Errorf("Queued() = %d after the drop: the messages are still held", q)
+		if q := o.Queued(); q != 3 {
+			t.Errorf("Queued() = %d, want 3 (a Push that gave up adds nothing)", q)
 		}
-		if err := o.Put("y"); !errors.As(err, &de) {
-			t.Errorf("Put after the drop = %v", err)
-		}
-		if len(c.received()) != 0 || c.aborts != 1 {
-			t.Errorf("received %q, aborts %d; want nothing and one abort", c.received(), c.aborts)
+		c.unstall()
+		synctest.Wait()
+		if got := c.received(); !slices.Equal(got, []string{"a long first message", "b", "c"}) {
+			t.Errorf("sent %q", got)
 		}
 	})
 }
 
 // A Send without progress for StallTimeout cuts the client off, not a
-// moment earlier.
+// moment earlier, and ends a Push waiting for room.
 func TestStalled(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		c := newClient()
 		c.stall()
-		o := newOutbox(c, 1<<20, 10*time.Second)
+		o := newOutbox(c, 5, 10*time.Second)
 		defer o.Close()
 		start := time.Now()
-		if err := o.Put("event"); err != nil {
-			t.Fatal(err)
-		}
+		push(t, o, "event", "queue")
+		pushed := make(chan error, 1)
+		go func() { pushed <- o.Push(context.Background(), "waits") }()
 		time.Sleep(10*time.Second - time.Nanosecond)
 		if err := o.Err(); err != nil {
 			t.Fatalf("cut off after %v: %v", time.Since(start), err)
 		}
 		<-o.Done()
 		var de *DropError
-		if err := o.Err(); !errors.As(err, &de) || de.Reason != Stalled || de.Queued != 5 {
-			t.Fatalf("Err() = %v, want a Stalled DropError with 5 bytes queued", err)
+		if err := o.Err(); !errors.As(err, &de) || de.Reason != Stalled || de.Queued != 10 {
+			t.Fatalf("Err() = %v, want a Stalled DropError with 10 queued", err)
 		}
 		if d := time.Since(start); d != 10*time.Second {
 			t.Errorf("cut off after %v, want 10s", d)
 		}
+		if err := <-pushed; !errors.As(err, &de) {
+			t.Errorf("the Push waiting for room returned %v, want the drop", err)
+		}
 		synctest.Wait()
-		if c.aborts != 1 {
-			t.Errorf("aborts = %d, want 1", c.aborts)
+		if c.aborts != 1 || o.Queued() != 0 {
+			t.Errorf("aborts = %d, queued %d; want 1 and 0 (the messages released)", c.aborts, o.Queued())
+		}
+		if err := o.Push(context.Background(), "late"); !errors.As(err, &de) {
+			t.Errorf("Push after the drop = %v", err)
+		}
+	})
+}
+
+// The stall is counted from the last progress, whenever the watchdog
+// looks: progress just before it looks moves the cut to StallTimeout
+// after that progress.
+func TestStallCountsFromLastProgress(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var progress func()
+		took := make(chan struct{})
+		aborted := make(chan struct{})
+		o := New(Config[string]{Max: 10, StallTimeout: 10 * time.Second,
+			Send: func(_ string, p func()) error {
+				progress = p
+				close(took)
+				<-aborted
+				return errors.New("aborted")
+			},
+			Abort: func() { close(aborted) }})
+		defer o.Close()
+		start := time.Now()
+		push(t, o, "m")
+		<-took
+		time.Sleep(9 * time.Second)
+		progress()
+		<-o.Done()
+		if d := time.Since(start); d != 19*time.Second {
+			t.Errorf("cut off %v after the Send started, want 19s (10s after its last progress at 9s)", d)
+		}
+	})
+}
+
+// An idle client is never cut off: nothing waits for it.
+func TestIdleNeverCut(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := newClient()
+		o := newOutbox(c, 10, time.Second)
+		defer o.Close()
+		push(t, o, "a")
+		time.Sleep(24 * time.Hour)
+		push(t, o, "b")
+		time.Sleep(24 * time.Hour)
+		synctest.Wait()
+		if err := o.Err(); err != nil || !slices.Equal(c.received(), []string{"a", "b"}) {
+			t.Errorf("err %v, received %q", err, c.received())
 		}
 	})
 }
@@ -176,7 +253,7 @@ func TestProgressKeepsSlowClient(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		aborted := make(chan struct{})
 		var chunks int
-		o := New(Config[string]{MaxBytes: 10, StallTimeout: time.Second,
+		o := New(Config[string]{Max: 10, StallTimeout: time.Second,
 			Size: func(s string) int { return len(s) },
 			Send: func(m string, progress func()) error {
 				for range m {
@@ -192,9 +269,7 @@ func TestProgressKeepsSlowClient(t *testing.T) {
 			},
 			Abort: func() { close(aborted) }})
 		defer o.Close()
-		if err := o.Put("twenty bytes, slowly"); err != nil {
-			t.Fatal(err)
-		}
+		push(t, o, "twenty bytes, slowly")
 		time.Sleep(20 * 900 * time.Millisecond)
 		synctest.Wait()
 		if err := o.Err(); err != nil || chunks != 20 || o.Queued() != 0 {
@@ -203,26 +278,63 @@ func TestProgressKeepsSlowClient(t *testing.T) {
 	})
 }
 
-func TestCloseAbortsSend(t *testing.T) {
+// armClock is a fake clock that tells when an AfterFunc is made.
+type armClock struct {
+	*clocktesting.FakeClock
+	armed chan time.Duration
+}
+
+func (c *armClock) AfterFunc(d time.Duration, f func()) clock.Timer {
+	t := c.FakeClock.AfterFunc(d, f)
+	c.armed <- d
+	return t
+}
+
+// The watchdog runs on Config.Clock: a fake clock's steps cut the client
+// off, and real time does not.
+func TestFakeClock(t *testing.T) {
+	clk := &armClock{clocktesting.NewFakeClock(time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)), make(chan time.Duration, 4)}
+	c := newClient()
+	c.stall()
+	o := New(Config[string]{Max: 10, StallTimeout: 10 * time.Second, Send: c.send, Abort: c.abort, Clock: clk})
+	defer o.Close()
+	push(t, o, "a")
+	if d := <-clk.armed; d != 10*time.Second { // the watchdog, armed as the Send starts
+		t.Fatalf("watchdog armed for %v, want the stall timeout", d)
+	}
+	clk.Step(10*time.Second - time.Nanosecond)
+	if err := o.Err(); err != nil {
+		t.Fatalf("cut off before the fake clock reached the stall timeout: %v", err)
+	}
+	clk.Step(time.Nanosecond)
+	<-o.Done()
+	var de *DropError
+	if err := o.Err(); !errors.As(err, &de) || de.Reason != Stalled {
+		t.Fatalf("Err() = %v, want Stalled", err)
+	}
+}
+
+func TestStopAbortsSend(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		c := newClient()
 		c.stall()
-		o := newOutbox(c, 100, time.Hour)
-		if err := o.Put("stuck"); err != nil {
-			t.Fatal(err)
-		}
+		var exited int
+		o := New(Config[string]{Max: 100, StallTimeout: time.Hour, Send: c.send, Abort: c.abort,
+			Exited: func() { exited++ }})
+		push(t, o, "stuck")
 		synctest.Wait()
-		o.Close() // returns although the Send was blocked
+		o.Stop() // does not wait for the sender
 		if err := o.Err(); !errors.Is(err, ErrClosed) {
 			t.Errorf("Err() = %v, want ErrClosed", err)
 		}
-		if err := o.Put("late"); !errors.Is(err, ErrClosed) {
-			t.Errorf("Put after Close = %v, want ErrClosed", err)
+		if err := o.Push(context.Background(), "late"); !errors.Is(err, ErrClosed) {
+			t.Errorf("Push after Stop = %v, want ErrClosed", err)
 		}
-		if c.aborts != 1 {
-			t.Errorf("aborts = %d, want 1", c.aborts)
+		synctest.Wait()
+		if c.aborts != 1 || exited != 1 {
+			t.Errorf("aborts = %d, Exited called %d times; want 1 and 1", c.aborts, exited)
 		}
-		o.Close() // idempotent
+		o.Close() // idempotent, and the sender is gone
 	})
 }
 
@@ -231,9 +343,7 @@ func TestCloseIdle(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		c := newClient()
 		o := newOutbox(c, 100, time.Second)
-		if err := o.Put("a"); err != nil {
-			t.Fatal(err)
-		}
+		push(t, o, "a")
 		synctest.Wait()
 		o.Close()
 		if c.aborts != 0 || !slices.Equal(c.received(), []string{"a"}) {
@@ -245,18 +355,17 @@ func TestCloseIdle(t *testing.T) {
 func TestSendError(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		gone := errors.New("connection reset by peer")
-		o := New(Config[string]{MaxBytes: 100, StallTimeout: time.Second,
-			Size:  func(s string) int { return len(s) },
+		o := New(Config[string]{Max: 100, StallTimeout: time.Second,
 			Send:  func(string, func()) error { return gone },
 			Abort: func() {}})
 		defer o.Close()
-		_ = o.Put("a")
+		_ = o.Push(context.Background(), "a")
 		<-o.Done()
 		if err := o.Err(); !errors.Is(err, gone) {
 			t.Errorf("Err() = %v, want the Send's error", err)
 		}
-		if err := o.Put("b"); !errors.Is(err, gone) {
-			t.Errorf("Put after a failed Send = %v", err)
+		if err := o.Push(context.Background(), "b"); !errors.Is(err, gone) {
+			t.Errorf("Push after a failed Send = %v", err)
 		}
 	})
 }
@@ -269,9 +378,7 @@ func TestResumesWithinTimeout(t *testing.T) {
 		c.stall()
 		o := newOutbox(c, 100, 10*time.Second)
 		defer o.Close()
-		for _, m := range []string{"a", "b", "c"} {
-			_ = o.Put(m)
-		}
+		push(t, o, "a", "b", "c")
 		time.Sleep(9 * time.Second)
 		c.unstall()
 		synctest.Wait()
@@ -284,20 +391,16 @@ func TestResumesWithinTimeout(t *testing.T) {
 
 // Drain waits for what is queued to be sent, so that an owner ending a
 // stream cleanly does not abort the last Send; a stalled client is cut
-// by the watchdog, which bounds the wait.
+// by the watchdog, which bounds the wait, and the context ends it too.
 func TestDrain(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		c := newClient()
 		c.stall()
 		o := newOutbox(c, 100, 10*time.Second)
 		defer o.Close()
-		for _, m := range []string{"a", "b"} {
-			if err := o.Put(m); err != nil {
-				t.Fatal(err)
-			}
-		}
+		push(t, o, "a", "b")
 		drained := make(chan error, 1)
-		go func() { drained <- o.Drain() }()
+		go func() { drained <- o.Drain(context.Background()) }()
 		time.Sleep(time.Second)
 		synctest.Wait()
 		if len(drained) != 0 {
@@ -309,13 +412,17 @@ func TestDrain(t *testing.T) {
 			t.Fatalf("Drain = %v, received %q", err, c.received())
 		}
 		c.stall()
-		if err := o.Put("c"); err != nil {
-			t.Fatal(err)
+		push(t, o, "c")
+		ctx, cancel := context.WithCancelCause(context.Background())
+		cause := errors.New("client gone")
+		time.AfterFunc(time.Second, func() { cancel(cause) })
+		if err := o.Drain(ctx); !errors.Is(err, cause) {
+			t.Fatalf("Drain whose context ended = %v, want its cause", err)
 		}
 		start := time.Now()
 		var drop *DropError
-		if err := o.Drain(); !errors.As(err, &drop) || drop.Reason != Stalled || time.Since(start) != 10*time.Second {
-			t.Fatalf("Drain of a stalled client = %v after %v", err, time.Since(start))
+		if err := o.Drain(context.Background()); !errors.As(err, &drop) || drop.Reason != Stalled || time.Since(start) != 9*time.Second {
+			t.Fatalf("Drain of a stalled client = %v after %v, want the cut at 10s after the Send started", err, time.Since(start))
 		}
 	})
 }
@@ -323,21 +430,18 @@ func TestDrain(t *testing.T) {
 // A message larger than the bound is accepted when nothing waits behind
 // the first message, even if that one has not started to be sent (an
 // empty first message, such as an HTTP stream's headers, and a large
-// resync Put before the sender took it).
+// resync pushed before the sender took it).
 func TestLargeMessageBehindEmptyHead(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		c := newClient()
 		c.stall()
 		o := newOutbox(c, 10, time.Hour)
 		defer o.Close()
-		if err := o.Put(""); err != nil {
-			t.Fatal(err)
-		}
-		if err := o.Put("a resync larger than the bound"); err != nil {
-			t.Fatalf("a large message behind an empty one: %v", err)
-		}
-		if err := o.Put("then a second"); err == nil {
-			t.Fatal("a second large message was accepted while one waits")
+		push(t, o, "", "a resync larger than the bound")
+		ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+		defer cancel()
+		if err := o.Push(ctx, "then a second"); !errors.Is(err, context.DeadlineExceeded) {
+			t.Fatalf("a second large message while one waits: Push = %v, want it to wait", err)
 		}
 	})
 }

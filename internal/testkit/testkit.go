@@ -25,7 +25,8 @@ import (
 )
 
 // TimerClock is a fake clock that reports every timer made on it on
-// Timers (dropping the reports nobody reads once Timers is full).
+// Timers, by NewTimer or AfterFunc (dropping the reports nobody reads once
+// Timers is full).
 type TimerClock struct {
 	*clocktesting.FakeClock
 	Timers chan time.Duration
@@ -40,6 +41,16 @@ func NewTimerClock(now time.Time, buffer int) *TimerClock {
 // NewTimer makes a fake timer and reports its duration.
 func (c *TimerClock) NewTimer(d time.Duration) clock.Timer {
 	t := c.FakeClock.NewTimer(d)
+	select {
+	case c.Timers <- d:
+	default: // nobody is counting them
+	}
+	return t
+}
+
+// AfterFunc makes a fake timer that calls f, and reports its duration.
+func (c *TimerClock) AfterFunc(d time.Duration, f func()) clock.Timer {
+	t := c.FakeClock.AfterFunc(d, f)
 	select {
 	case c.Timers <- d:
 	default: // nobody is counting them

@@ -94,7 +94,7 @@ type Config struct {
 	// once its context ends (default DefaultShutdownTimeout).
 	ShutdownTimeout time.Duration
 	// Clock times the stall timeout; the real clock when nil.
-	Clock clock.WithTicker
+	Clock clock.WithTickerAndDelayedExecution
 }
 
 // Server is the Lifecycle service. Create it with New, serve it with Serve.

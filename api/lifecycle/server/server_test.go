@@ -378,6 +378,51 @@ func TestSlowWatcherIsCutAndResumes(t *testing.T) {
 	}
 }
 
+// A watcher that stops reading is cut once a message has waited for it
+// for the stall timeout, however short its queue: on a quiet node a few
+// large events fill the connection's flow-control window and leave the
+// watch's queue of 64 nearly empty (it was never cut before the watch used
+// internal/outbox's rule: only a full queue started its stall timer).
+func TestStoppedWatcherCutWithQueueNotFull(t *testing.T) {
+	h := newHarness(t, journal.Options{Size: 1 << 20, MaxBytes: 1 << 30}, Config{})
+	_, slowClient := h.dial(t, grpc.WithInitialWindowSize(1<<16), grpc.WithInitialConnWindowSize(1<<16))
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	slow, err := slowClient.Watch(ctx, &lifecyclev1.WatchRequest{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	recvN(t, slow, 1) // snapshot_end
+	// Eight events of ~256 KiB: more than the window, gRPC's write quota
+	// and the socket's buffers take, far fewer than the queue holds.
+	big := pod("a", "prod", nil, "c")
+	big.Annotations = map[string]string{"blob": strings.Repeat("x", 256<<10)}
+	for range 8 {
+		change(h.j, big, "PodSync")
+	}
+	cut := h.logs.Logged("Cut a watcher")
+	for done := false; !done; {
+		select {
+		case <-cut:
+			done = true
+		case <-h.sclock.Timers:
+			h.sclock.Step(DefaultStallTimeout)
+		case <-time.After(patience):
+			t.Fatal("the watcher that stopped reading was not cut")
+		}
+	}
+	got, err := recvErr(slow)
+	if st := status.Convert(err); st.Code() != codes.ResourceExhausted || !strings.Contains(st.Message(), "did not read for 10s") {
+		t.Fatalf("the stopped watcher ended with %v, want ResourceExhausted", err)
+	}
+	if len(got) >= 8 {
+		t.Fatalf("received %d of 8 events before the cut: it was not blocked", len(got))
+	}
+	if w, _ := h.srv.watchStats(); w != 0 {
+		t.Fatalf("%d watches open after the cut", w)
+	}
+}
+
 // Shutdown ends every watch with Unavailable naming its cursor; Serve
 // returns nil and leaves nothing running (TestMain checks).
 func TestShutdownEndsWatches(t *testing.T) {

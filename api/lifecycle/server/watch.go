@@ -12,6 +12,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	lifecyclev1 "github.com/podlifecycle/pleg/api/lifecycle/v1"
+	"github.com/podlifecycle/pleg/internal/outbox"
 	"github.com/podlifecycle/pleg/journal"
 )
 
@@ -66,7 +67,7 @@ func (w *watch) status(code codes.Code, reason, msg string) error {
 	return st.Err()
 }
 
-// errCut is the cause of a watch cut for not reading.
+// errCut is the cause of a watch cut for not reading: its outbox's Abort.
 var errCut = errors.New("cut")
 
 // Watch streams the journal from the request's cursor through its filter.
@@ -111,39 +112,35 @@ func (s *Server) Watch(req *lifecyclev1.WatchRequest, stream grpc.ServerStreamin
 	defer cancel(nil)
 	defer context.AfterFunc(s.stopping, func() { cancel(context.Cause(s.stopping)) })()
 
-	// The watch's slow-consumer rule (not internal/outbox, which the SSE
-	// stream uses; its package comment says why): at most QueueSize
-	// messages converted ahead of the client, and a cut when the queue
-	// has no room for the stall timeout (push) or the last messages are
-	// not taken within it (drain). The journal holds the rest.
-	q := make(chan outMsg, s.cfg.QueueSize)
-	progress := make(chan struct{}, 1)
-	done := make(chan struct{})
+	// The slow-consumer rule is internal/outbox's, as for every stream
+	// pleg serves: at most QueueSize messages converted ahead of the
+	// client, Push waits for room (the journal holds the rest), and a
+	// client that takes nothing for the stall timeout while messages wait
+	// is cut. A message is progress once SendMsg returned: gRPC's flow
+	// control took it.
 	s.senders.Add(1)
-	go func() {
-		defer s.senders.Done()
-		defer close(done)
-		for m := range q {
+	ob := outbox.New(outbox.Config[outMsg]{
+		Max:          s.cfg.QueueSize,
+		StallTimeout: s.cfg.StallTimeout,
+		Send: func(m outMsg, progress func()) error {
 			if err := stream.SendMsg(m.body); err != nil {
 				cancel(err)
-				return
+				return err
 			}
 			w.sent.Store(m.cursor.Seq)
 			if c := w.sentCursor.Load(); c == nil || *c != m.cursor {
 				w.sentCursor.Store(&m.cursor)
 			}
-			select {
-			case progress <- struct{}{}:
-			default:
-			}
-		}
-	}()
-	closed := false
-	defer func() {
-		if !closed {
-			close(q)
-		}
-	}()
+			progress()
+			return nil
+		},
+		// The handler returns on the cut; gRPC then ends the stream, which
+		// makes a SendMsg blocked on the client's flow control return.
+		Abort:  func() { cancel(errCut) },
+		Exited: s.senders.Done,
+		Clock:  s.cfg.Clock,
+	})
+	defer ob.Stop()
 
 	for {
 		m, err := jw.Next(ctx)
@@ -169,16 +166,14 @@ func (s *Server) Watch(req *lifecyclev1.WatchRequest, stream grpc.ServerStreamin
 		if out.body == nil {
 			continue
 		}
-		if err := s.push(ctx, w, q, out); err != nil {
+		if err := ob.Push(ctx, out); err != nil {
 			return s.ended(ctx, w, err)
 		}
 		if m.Type == journal.ResyncRequired {
 			s.m.resyncs.WithLabelValues(resyncReason(m.Reason)).Inc()
 			log.Info("Watcher must resync", "reason", m.Reason, "cursor", req.GetCursor())
 			// The stream ends OK once the message is sent.
-			close(q)
-			closed = true
-			if err := s.drain(ctx, w, done, progress); err != nil {
+			if err := ob.Drain(ctx); err != nil {
 				return s.ended(ctx, w, err)
 			}
 			return nil
@@ -186,53 +181,11 @@ func (s *Server) Watch(req *lifecyclev1.WatchRequest, stream grpc.ServerStreamin
 	}
 }
 
-// push queues m, waiting at most the stall timeout for room: when the
-// queue stays full that long, the client has read nothing meanwhile.
-func (s *Server) push(ctx context.Context, w *watch, q chan<- outMsg, m outMsg) error {
-	select {
-	case q <- m:
-		return nil
-	default:
-	}
-	t := s.cfg.Clock.NewTimer(s.cfg.StallTimeout)
-	defer t.Stop()
-	select {
-	case q <- m:
-		return nil
-	case <-ctx.Done():
-		return context.Cause(ctx)
-	case <-t.C():
-		return errCut
-	}
-}
-
-// drain waits for the sender to send everything queued, cutting the
-// watch when it makes no progress for the stall timeout.
-func (s *Server) drain(ctx context.Context, w *watch, done <-chan struct{}, progress <-chan struct{}) error {
-	t := s.cfg.Clock.NewTimer(s.cfg.StallTimeout)
-	defer t.Stop()
-	for {
-		select {
-		case <-done:
-			// Sent, or Send failed (then ctx has its cause).
-			if ctx.Err() != nil {
-				return context.Cause(ctx)
-			}
-			return nil
-		case <-progress:
-			t.Reset(s.cfg.StallTimeout)
-		case <-ctx.Done():
-			return context.Cause(ctx)
-		case <-t.C():
-			return errCut
-		}
-	}
-}
-
 // ended is the status a watch ends with after err.
 func (s *Server) ended(ctx context.Context, w *watch, err error) error {
 	log := s.log.WithValues("peer", w.peer)
-	if errors.Is(err, errCut) {
+	var drop *outbox.DropError
+	if errors.As(err, &drop) || errors.Is(err, errCut) || errors.Is(context.Cause(ctx), errCut) {
 		s.m.cuts.WithLabelValues(CutNotReading).Inc()
 		log.Info("Cut a watcher that did not read", "stallTimeout", s.cfg.StallTimeout, "cursor", w.cursor())
 		return w.status(codes.ResourceExhausted, lifecyclev1.ReasonNotReading,
