@@ -4,7 +4,9 @@
 // every client an Outbox.
 //
 // An Outbox queues the messages for one client and sends them in order
-// from a goroutine of its own. The rule:
+// from a goroutine of its own, which runs only while there is something to
+// send and for SenderLinger after (an idle client costs no goroutine of
+// its outbox). The rule:
 //
 //   - At most Max waits behind the message being sent (in units of Size:
 //     bytes for SSE, messages for gRPC). Push waits for room, so the
@@ -58,6 +60,11 @@ func (e *DropError) Error() string {
 	return fmt.Sprintf("client cut off: it took nothing for %v (%d queued)", e.StallTimeout, e.Queued)
 }
 
+// SenderLinger is how long a sender goroutine waits for the next message
+// once the queue is empty before it returns; the next Push starts another.
+// A busy client keeps its goroutine, an idle one holds none.
+const SenderLinger = time.Second
+
 // ErrClosed is the error of an Outbox its owner closed.
 var ErrClosed = errors.New("outbox closed")
 
@@ -90,7 +97,8 @@ type Config[T any] struct {
 	// handler waits on. It may be called from any goroutine, at most once,
 	// with no lock of the outbox held.
 	Abort func()
-	// Exited, if set, is called by the sender goroutine as it returns: an
+	// Exited, if set, is called once the outbox has stopped and no sender
+	// goroutine is left (by the last one as it returns, or by Stop): an
 	// owner that cannot wait for it (a gRPC handler, whose blocked SendMsg
 	// returns only once the handler has) counts it there.
 	Exited func()
@@ -109,6 +117,8 @@ type Outbox[T any] struct {
 	queued  int   // in queue, in units of Size
 	err     error // set once: why the outbox stopped
 	sending bool  // a Send is in progress
+	running bool  // a sender goroutine exists
+	ended   bool  // stopped with no sender left: exited is closed
 	// progressAt is when the Send in progress started or last reported
 	// progress; watchdog is the pending check of it.
 	progressAt time.Time
@@ -116,20 +126,20 @@ type Outbox[T any] struct {
 	aborted    bool
 
 	wake    chan struct{} // one token, for the sender: the queue or err changed
+	linger  *time.Timer   // the sender's wait for more; only the sender uses it
 	room    chan struct{} // closed (and replaced) when a message leaves the queue
 	done    chan struct{} // closed when err is set
-	exited  chan struct{} // closed when the sender goroutine returns
+	exited  chan struct{} // closed when stopped and no sender goroutine is left
 	emptied chan struct{} // closed (and replaced) when the queue empties
 }
 
-// New returns an outbox and starts its sender goroutine.
+// New returns an outbox; its sender goroutine starts with the first Push.
 func New[T any](cfg Config[T]) *Outbox[T] {
 	if cfg.Clock == nil {
 		cfg.Clock = clock.RealClock{}
 	}
 	o := &Outbox[T]{cfg: cfg, wake: make(chan struct{}, 1), room: make(chan struct{}),
 		emptied: make(chan struct{}), done: make(chan struct{}), exited: make(chan struct{})}
-	go o.run()
 	return o
 }
 
@@ -173,7 +183,13 @@ func (o *Outbox[T]) Push(ctx context.Context, msg T) error {
 	o.queue = append(o.queue, msg)
 	o.sizes = append(o.sizes, size)
 	o.queued += size
+	start := !o.running
+	o.running = true
 	o.mu.Unlock()
+	if start {
+		go o.run()
+		return nil
+	}
 	select {
 	case o.wake <- struct{}{}:
 	default:
@@ -211,28 +227,73 @@ func (o *Outbox[T]) Queued() int {
 // Stop stops the outbox without waiting for its sender: messages not sent
 // yet are dropped and a Send in progress is aborted. A gRPC handler stops
 // its outbox as it returns (its blocked SendMsg returns only after it has).
-func (o *Outbox[T]) Stop() {
+func (o *Outbox[T]) Stop() { o.stop(false) }
+
+// stop stops the outbox; a Send in progress is aborted at once, or, with
+// grace, CloseGrace later if it has not returned by then.
+func (o *Outbox[T]) stop(grace bool) {
 	o.mu.Lock()
 	o.stopLocked(ErrClosed)
 	abort := func() {}
 	if o.sending {
-		abort = o.abortLocked()
+		if grace {
+			o.cfg.Clock.AfterFunc(CloseGrace, o.abortSend)
+		} else {
+			abort = o.abortLocked()
+		}
 	}
+	exited := o.endLocked()
 	o.mu.Unlock()
 	abort()
 	select {
 	case o.wake <- struct{}{}:
 	default:
 	}
+	exited()
 }
 
-// Close stops the outbox and returns once its sender goroutine has: an
+// abortSend aborts the Send in progress, if one still is.
+func (o *Outbox[T]) abortSend() {
+	o.mu.Lock()
+	abort := func() {}
+	if o.sending {
+		abort = o.abortLocked()
+	}
+	o.mu.Unlock()
+	abort()
+}
+
+// endLocked marks the outbox ended once it has stopped and no sender is
+// left, and returns what is to run then, with no lock held: Exited, then
+// the close of exited (so that Close returns after Exited). It returns a
+// no-op every other time.
+func (o *Outbox[T]) endLocked() func() {
+	if o.err == nil || o.running || o.ended {
+		return func() {}
+	}
+	o.ended = true
+	return func() {
+		if o.cfg.Exited != nil {
+			o.cfg.Exited()
+		}
+		close(o.exited)
+	}
+}
+
+// Close stops the outbox and returns once no sender goroutine is left: an
 // owner whose Send writes to what it must not touch after it returns (an
-// http.ResponseWriter) closes it.
+// http.ResponseWriter) closes it. Messages not begun are dropped; a Send
+// in progress may finish within CloseGrace, so that a stream that ends
+// (the server shutting down) does not end in the middle of a message to a
+// client that reads, and is aborted then.
 func (o *Outbox[T]) Close() {
-	o.Stop()
+	o.stop(true)
 	<-o.exited
 }
+
+// CloseGrace is how long Close lets a Send in progress finish before it
+// aborts it: a client that reads takes a message in far less.
+const CloseGrace = 500 * time.Millisecond
 
 // stopLocked records why the outbox stops, unless it already has, and
 // returns the outbox's error.
@@ -260,21 +321,20 @@ func (o *Outbox[T]) abortLocked() func() {
 }
 
 func (o *Outbox[T]) run() {
-	defer func() {
-		close(o.exited)
-		if o.cfg.Exited != nil {
-			o.cfg.Exited()
-		}
-	}()
 	for {
 		o.mu.Lock()
-		for o.err == nil && len(o.queue) == 0 {
+		if o.err == nil && len(o.queue) == 0 {
 			o.mu.Unlock()
-			<-o.wake
-			o.mu.Lock()
+			if !o.waitMore() {
+				return
+			}
+			continue
 		}
 		if o.err != nil {
+			o.running = false
+			exited := o.endLocked()
 			o.mu.Unlock()
+			exited()
 			return
 		}
 		msg := o.queue[0]
@@ -288,7 +348,10 @@ func (o *Outbox[T]) run() {
 		o.sending = false
 		if err != nil {
 			o.stopLocked(err) // keeps a DropError set while Send was aborted
+			o.running = false
+			exited := o.endLocked()
 			o.mu.Unlock()
+			exited()
 			return
 		}
 		if o.err == nil {
@@ -305,6 +368,30 @@ func (o *Outbox[T]) run() {
 		}
 		o.mu.Unlock()
 	}
+}
+
+// waitMore waits, on the sender goroutine, for a Push or Stop, at most
+// SenderLinger. It returns false when the goroutine is to return: nothing
+// came, and the next Push starts another.
+func (o *Outbox[T]) waitMore() bool {
+	if o.linger == nil {
+		o.linger = time.NewTimer(SenderLinger)
+	} else {
+		o.linger.Reset(SenderLinger)
+	}
+	select {
+	case <-o.wake:
+		o.linger.Stop()
+		return true
+	case <-o.linger.C:
+	}
+	o.mu.Lock()
+	defer o.mu.Unlock()
+	if o.err != nil || len(o.queue) > 0 {
+		return true // came as the timer fired: the loop sees it
+	}
+	o.running = false
+	return false
 }
 
 // Drain waits until every message queued has been sent, or the outbox

@@ -445,3 +445,81 @@ func TestLargeMessageBehindEmptyHead(t *testing.T) {
 		}
 	})
 }
+
+// The sender goroutine runs while there is something to send and for
+// SenderLinger after; an idle client holds none, and the next Push starts
+// one again.
+func TestSenderOnlyWhileBusy(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := newClient()
+		exited := 0
+		o := New(Config[string]{Max: 10, StallTimeout: time.Second, Send: c.send, Abort: c.abort,
+			Exited: func() { exited++ }})
+		running := func() bool {
+			o.mu.Lock()
+			defer o.mu.Unlock()
+			return o.running
+		}
+		if running() {
+			t.Fatal("a sender runs before the first Push")
+		}
+		push(t, o, "a")
+		time.Sleep(SenderLinger - time.Nanosecond)
+		synctest.Wait()
+		if !running() {
+			t.Fatal("the sender returned before SenderLinger passed")
+		}
+		push(t, o, "b") // the lingering sender takes it
+		time.Sleep(SenderLinger)
+		synctest.Wait()
+		if running() {
+			t.Fatal("the sender still runs SenderLinger after the queue emptied")
+		}
+		push(t, o, "c")
+		synctest.Wait()
+		if got := c.received(); !slices.Equal(got, []string{"a", "b", "c"}) {
+			t.Errorf("sent %q", got)
+		}
+		if exited != 0 {
+			t.Errorf("Exited called %d times before Stop", exited)
+		}
+		time.Sleep(SenderLinger)
+		synctest.Wait()
+		o.Close() // no sender: Close returns at once and Exited is called
+		if exited != 1 {
+			t.Errorf("Exited called %d times after Close, want 1", exited)
+		}
+	})
+}
+
+// Close lets a Send in progress finish within CloseGrace (a stream that
+// ends does not cut a message short for a client that reads), and aborts
+// one that has not finished by then; what was not begun is dropped.
+func TestCloseLetsSendFinish(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		c := newClient()
+		c.stall()
+		o := newOutbox(c, 100, time.Hour)
+		push(t, o, "in flight", "not begun")
+		synctest.Wait()
+		closed := make(chan struct{})
+		go func() { o.Close(); close(closed) }()
+		time.Sleep(CloseGrace - time.Nanosecond)
+		c.unstall()
+		<-closed
+		if got := c.received(); !slices.Equal(got, []string{"in flight"}) || c.aborts != 0 {
+			t.Errorf("received %q, aborts %d; want the message in flight whole, and no abort", got, c.aborts)
+		}
+
+		c = newClient()
+		c.stall()
+		o = newOutbox(c, 100, time.Hour)
+		push(t, o, "stuck")
+		synctest.Wait()
+		start := time.Now()
+		o.Close()
+		if d := time.Since(start); d != CloseGrace || c.aborts != 1 {
+			t.Errorf("Close of a stalled Send returned after %v with %d aborts, want CloseGrace and 1", d, c.aborts)
+		}
+	})
+}
