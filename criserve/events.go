@@ -123,23 +123,14 @@ func (r *runtimeServer) GetContainerEvents(_ *runtimeapi.GetEventsRequest, strea
 	// QueueSize events ahead of the client, Push waits for room, and a
 	// client that takes nothing for the stall timeout while events wait
 	// is cut.
-	s.senders.Add(1)
-	ob := outbox.New(outbox.Config[*runtimeapi.ContainerEventResponse]{
+	ob := outbox.ForGRPC(outbox.GRPCConfig[*runtimeapi.ContainerEventResponse]{
 		Max:          s.cfg.QueueSize,
 		StallTimeout: s.cfg.StallTimeout,
-		Send: func(ev *runtimeapi.ContainerEventResponse, progress func()) error {
-			if err := stream.Send(ev); err != nil {
-				cancel(err)
-				return err
-			}
-			progress()
-			return nil
-		},
-		// The handler returns on the cut; gRPC then ends the stream, which
-		// makes a Send blocked on the client's flow control return.
-		Abort:  func() { cancel(errCut) },
-		Exited: s.senders.Done,
-		Clock:  s.cfg.Clock,
+		Clock:        s.cfg.Clock,
+		Send:         stream.Send,
+		Cancel:       cancel,
+		Cut:          errCut,
+		Senders:      &s.senders,
 	})
 	defer ob.Stop()
 	for {

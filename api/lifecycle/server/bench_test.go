@@ -44,15 +44,8 @@ func benchmarkFanout(b *testing.B, perWatcher bool) {
 		b.Fatal(err)
 	}
 	srv.perWatcherEncoding = perWatcher
-	sock := filepath.Join(b.TempDir(), "pleg.sock")
-	ln, err := ListenUnix(sock, 0o600, -1)
-	if err != nil {
-		b.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	served := make(chan error, 1)
-	go func() { served <- srv.Serve(ctx, ln) }()
-	defer func() { cancel(); <-served }()
+	sock, stop := serveBench(b, srv)
+	defer stop()
 
 	received := make(chan int, watchers)
 	wctx, wcancel := context.WithCancel(context.Background())
@@ -111,3 +104,24 @@ func (rawCodec) Unmarshal(data mem.BufferSlice, v any) error {
 }
 
 func (rawCodec) Name() string { return "proto" }
+
+// serveBench serves srv on a unix socket in a temporary directory, and
+// returns the socket's path and what stops the server (reporting an error
+// of Serve).
+func serveBench(b *testing.B, srv *Server) (sock string, stop func()) {
+	b.Helper()
+	sock = filepath.Join(b.TempDir(), "pleg.sock")
+	ln, err := ListenUnix(sock, 0o600, -1)
+	if err != nil {
+		b.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	served := make(chan error, 1)
+	go func() { served <- srv.Serve(ctx, ln) }()
+	return sock, func() {
+		cancel()
+		if err := <-served; err != nil {
+			b.Errorf("Serve: %v", err)
+		}
+	}
+}

@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"runtime"
 	"strings"
 	"syscall"
@@ -202,20 +201,8 @@ func runFanout(b *testing.B, subs, rate int) fanoutResult {
 	if err != nil {
 		b.Fatal(err)
 	}
-	sock := filepath.Join(b.TempDir(), "pleg.sock")
-	ln, err := ListenUnix(sock, 0o600, -1)
-	if err != nil {
-		b.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	served := make(chan error, 1)
-	go func() { served <- srv.Serve(ctx, ln) }()
-	defer func() {
-		cancel()
-		if err := <-served; err != nil {
-			b.Errorf("Serve: %v", err)
-		}
-	}()
+	sock, stop := serveBench(b, srv)
+	defer stop()
 
 	heap0 := heapAndStacks()
 	cmd := exec.Command(os.Args[0])

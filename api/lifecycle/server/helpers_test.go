@@ -44,6 +44,24 @@ func waitTimer(t *testing.T, c *testkit.TimerClock) {
 	}
 }
 
+// stepUntilCut steps the server's clock by the stall timeout for each
+// timer made on it (a watch's outbox arms its watchdog as a send starts)
+// until a watch is cut; what is named failed to be cut otherwise.
+func stepUntilCut(t *testing.T, h *harness, what string) {
+	t.Helper()
+	cut := h.logs.Logged("Cut a watcher")
+	for {
+		select {
+		case <-cut:
+			return
+		case <-h.sclock.Timers:
+			h.sclock.Step(DefaultStallTimeout)
+		case <-time.After(patience):
+			t.Fatalf("%s was not cut", what)
+		}
+	}
+}
+
 // harness is a server of a journal on a unix socket and a client of it.
 type harness struct {
 	j      *journal.Journal

@@ -7,7 +7,6 @@ import (
 	"io"
 	"os"
 	"os/exec"
-	"path/filepath"
 	"runtime"
 	"strings"
 	"testing"
@@ -98,20 +97,8 @@ func idleWatchCost(b *testing.B, watches, conns int) (heap, goroutines float64) 
 	if err != nil {
 		b.Fatal(err)
 	}
-	sock := filepath.Join(b.TempDir(), "pleg.sock")
-	ln, err := ListenUnix(sock, 0o600, -1)
-	if err != nil {
-		b.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	served := make(chan error, 1)
-	go func() { served <- srv.Serve(ctx, ln) }()
-	defer func() {
-		cancel()
-		if err := <-served; err != nil {
-			b.Errorf("Serve: %v", err)
-		}
-	}()
+	sock, stop := serveBench(b, srv)
+	defer stop()
 
 	heap0, g0 := heapAndStacks(), runtime.NumGoroutine()
 	cmd := exec.Command(os.Args[0])

@@ -318,19 +318,9 @@ func TestSlowWatcherIsCutAndResumes(t *testing.T) {
 	if w, l := h.srv.watchStats(); w != 2 || l == 0 {
 		t.Fatalf("watchers %d, max lag %d; want 2 and > 0", w, l)
 	}
-	// Every wait of a watch for its client starts a timer (the fast one's
-	// are over): let each expire until the slow watch is cut.
-	cut := h.logs.Logged("Cut a watcher")
-	for done := false; !done; {
-		select {
-		case <-cut:
-			done = true
-		case <-h.sclock.Timers:
-			h.sclock.Step(DefaultStallTimeout)
-		case <-time.After(patience):
-			t.Fatal("the slow watcher was not cut")
-		}
-	}
+	// Let each stall timer expire (the fast watch's find it reading)
+	// until the slow watch is cut.
+	stepUntilCut(t, h, "the slow watcher")
 
 	got, err := recvErr(slow)
 	st := status.Convert(err)
@@ -400,17 +390,7 @@ func TestStoppedWatcherCutWithQueueNotFull(t *testing.T) {
 	for range 8 {
 		change(h.j, big, "PodSync")
 	}
-	cut := h.logs.Logged("Cut a watcher")
-	for done := false; !done; {
-		select {
-		case <-cut:
-			done = true
-		case <-h.sclock.Timers:
-			h.sclock.Step(DefaultStallTimeout)
-		case <-time.After(patience):
-			t.Fatal("the watcher that stopped reading was not cut")
-		}
-	}
+	stepUntilCut(t, h, "the watcher that stopped reading")
 	got, err := recvErr(slow)
 	if st := status.Convert(err); st.Code() != codes.ResourceExhausted || !strings.Contains(st.Message(), "did not read for 10s") {
 		t.Fatalf("the stopped watcher ended with %v, want ResourceExhausted", err)

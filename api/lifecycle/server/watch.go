@@ -118,27 +118,20 @@ func (s *Server) Watch(req *lifecyclev1.WatchRequest, stream grpc.ServerStreamin
 	// client that takes nothing for the stall timeout while messages wait
 	// is cut. A message is progress once SendMsg returned: gRPC's flow
 	// control took it.
-	s.senders.Add(1)
-	ob := outbox.New(outbox.Config[outMsg]{
+	ob := outbox.ForGRPC(outbox.GRPCConfig[outMsg]{
 		Max:          s.cfg.QueueSize,
 		StallTimeout: s.cfg.StallTimeout,
-		Send: func(m outMsg, progress func()) error {
-			if err := stream.SendMsg(m.body); err != nil {
-				cancel(err)
-				return err
-			}
+		Clock:        s.cfg.Clock,
+		Send:         func(m outMsg) error { return stream.SendMsg(m.body) },
+		Sent: func(m outMsg) {
 			w.sent.Store(m.cursor.Seq)
 			if c := w.sentCursor.Load(); c == nil || *c != m.cursor {
 				w.sentCursor.Store(&m.cursor)
 			}
-			progress()
-			return nil
 		},
-		// The handler returns on the cut; gRPC then ends the stream, which
-		// makes a SendMsg blocked on the client's flow control return.
-		Abort:  func() { cancel(errCut) },
-		Exited: s.senders.Done,
-		Clock:  s.cfg.Clock,
+		Cancel:  cancel,
+		Cut:     errCut,
+		Senders: &s.senders,
 	})
 	defer ob.Stop()
 
