@@ -127,10 +127,14 @@ type Outbox[T any] struct {
 
 	wake    chan struct{} // one token, for the sender: the queue or err changed
 	linger  *time.Timer   // the sender's wait for more; only the sender uses it
-	room    chan struct{} // closed (and replaced) when a message leaves the queue
+	room    chan struct{} // closed (and replaced) when a message leaves the queue, if roomWanted
 	done    chan struct{} // closed when err is set
 	exited  chan struct{} // closed when stopped and no sender goroutine is left
-	emptied chan struct{} // closed (and replaced) when the queue empties
+	emptied chan struct{} // closed (and replaced) when the queue empties, if emptiedWanted
+	// roomWanted and emptiedWanted say a Push or a Drain waits on room or
+	// emptied: only then is the channel closed and made anew, so that a
+	// message sent to a client nobody waits for allocates nothing.
+	roomWanted, emptiedWanted bool
 }
 
 // New returns an outbox; its sender goroutine starts with the first Push.
@@ -171,6 +175,7 @@ func (o *Outbox[T]) Push(ctx context.Context, msg T) error {
 			break
 		}
 		room := o.room
+		o.roomWanted = true
 		o.mu.Unlock()
 		select {
 		case <-room:
@@ -359,11 +364,13 @@ func (o *Outbox[T]) run() {
 			o.queue[0] = zero
 			o.queue, o.queued = o.queue[1:], o.queued-o.sizes[0]
 			o.sizes = o.sizes[1:]
-			close(o.room)
-			o.room = make(chan struct{})
-			if len(o.queue) == 0 {
+			if o.roomWanted {
+				close(o.room)
+				o.room, o.roomWanted = make(chan struct{}), false
+			}
+			if len(o.queue) == 0 && o.emptiedWanted {
 				close(o.emptied)
-				o.emptied = make(chan struct{})
+				o.emptied, o.emptiedWanted = make(chan struct{}), false
 			}
 		}
 		o.mu.Unlock()
@@ -408,6 +415,7 @@ func (o *Outbox[T]) Drain(ctx context.Context) error {
 			return err
 		}
 		ch := o.emptied
+		o.emptiedWanted = true
 		o.mu.Unlock()
 		select {
 		case <-ch:
