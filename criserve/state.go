@@ -64,7 +64,7 @@ func sandboxMeta(p *journal.Pod, sb *journal.Sandbox) *runtimeapi.PodSandboxMeta
 // podSandbox is a sandbox as ListPodSandbox gives it.
 func podSandbox(p *journal.Pod, sb *journal.Sandbox) *runtimeapi.PodSandbox {
 	return &runtimeapi.PodSandbox{Id: sb.ID, Metadata: sandboxMeta(p, sb), State: sandboxState(sb.State),
-		CreatedAt: nanos(sb.CreatedAt), Labels: sb.Labels, Annotations: sb.Annotations}
+		CreatedAt: nanos(sb.CreatedAt), Labels: sb.Labels.Map(), Annotations: sb.Annotations.Map()}
 }
 
 // sandboxStatus is a sandbox as a non-verbose PodSandboxStatus gives it.
@@ -83,7 +83,7 @@ func sandboxStatus(p *journal.Pod, sb *journal.Sandbox) *runtimeapi.PodSandboxSt
 	return &runtimeapi.PodSandboxStatus{Id: sb.ID, Metadata: sandboxMeta(p, sb), State: sandboxState(sb.State),
 		CreatedAt: nanos(sb.CreatedAt), Network: net,
 		Linux:  &runtimeapi.LinuxPodSandboxStatus{Namespaces: &runtimeapi.Namespace{Options: &runtimeapi.NamespaceOption{Network: mode}}},
-		Labels: sb.Labels, Annotations: sb.Annotations}
+		Labels: sb.Labels.Map(), Annotations: sb.Annotations.Map()}
 }
 
 // sandboxOf is the sandbox container c belongs to: the journal does not
@@ -124,7 +124,7 @@ func container(p *journal.Pod, c *journal.Container) *runtimeapi.Container {
 	return &runtimeapi.Container{Id: c.ID, PodSandboxId: sandboxID(p, c),
 		Metadata: &runtimeapi.ContainerMetadata{Name: c.Name, Attempt: c.Attempt},
 		Image:    &runtimeapi.ImageSpec{Image: c.Image}, ImageRef: c.ImageRef,
-		State: containerState(c.State), CreatedAt: created, Labels: c.Labels, Annotations: c.Annotations}
+		State: containerState(c.State), CreatedAt: created, Labels: c.Labels.Map(), Annotations: c.Annotations.Map()}
 }
 
 // containerStatus is a container as a non-verbose ContainerStatus gives
@@ -133,7 +133,7 @@ func containerStatus(c *journal.Container) *runtimeapi.ContainerStatus {
 	st := &runtimeapi.ContainerStatus{Id: c.ID, Metadata: &runtimeapi.ContainerMetadata{Name: c.Name, Attempt: c.Attempt},
 		State: containerState(c.State), CreatedAt: nanos(c.CreatedAt), StartedAt: nanos(c.StartedAt), FinishedAt: nanos(c.FinishedAt),
 		Image: &runtimeapi.ImageSpec{Image: c.Image}, ImageRef: c.ImageRef,
-		Reason: c.Reason, Message: c.Message, Labels: c.Labels, Annotations: c.Annotations}
+		Reason: c.Reason, Message: c.Message, Labels: c.Labels.Map(), Annotations: c.Annotations.Map()}
 	if c.ExitCode != nil {
 		st.ExitCode = *c.ExitCode
 	}
@@ -141,9 +141,9 @@ func containerStatus(c *journal.Container) *runtimeapi.ContainerStatus {
 }
 
 // labelsMatch reports whether every pair of sel is in labels.
-func labelsMatch(labels, sel map[string]string) bool {
+func labelsMatch(labels cruntime.Labels, sel map[string]string) bool {
 	for k, v := range sel {
-		if got, ok := labels[k]; !ok || got != v {
+		if got, ok := labels.Lookup(k); !ok || got != v {
 			return false
 		}
 	}

@@ -81,7 +81,7 @@ type SandboxStatus struct {
 	HostNetwork bool
 	// Labels and Annotations are the sandbox's (the pod's, as the
 	// kubelet set them).
-	Labels, Annotations map[string]string
+	Labels, Annotations Labels
 }
 
 // ContainerStatus is the full status of one container.
@@ -99,7 +99,7 @@ type ContainerStatus struct {
 	Reason     string
 	Message    string
 	// Labels and Annotations are the container's.
-	Labels, Annotations map[string]string
+	Labels, Annotations Labels
 }
 
 // PodStatus is the full status of a pod: every sandbox and container of it

@@ -92,7 +92,7 @@ func (f *Filter) matchPod(p *Pod) bool {
 	if len(f.uids) > 0 && !slices.Contains(f.uids, p.UID) {
 		return false
 	}
-	return f.selector == nil || f.selector.Matches(labels.Set(p.Labels))
+	return f.selector == nil || f.selector.Matches(p.Labels)
 }
 
 // matchEntry reports whether f selects entry e: runtime status always;

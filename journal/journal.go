@@ -19,8 +19,6 @@ import (
 	"encoding/hex"
 	"errors"
 	"fmt"
-	"maps"
-	"reflect"
 	"slices"
 	"strconv"
 	"strings"
@@ -242,8 +240,8 @@ type Pod struct {
 	Name        string
 	Namespace   string
 	IPs         []string
-	Labels      map[string]string
-	Annotations map[string]string
+	Labels      cruntime.Labels
+	Annotations cruntime.Labels
 	Sandboxes   []*Sandbox
 	Containers  []*Container
 	Gone        bool
@@ -259,8 +257,8 @@ type Sandbox struct {
 	CreatedAt   time.Time
 	IPs         []string
 	HostNetwork bool
-	Labels      map[string]string
-	Annotations map[string]string
+	Labels      cruntime.Labels
+	Annotations cruntime.Labels
 }
 
 // Container is one container.
@@ -283,8 +281,8 @@ type Container struct {
 	ExitCode      *int32
 	Reason        string
 	Message       string
-	Labels        map[string]string
-	Annotations   map[string]string
+	Labels        cruntime.Labels
+	Annotations   cruntime.Labels
 	Identity      *Identity
 }
 
@@ -489,7 +487,7 @@ func slicesContains[T any](s []*T, x *T) bool {
 
 func sandboxEqual(a, b *Sandbox) bool {
 	return a.ID == b.ID && a.Name == b.Name && a.State == b.State && a.Attempt == b.Attempt && a.CreatedAt.Equal(b.CreatedAt) &&
-		slices.Equal(a.IPs, b.IPs) && a.HostNetwork == b.HostNetwork && sameMap(a.Labels, b.Labels) && sameMap(a.Annotations, b.Annotations)
+		slices.Equal(a.IPs, b.IPs) && a.HostNetwork == b.HostNetwork && a.Labels.Equal(b.Labels) && a.Annotations.Equal(b.Annotations)
 }
 
 func containerEqual(a, b *Container) bool {
@@ -497,22 +495,8 @@ func containerEqual(a, b *Container) bool {
 		a.ImageRef == b.ImageRef && a.CreatedAt.Equal(b.CreatedAt) && a.ListCreatedAt == b.ListCreatedAt &&
 		a.StartedAt.Equal(b.StartedAt) && a.FinishedAt.Equal(b.FinishedAt) &&
 		(a.ExitCode == nil) == (b.ExitCode == nil) && (a.ExitCode == nil || *a.ExitCode == *b.ExitCode) &&
-		a.Reason == b.Reason && a.Message == b.Message && sameMap(a.Labels, b.Labels) && sameMap(a.Annotations, b.Annotations) &&
+		a.Reason == b.Reason && a.Message == b.Message && a.Labels.Equal(b.Labels) && a.Annotations.Equal(b.Annotations) &&
 		(a.Identity == nil) == (b.Identity == nil) && (a.Identity == nil || *a.Identity == *b.Identity)
-}
-
-// sameMapRef reports whether a and b are the same map.
-func sameMapRef(a, b map[string]string) bool {
-	return reflect.ValueOf(a).UnsafePointer() == reflect.ValueOf(b).UnsafePointer()
-}
-
-// sameMap reports whether a and b are equal: the same map (a status's,
-// shared), or equal entries.
-func sameMap(a, b map[string]string) bool {
-	if len(a) != len(b) {
-		return false
-	}
-	return len(a) == 0 || sameMapRef(a, b) || maps.Equal(a, b)
 }
 
 // tombstoneSize estimates a tombstone's struct, its map entry and its
@@ -526,33 +510,25 @@ func podSize(p *Pod) int { return podSizeBeside(p, nil) }
 // sandboxes, containers, labels and annotations it may share (nil: none).
 func podSizeBeside(p, prev *Pod) int {
 	n := 160 + len(p.Name) + len(p.Namespace) + len(p.UID) + 8*(len(p.Sandboxes)+len(p.Containers))
-	if prev == nil || !sameMapRef(p.Labels, prev.Labels) {
-		n += mapSize(p.Labels)
+	if prev == nil || !p.Labels.SameAs(prev.Labels) {
+		n += p.Labels.Bytes()
 	}
-	if prev == nil || !sameMapRef(p.Annotations, prev.Annotations) {
-		n += mapSize(p.Annotations)
+	if prev == nil || !p.Annotations.SameAs(prev.Annotations) {
+		n += p.Annotations.Bytes()
 	}
 	for _, ip := range p.IPs {
 		n += 16 + len(ip)
 	}
 	for _, s := range p.Sandboxes {
 		if prev == nil || !slicesContains(prev.Sandboxes, s) {
-			n += 128 + len(s.ID) + mapSize(s.Labels) + mapSize(s.Annotations)
+			n += 128 + len(s.ID) + s.Labels.Bytes() + s.Annotations.Bytes()
 		}
 	}
 	for _, c := range p.Containers {
 		if prev == nil || !slicesContains(prev.Containers, c) {
 			n += 256 + len(c.ID) + len(c.Name) + len(c.Image) + len(c.ImageRef) + len(c.Reason) + len(c.Message) +
-				mapSize(c.Labels) + mapSize(c.Annotations)
+				c.Labels.Bytes() + c.Annotations.Bytes()
 		}
-	}
-	return n
-}
-
-func mapSize(m map[string]string) int {
-	n := 0
-	for k, v := range m {
-		n += 48 + len(k) + len(v)
 	}
 	return n
 }

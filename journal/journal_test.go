@@ -19,7 +19,7 @@ import (
 
 // pod builds a pod state: containers "id=state".
 func pod(uid, ns string, lbl map[string]string, items ...string) *Pod {
-	p := &Pod{UID: types.UID(uid), Name: "name-" + uid, Namespace: ns, Labels: lbl}
+	p := &Pod{UID: types.UID(uid), Name: "name-" + uid, Namespace: ns, Labels: cruntime.NewLabels(lbl)}
 	for _, it := range items {
 		id, st, _ := strings.Cut(it, "=")
 		s := map[string]cruntime.State{"running": cruntime.StateRunning, "exited": cruntime.StateExited}[st]
@@ -520,9 +520,9 @@ func TestEntriesShareUnchangedContainers(t *testing.T) {
 	labels := map[string]string{"io.kubernetes.pod.uid": "a"}
 	build := func(states ...string) *Pod {
 		p := pod("a", "prod", labels, states...)
-		p.Sandboxes = []*Sandbox{{ID: "sb", State: cruntime.StateRunning, Labels: labels}}
+		p.Sandboxes = []*Sandbox{{ID: "sb", State: cruntime.StateRunning, Labels: cruntime.NewLabels(labels)}}
 		for _, c := range p.Containers {
-			c.Labels = map[string]string{"io.kubernetes.container.name": c.ID} // equal, not the same map
+			c.Labels = cruntime.LabelsOf("io.kubernetes.container.name", c.ID) // equal, not the same set
 		}
 		return p
 	}

@@ -5,6 +5,8 @@ import (
 	"fmt"
 	"testing"
 
+	"github.com/podlifecycle/pleg/cruntime"
+
 	"k8s.io/apimachinery/pkg/types"
 )
 
@@ -13,11 +15,11 @@ import (
 // one it selects (one op: one such Next).
 func BenchmarkNextFilteredBehind(b *testing.B) {
 	j := New(Options{Epoch: "e"})
-	other := &Pod{UID: "o", Namespace: "shop", Labels: map[string]string{"app": "web", "tier": "front"}}
+	other := &Pod{UID: "o", Namespace: "shop", Labels: cruntime.LabelsOf("app", "web", "tier", "front")}
 	for range DefaultSize - 1 {
 		j.Append(Entry{Kind: KindPod, Pod: other, Transitions: []Transition{{Type: "PodSync"}}})
 	}
-	mine := &Pod{UID: types.UID("m"), Namespace: "shop", Labels: map[string]string{"app": "db"}}
+	mine := &Pod{UID: types.UID("m"), Namespace: "shop", Labels: cruntime.LabelsOf("app", "db")}
 	j.Append(Entry{Kind: KindPod, Pod: mine, Transitions: []Transition{{Type: "PodSync"}}})
 	f, err := NewFilter(FilterSpec{Namespaces: []string{"shop"}, LabelSelector: "app=db"})
 	if err != nil {

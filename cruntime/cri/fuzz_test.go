@@ -540,7 +540,7 @@ func FuzzContainerStatus(f *testing.F) {
 			return // no status to convert: the call fails
 		}
 		ct := &cruntime.Container{ID: id, Name: name, Image: image}
-		got := convertContainer(&s, ct)
+		got := convertContainer(&s, ct, cruntime.NewLabels)
 		m := s.ProtoReflect()
 		str := func(path string) string { return get(m, path).String() }
 		want := &cruntime.ContainerStatus{
@@ -556,8 +556,8 @@ func FuzzContainerStatus(f *testing.F) {
 			ExitCode:    int32(get(m, "exit_code").Int()),
 			Reason:      str("reason"),
 			Message:     str("message"),
-			Labels:      mapOf(m, "labels"),
-			Annotations: mapOf(m, "annotations"),
+			Labels:      cruntime.NewLabels(mapOf(m, "labels")),
+			Annotations: cruntime.NewLabels(mapOf(m, "annotations")),
 		}
 		if !reflect.DeepEqual(got, want) {
 			t.Fatalf("pleg keeps\n%+v\nthe status says\n%+v", got, want)
@@ -579,7 +579,7 @@ func FuzzPodSandboxStatus(f *testing.F) {
 			return
 		}
 		sb := &cruntime.Container{ID: id}
-		got := convertSandbox(&s, sb)
+		got := convertSandbox(&s, sb, cruntime.NewLabels)
 		m := s.ProtoReflect()
 		var ips []string
 		if ip := get(m, "network.ip").String(); ip != "" {
@@ -599,8 +599,8 @@ func FuzzPodSandboxStatus(f *testing.F) {
 			Attempt:     uint32(get(m, "metadata.attempt").Uint()),
 			IPs:         ips,
 			HostNetwork: runtimeapi.NamespaceMode(mode).String() == "NODE",
-			Labels:      mapOf(m, "labels"),
-			Annotations: mapOf(m, "annotations"),
+			Labels:      cruntime.NewLabels(mapOf(m, "labels")),
+			Annotations: cruntime.NewLabels(mapOf(m, "annotations")),
 		}
 		if !reflect.DeepEqual(got, want) {
 			t.Fatalf("pleg keeps\n%+v\nthe status says\n%+v", got, want)

@@ -6,7 +6,6 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
-	"slices"
 	"sync"
 	"time"
 
@@ -58,9 +57,7 @@ func (c *Client) ItemStatuses(ctx context.Context, pod *cruntime.Pod, sandboxes,
 				return nil
 			}
 			if err == nil && s != nil {
-				sbOut[i] = convertSandbox(s, sb)
-				sbOut[i].Labels = c.labelValues.labels(&c.labelKeys, &c.labelMaps, sbOut[i].Labels)
-				sbOut[i].Annotations = c.labelValues.labels(&c.labelKeys, &c.labelMaps, sbOut[i].Annotations)
+				sbOut[i] = convertSandbox(s, sb, c.labels)
 			}
 			return err
 		}
@@ -76,10 +73,8 @@ func (c *Client) ItemStatuses(ctx context.Context, pod *cruntime.Pod, sandboxes,
 			return nil
 		}
 		if err == nil && s != nil {
-			ctOut[i] = convertContainer(s, ct)
+			ctOut[i] = convertContainer(s, ct, c.labels)
 			ctOut[i].ImageRef = c.images.intern(ctOut[i].ImageRef)
-			ctOut[i].Labels = c.labelValues.labels(&c.labelKeys, &c.labelMaps, ctOut[i].Labels)
-			ctOut[i].Annotations = c.labelValues.labels(&c.labelKeys, &c.labelMaps, ctOut[i].Annotations)
 		}
 		return err
 	})
@@ -89,8 +84,15 @@ func (c *Client) ItemStatuses(ctx context.Context, pod *cruntime.Pod, sandboxes,
 	return sbOut, ctOut, nil
 }
 
-// convertSandbox converts the status of the listed sandbox sb.
-func convertSandbox(s *runtimeapi.PodSandboxStatus, sb *cruntime.Container) *cruntime.SandboxStatus {
+// labels is the labels of m, their strings and equal sets shared with
+// the statuses before.
+func (c *Client) labels(m map[string]string) cruntime.Labels {
+	return c.labelValues.labels(&c.labelKeys, &c.labelMaps, m)
+}
+
+// convertSandbox converts the status of the listed sandbox sb, its labels
+// and annotations through labels.
+func convertSandbox(s *runtimeapi.PodSandboxStatus, sb *cruntime.Container, labels func(map[string]string) cruntime.Labels) *cruntime.SandboxStatus {
 	st := &cruntime.SandboxStatus{
 		ID:          s.Id,
 		State:       sandboxState(s.State),
@@ -98,8 +100,8 @@ func convertSandbox(s *runtimeapi.PodSandboxStatus, sb *cruntime.Container) *cru
 		Attempt:     s.GetMetadata().GetAttempt(),
 		IPs:         sandboxIPs(s),
 		HostNetwork: s.GetLinux().GetNamespaces().GetOptions().GetNetwork() == runtimeapi.NamespaceMode_NODE,
-		Labels:      s.Labels,
-		Annotations: s.Annotations,
+		Labels:      labels(s.Labels),
+		Annotations: labels(s.Annotations),
 	}
 	if st.ID == "" {
 		st.ID = sb.ID
@@ -108,8 +110,9 @@ func convertSandbox(s *runtimeapi.PodSandboxStatus, sb *cruntime.Container) *cru
 	return st
 }
 
-// convertContainer converts the status of the listed container ct.
-func convertContainer(s *runtimeapi.ContainerStatus, ct *cruntime.Container) *cruntime.ContainerStatus {
+// convertContainer converts the status of the listed container ct, its
+// labels and annotations through labels.
+func convertContainer(s *runtimeapi.ContainerStatus, ct *cruntime.Container, labels func(map[string]string) cruntime.Labels) *cruntime.ContainerStatus {
 	st := &cruntime.ContainerStatus{
 		ID:          s.Id,
 		Name:        s.GetMetadata().GetName(),
@@ -123,8 +126,8 @@ func convertContainer(s *runtimeapi.ContainerStatus, ct *cruntime.Container) *cr
 		ExitCode:    s.ExitCode,
 		Reason:      s.Reason,
 		Message:     s.Message,
-		Labels:      s.Labels,
-		Annotations: s.Annotations,
+		Labels:      labels(s.Labels),
+		Annotations: labels(s.Annotations),
 	}
 	if st.ID == "" {
 		st.ID = ct.ID
@@ -356,90 +359,81 @@ func (r *sharedStrings) internLocked(s string) string {
 	return s
 }
 
-// labels returns a copy of m whose keys come from keys and whose values
-// come from r, the strings shorter than internMin excepted (sharing them
-// costs more than it saves); nil stays nil. The copy is sized to m, where
-// the decoder's map grew as it went. An equal map that shared returned
-// before is returned again instead (the annotations of a workload's
-// replicas are the same): the maps returned are shared, read-only.
-func (r *sharedStrings) labels(keys *sharedStrings, shared *sharedMaps, m map[string]string) map[string]string {
-	if m == nil {
-		return nil
+// labels returns the labels of m with keys from keys and values from r,
+// the strings shorter than internMin excepted (sharing them costs more
+// than it saves); nil or empty gives empty labels. Equal labels returned
+// before are returned again instead (the annotations of a workload's
+// replicas are the same).
+func (r *sharedStrings) labels(keys *sharedStrings, shared *sharedMaps, m map[string]string) cruntime.Labels {
+	if len(m) == 0 {
+		return cruntime.Labels{}
 	}
-	out := make(map[string]string, len(m))
 	keys.mu.Lock()
 	r.mu.Lock()
-	for k, v := range m {
+	l := cruntime.NewLabelsWith(m, func(k string) string {
 		if len(k) >= internMin {
 			k = keys.internLocked(k)
 		}
+		return k
+	}, func(v string) string {
 		if len(v) >= internMin {
 			v = r.internLocked(v)
 		}
-		out[k] = v
-	}
+		return v
+	})
 	r.mu.Unlock()
 	keys.mu.Unlock()
-	return shared.share(out)
+	return shared.share(l)
 }
 
-// sharedMaps shares equal label and annotation maps between statuses: a
+// sharedMaps shares equal labels and annotations between statuses: a
 // node's replicas of one workload carry the same annotations on their
 // containers, and the cache keeps every container's status for as long as
-// its pod lives; a map costs 300 bytes and more before its strings.
+// its pod lives.
 //
-// The table is bounded: when it holds maxSharedMaps maps it is emptied
+// The table is bounded: when it holds maxSharedMaps sets it is emptied
 // and fills again, so what it keeps beyond what the statuses hold is at
-// most its bound, and maps that no status holds any longer go with the
+// most its bound, and sets that no status holds any longer go with the
 // next emptying.
 type sharedMaps struct {
 	mu   sync.Mutex
-	maps map[string]map[string]string // content key (sharedMapKey) -> the shared map
-	keys []string                     // scratch: m's keys, sorted
-	buf  []byte                       // scratch: the content key
+	maps map[string]cruntime.Labels // content key -> the shared labels
+	buf  []byte                     // scratch: the content key
 }
 
 // maxSharedMaps bounds a sharedMaps' table.
 const maxSharedMaps = 1024
 
-// maxSharedMapBytes is the largest content key shared: a map larger than
-// this is kept as is (no workload shares such a map often enough to pay
+// maxSharedMapBytes is the largest content key shared: larger labels are
+// kept as they are (no workload shares such a set often enough to pay
 // for its key).
 const maxSharedMapBytes = 4096
 
-// share returns the table's map equal to m, adding m if there is none.
-func (s *sharedMaps) share(m map[string]string) map[string]string {
-	if len(m) == 0 {
-		return m
+// share returns the table's labels equal to l, adding l if there are none.
+func (s *sharedMaps) share(l cruntime.Labels) cruntime.Labels {
+	if l.Len() == 0 {
+		return l
 	}
 	s.mu.Lock()
 	defer s.mu.Unlock()
-	s.keys = s.keys[:0]
-	n := 0
-	for k, v := range m {
-		s.keys = append(s.keys, k)
-		n += len(k) + len(v) + 2
-	}
-	if n > maxSharedMapBytes {
-		return m
-	}
-	slices.Sort(s.keys)
 	s.buf = s.buf[:0]
-	for _, k := range s.keys {
+	for k, v := range l.All() {
 		// Keys and values may hold any byte: each is prefixed by its
-		// length, so that no two maps have one key.
+		// length, so that no two sets have one key.
 		s.buf = binary.AppendUvarint(s.buf, uint64(len(k)))
 		s.buf = append(s.buf, k...)
-		v := m[k]
 		s.buf = binary.AppendUvarint(s.buf, uint64(len(v)))
 		s.buf = append(s.buf, v...)
+		if len(s.buf) > maxSharedMapBytes {
+			return l
+		}
 	}
 	if old, ok := s.maps[string(s.buf)]; ok {
 		return old
 	}
 	if s.maps == nil || len(s.maps) >= maxSharedMaps {
-		s.maps = make(map[string]map[string]string)
+		s.maps = make(map[string]cruntime.Labels)
 	}
-	s.maps[string(s.buf)] = m
-	return m
+	s.maps[string(s.buf)] = l
+	return l
 }

@@ -413,25 +413,28 @@ func TestLabelsShareStrings(t *testing.T) {
 	// Each through a table of maps of its own: the strings are shared
 	// even where the maps are not.
 	a, b := values.labels(&keys, new(sharedMaps), decoded()), values.labels(&keys, new(sharedMaps), decoded())
-	if !maps.Equal(a, b) || !maps.Equal(a, decoded()) {
+	if !maps.Equal(a.Map(), b.Map()) || !maps.Equal(a.Map(), decoded()) {
 		t.Fatalf("labels changed: %v, %v", a, b)
 	}
-	for k := range a {
-		var kb string
-		for k2 := range b {
+	if a.SameAs(b) {
+		t.Fatal("the test's two tables shared one set")
+	}
+	for k, v := range a.All() {
+		var kb, vb string
+		for k2, v2 := range b.All() {
 			if k2 == k {
-				kb = k2
+				kb, vb = k2, v2
 			}
 		}
 		if unsafe.StringData(k) != unsafe.StringData(kb) {
 			t.Errorf("key %q kept twice", k)
 		}
-		if len(a[k]) >= internMin && unsafe.StringData(a[k]) != unsafe.StringData(b[k]) {
-			t.Errorf("value %q kept twice", a[k])
+		if len(v) >= internMin && unsafe.StringData(v) != unsafe.StringData(vb) {
+			t.Errorf("value %q kept twice", v)
 		}
 	}
-	if values.labels(&keys, new(sharedMaps), nil) != nil {
-		t.Error("nil labels became a map")
+	if l := values.labels(&keys, new(sharedMaps), nil); l.Len() != 0 {
+		t.Errorf("nil labels became %v", l)
 	}
 }
 
@@ -448,15 +451,15 @@ func TestLabelsShareMaps(t *testing.T) {
 		}
 	}
 	a, b, c := values.labels(&keys, &shared, ann("0")), values.labels(&keys, &shared, ann("0")), values.labels(&keys, &shared, ann("1"))
-	if reflect.ValueOf(a).UnsafePointer() != reflect.ValueOf(b).UnsafePointer() {
-		t.Error("two equal maps kept twice")
+	if !a.SameAs(b) {
+		t.Error("two equal sets kept twice")
 	}
-	if reflect.ValueOf(a).UnsafePointer() == reflect.ValueOf(c).UnsafePointer() || c["io.kubernetes.container.restartCount"] != "1" {
+	if a.SameAs(c) || c.Get("io.kubernetes.container.restartCount") != "1" {
 		t.Errorf("maps that differ shared: %v", c)
 	}
 	// {"ab": "c"} and {"a": "bc"} run together as "abc".
 	x, y := values.labels(&keys, &shared, map[string]string{"ab": "c"}), values.labels(&keys, &shared, map[string]string{"a": "bc"})
-	if !maps.Equal(x, map[string]string{"ab": "c"}) || !maps.Equal(y, map[string]string{"a": "bc"}) {
+	if !maps.Equal(x.Map(), map[string]string{"ab": "c"}) || !maps.Equal(y.Map(), map[string]string{"a": "bc"}) {
 		t.Errorf("maps mixed up: %v, %v", x, y)
 	}
 	for i := range 3 * maxSharedMaps {
@@ -466,7 +469,7 @@ func TestLabelsShareMaps(t *testing.T) {
 		}
 	}
 	big := func() map[string]string { return map[string]string{"k": strings.Repeat("v", maxSharedMapBytes)} }
-	if p, q := values.labels(&keys, &shared, big()), values.labels(&keys, &shared, big()); reflect.ValueOf(p).UnsafePointer() == reflect.ValueOf(q).UnsafePointer() {
+	if p, q := values.labels(&keys, &shared, big()), values.labels(&keys, &shared, big()); p.SameAs(q) {
 		t.Error("a map beyond maxSharedMapBytes shared")
 	}
 }

@@ -47,7 +47,7 @@ func newJournalServer(t *testing.T, jo journal.Options, cfg Config) (*journal.Jo
 }
 
 func hostPod(uid, ns string, labels map[string]string) *journal.Pod {
-	return &journal.Pod{UID: types.UID(uid), Name: "pod-" + uid, Namespace: ns, Labels: labels,
+	return &journal.Pod{UID: types.UID(uid), Name: "pod-" + uid, Namespace: ns, Labels: cruntime.NewLabels(labels),
 		Containers: []*journal.Container{{ID: uid + "-c", Name: "c", State: cruntime.StateRunning}}}
 }
 
@@ -201,7 +201,7 @@ func TestEventsLargeSnapshotToReadingClient(t *testing.T) {
 	const n = 500
 	for i := range n {
 		p := hostPod(fmt.Sprintf("p%03d", i), "default", nil)
-		p.Annotations = map[string]string{"blob": strings.Repeat("x", 512)}
+		p.Annotations = cruntime.LabelsOf("blob", strings.Repeat("x", 512))
 		appendChange(j, p, "ContainerStarted")
 	}
 	_, sse := openEvents(t, base, "", nil)

@@ -114,19 +114,19 @@ func (s *LogSink) Find(sub string) string {
 // three containers with the kubelet's labels and annotations.
 func KubeletPod(i int) *journal.Pod {
 	uid := types.UID(fmt.Sprintf("9c1b7d2e-3f4a-4b5c-8d6e-%012d", i))
-	labels := map[string]string{"app": "web", "pod-template-hash": "7d4b9c8f6d",
-		"io.kubernetes.pod.name": fmt.Sprintf("web-7d4b9c8f6d-%05d", i), "io.kubernetes.pod.namespace": "default",
-		"io.kubernetes.pod.uid": string(uid)}
-	ann := map[string]string{"kubernetes.io/config.seen": "2026-03-01T12:00:00.000000000Z", "kubernetes.io/config.source": "api"}
+	labels := cruntime.LabelsOf("app", "web", "pod-template-hash", "7d4b9c8f6d",
+		"io.kubernetes.pod.name", fmt.Sprintf("web-7d4b9c8f6d-%05d", i), "io.kubernetes.pod.namespace", "default",
+		"io.kubernetes.pod.uid", string(uid))
+	ann := cruntime.LabelsOf("kubernetes.io/config.seen", "2026-03-01T12:00:00.000000000Z", "kubernetes.io/config.source", "api")
 	now := time.Date(2026, 3, 1, 12, 0, 0, 0, time.UTC)
-	p := &journal.Pod{UID: uid, Name: labels["io.kubernetes.pod.name"], Namespace: "default", IPs: []string{"10.88.0.7"},
+	p := &journal.Pod{UID: uid, Name: labels.Get("io.kubernetes.pod.name"), Namespace: "default", IPs: []string{"10.88.0.7"},
 		Labels: labels, Annotations: ann, ObservedAt: now,
-		Sandboxes: []*journal.Sandbox{{ID: fmt.Sprintf("%064d", i), Name: labels["io.kubernetes.pod.name"], State: cruntime.StateRunning,
+		Sandboxes: []*journal.Sandbox{{ID: fmt.Sprintf("%064d", i), Name: labels.Get("io.kubernetes.pod.name"), State: cruntime.StateRunning,
 			CreatedAt: now, IPs: []string{"10.88.0.7"}, Labels: labels, Annotations: ann}}}
 	for _, n := range []string{"app", "sidecar", "proxy"} {
 		p.Containers = append(p.Containers, &journal.Container{ID: fmt.Sprintf("%060d%-4.4s", i, n), Name: n, State: cruntime.StateRunning,
 			Image: "registry.example/" + n + ":1.2.3", ImageRef: "registry.example/" + n + "@sha256:0123456789abcdef",
-			CreatedAt: now, StartedAt: now, Labels: map[string]string{"io.kubernetes.container.name": n}, Annotations: ann})
+			CreatedAt: now, StartedAt: now, Labels: cruntime.LabelsOf("io.kubernetes.container.name", n), Annotations: ann})
 	}
 	return p
 }

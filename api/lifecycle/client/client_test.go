@@ -84,7 +84,7 @@ func (p *pleg) shutdown(t *testing.T) {
 // (an annotation), so that every change differs.
 func podState(uid string, gen int) *journal.Pod {
 	return &journal.Pod{UID: types.UID(uid), Name: "pod-" + uid, Namespace: "default",
-		Annotations: map[string]string{"gen": fmt.Sprint(gen)},
+		Annotations: cruntime.LabelsOf("gen", fmt.Sprint(gen)),
 		Containers:  []*journal.Container{{ID: uid + "-c", Name: "c", State: cruntime.StateRunning}}}
 }
 
@@ -266,7 +266,7 @@ func TestCutClientResumesWithoutGap(t *testing.T) {
 	const n = 2000
 	for i := range n {
 		p.j.Append(journal.Entry{Kind: journal.KindPod, Pod: &journal.Pod{UID: "p", Name: "p", Namespace: "default",
-			Annotations: map[string]string{"gen": fmt.Sprint(i + 1), "blob": strings.Repeat("x", 2048)}}, Source: journal.SourceRelist,
+			Annotations: cruntime.LabelsOf("gen", fmt.Sprint(i+1), "blob", strings.Repeat("x", 2048))}, Source: journal.SourceRelist,
 			Transitions: []journal.Transition{{Type: "PodSync"}}})
 	}
 	// The handler holds the first event: let pleg's stall timers expire
@@ -333,7 +333,7 @@ func TestDropDuringSnapshotStartsOver(t *testing.T) {
 	for i := range pods {
 		uid := fmt.Sprintf("p%03d", i)
 		p.j.Append(journal.Entry{Kind: journal.KindPod, Source: journal.SourceRelist, Pod: &journal.Pod{UID: types.UID(uid), Name: uid,
-			Namespace: "default", Annotations: map[string]string{"gen": "1", "blob": strings.Repeat("x", 1024)}}})
+			Namespace: "default", Annotations: cruntime.LabelsOf("gen", "1", "blob", strings.Repeat("x", 1024))}})
 		want = append(want, uid+"/1")
 	}
 	px.setLimit(64 << 10) // ~60 of the 500 pods, then the connection drops

@@ -108,7 +108,7 @@ func podMessage(p *journal.Pod, identity bool) *lifecyclev1.Pod {
 	}
 	out := &lifecyclev1.Pod{
 		Uid: string(p.UID), Name: p.Name, Namespace: p.Namespace, Ips: p.IPs,
-		Labels: p.Labels, Annotations: p.Annotations, Gone: p.Gone, ObservedAt: timestamp(p.ObservedAt),
+		Labels: p.Labels.Map(), Annotations: p.Annotations.Map(), Gone: p.Gone, ObservedAt: timestamp(p.ObservedAt),
 	}
 	if len(p.Sandboxes) > 0 {
 		out.Sandboxes = make([]*lifecyclev1.Sandbox, len(p.Sandboxes))
@@ -127,14 +127,14 @@ func podMessage(p *journal.Pod, identity bool) *lifecyclev1.Pod {
 
 func sandbox(s *journal.Sandbox) *lifecyclev1.Sandbox {
 	return &lifecyclev1.Sandbox{Id: s.ID, State: state(s.State), Attempt: s.Attempt, CreatedAt: timestamp(s.CreatedAt),
-		Ips: s.IPs, HostNetwork: s.HostNetwork, Labels: s.Labels, Annotations: s.Annotations}
+		Ips: s.IPs, HostNetwork: s.HostNetwork, Labels: s.Labels.Map(), Annotations: s.Annotations.Map()}
 }
 
 func container(c *journal.Container, identity bool) *lifecyclev1.Container {
 	out := &lifecyclev1.Container{Id: c.ID, Name: c.Name, State: state(c.State), Attempt: c.Attempt,
 		Image: c.Image, ImageRef: c.ImageRef, CreatedAt: timestamp(c.CreatedAt), StartedAt: timestamp(c.StartedAt),
 		FinishedAt: timestamp(c.FinishedAt), ExitCode: c.ExitCode, Reason: c.Reason, Message: c.Message,
-		Labels: c.Labels, Annotations: c.Annotations}
+		Labels: c.Labels.Map(), Annotations: c.Annotations.Map()}
 	if identity && c.Identity != nil {
 		out.Identity = &lifecyclev1.Identity{Pid: c.Identity.PID, CgroupPath: c.Identity.CgroupPath}
 	}

@@ -166,19 +166,19 @@ type fanoutResult struct {
 // fanoutPod is a pod as the kubelet labels it, with three containers.
 func fanoutPod(i int) *journal.Pod {
 	uid := fmt.Sprintf("0b6f7c1e-4d2a-4f3b-9c8d-%012d", i%50)
-	labels := map[string]string{"io.kubernetes.pod.uid": uid, "io.kubernetes.pod.name": "web-7d9f8b6c5d-x2k4p",
-		"io.kubernetes.pod.namespace": "shop", "app": "web", "pod-template-hash": "7d9f8b6c5d"}
+	labels := cruntime.LabelsOf("io.kubernetes.pod.uid", uid, "io.kubernetes.pod.name", "web-7d9f8b6c5d-x2k4p",
+		"io.kubernetes.pod.namespace", "shop", "app", "web", "pod-template-hash", "7d9f8b6c5d")
 	now := time.Now()
 	p := &journal.Pod{UID: types.UID(uid), Name: "web-7d9f8b6c5d-x2k4p", Namespace: "shop", IPs: []string{"10.244.1.17"},
-		Labels: labels, Annotations: map[string]string{"kubernetes.io/config.source": "api", "kubernetes.io/config.seen": now.Format(time.RFC3339Nano)},
+		Labels: labels, Annotations: cruntime.LabelsOf("kubernetes.io/config.source", "api", "kubernetes.io/config.seen", now.Format(time.RFC3339Nano)),
 		Sandboxes: []*journal.Sandbox{{ID: fmt.Sprintf("%064d", i), Name: "web-7d9f8b6c5d-x2k4p", State: cruntime.StateRunning,
 			CreatedAt: now, IPs: []string{"10.244.1.17"}, Labels: labels}},
 		ObservedAt: now}
 	for _, n := range []string{"app", "istio-proxy", "log-shipper"} {
 		p.Containers = append(p.Containers, &journal.Container{ID: fmt.Sprintf("%s%058d", n[:3]+"abc", i), Name: n, State: cruntime.StateRunning,
 			Image: "registry.example/shop/" + n + ":1.4.2", ImageRef: "registry.example/shop/" + n + "@sha256:" + fmt.Sprintf("%064d", i%7),
-			CreatedAt: now, StartedAt: now, Labels: map[string]string{"io.kubernetes.container.name": n, "io.kubernetes.pod.uid": uid},
-			Annotations: map[string]string{"io.kubernetes.container.restartCount": "0", "io.kubernetes.container.terminationMessagePath": "/dev/termination-log"}})
+			CreatedAt: now, StartedAt: now, Labels: cruntime.LabelsOf("io.kubernetes.container.name", n, "io.kubernetes.pod.uid", uid),
+			Annotations: cruntime.LabelsOf("io.kubernetes.container.restartCount", "0", "io.kubernetes.container.terminationMessagePath", "/dev/termination-log")})
 	}
 	return p
 }

@@ -217,7 +217,7 @@ func kinds(ms []*lifecyclev1.WatchResponse) []string {
 // pod is a pod state with a sandbox "<uid>-sb" and containers
 // "<uid>-<name>" running.
 func pod(uid, ns string, labels map[string]string, names ...string) *journal.Pod {
-	p := &journal.Pod{UID: types.UID(uid), Name: "pod-" + uid, Namespace: ns, Labels: labels, IPs: []string{"10.0.0.1"},
+	p := &journal.Pod{UID: types.UID(uid), Name: "pod-" + uid, Namespace: ns, Labels: cruntime.NewLabels(labels), IPs: []string{"10.0.0.1"},
 		Sandboxes:  []*journal.Sandbox{{ID: uid + "-sb", Name: "pod-" + uid, State: cruntime.StateRunning, CreatedAt: epoch}},
 		ObservedAt: epoch}
 	for _, n := range names {

@@ -305,7 +305,7 @@ func TestSlowWatcherIsCutAndResumes(t *testing.T) {
 
 	// 2,000 events of ~2 KiB: far more than the socket and gRPC buffers.
 	big := pod("a", "prod", nil, "c")
-	big.Annotations = map[string]string{"blob": strings.Repeat("x", 2048)}
+	big.Annotations = cruntime.LabelsOf("blob", strings.Repeat("x", 2048))
 	const n = 2000
 	for range n {
 		change(h.j, big, "PodSync")
@@ -386,7 +386,7 @@ func TestStoppedWatcherCutWithQueueNotFull(t *testing.T) {
 	// Eight events of ~256 KiB: more than the window, gRPC's write quota
 	// and the socket's buffers take, far fewer than the queue holds.
 	big := pod("a", "prod", nil, "c")
-	big.Annotations = map[string]string{"blob": strings.Repeat("x", 256<<10)}
+	big.Annotations = cruntime.LabelsOf("blob", strings.Repeat("x", 256<<10))
 	for range 8 {
 		change(h.j, big, "PodSync")
 	}
