@@ -16,6 +16,7 @@ import (
 	"github.com/go-logr/logr/funcr"
 
 	"github.com/podlifecycle/pleg/cruntime"
+	"github.com/podlifecycle/pleg/journal"
 	"github.com/podlifecycle/pleg/metrics"
 	"github.com/prometheus/client_golang/prometheus/testutil"
 )
@@ -315,6 +316,35 @@ func TestJournalPodNewestFirst(t *testing.T) {
 	}
 	if listing.Containers[0].ID != "c1" {
 		t.Fatal("the listing was reordered in place")
+	}
+}
+
+// A pod's state holds the statuses pleg inspected, not copies of them:
+// the journal and the status cache keep one status per container. A
+// container without a status reads as empty, and an exited one's exit
+// code is its status's.
+func TestJournalPodSharesStatuses(t *testing.T) {
+	listing := pod("a", "s:s1=running", "c1=exited", "c2=running", "c3=running")
+	st := &cruntime.PodStatus{UID: "a", ContainerStatuses: []*cruntime.ContainerStatus{
+		{ID: "c1", State: cruntime.StateExited, ExitCode: 3, Reason: "Error", Labels: cruntime.LabelsOf("io.kubernetes.container.name", "c1")},
+		{ID: "c2", State: cruntime.StateRunning, StartedAt: time.Unix(50, 0)},
+	}}
+	p := journalPod("a", nil, listing, st, nil, time.Unix(1000, 0))
+	byID := map[string]*journal.Container{}
+	for _, c := range p.Containers {
+		byID[c.ID] = c
+	}
+	if byID["c1"].ContainerStatus != st.ContainerStatuses[0] || byID["c2"].ContainerStatus != st.ContainerStatuses[1] {
+		t.Error("the pod's state copied the statuses it was given")
+	}
+	if c := byID["c1"]; c.ExitCode == nil || *c.ExitCode != 3 || c.Reason != "Error" || c.Labels.Get("io.kubernetes.container.name") != "c1" {
+		t.Errorf("c1 reads %+v", c)
+	}
+	if c := byID["c2"]; c.ExitCode != nil || !c.StartedAt.Equal(time.Unix(50, 0)) {
+		t.Errorf("c2 reads exit code %v, started %v", c.ExitCode, c.StartedAt)
+	}
+	if c := byID["c3"]; c.ContainerStatus == nil || c.Reason != "" || !c.StartedAt.IsZero() || c.Labels.Len() != 0 {
+		t.Errorf("c3, with no status, reads %+v", c.ContainerStatus)
 	}
 }
 

@@ -211,13 +211,14 @@ func journalPod(uid types.UID, last, listing *cruntime.Pod, status *cruntime.Pod
 	}
 	for i, c := range newestFirst(listing.Containers) {
 		jc := &ctArr[i]
-		*jc = journal.Container{ID: c.ID, Name: c.Name, State: c.State, Attempt: c.Attempt, Image: c.Image, ListCreatedAt: c.CreatedAt}
+		*jc = journal.Container{ID: c.ID, Name: c.Name, State: c.State, Attempt: c.Attempt, Image: c.Image, ListCreatedAt: c.CreatedAt,
+			ContainerStatus: journal.NoStatus()}
 		if st := cts[c.ID]; st != nil {
-			jc.ImageRef, jc.CreatedAt, jc.StartedAt, jc.FinishedAt = st.ImageRef, st.CreatedAt, st.StartedAt, st.FinishedAt
-			jc.Reason, jc.Message, jc.Labels, jc.Annotations = st.Reason, st.Message, st.Labels, st.Annotations
+			// The cache's status, shared: statuses are not changed once
+			// made.
+			jc.ContainerStatus = st
 			if st.State == cruntime.StateExited {
-				code := st.ExitCode
-				jc.ExitCode = &code
+				jc.ExitCode = &st.ExitCode
 			}
 			if st.Image != "" {
 				jc.Image = st.Image

@@ -261,30 +261,37 @@ type Sandbox struct {
 	Annotations cruntime.Labels
 }
 
-// Container is one container.
+// Container is one container: as listed, and its status as pleg last
+// inspected it.
 type Container struct {
-	ID        string
-	Name      string
-	State     cruntime.State
-	Attempt   uint32
-	Image     string
-	ImageRef  string
-	CreatedAt time.Time
+	ID      string
+	Name    string
+	State   cruntime.State
+	Attempt uint32
+	Image   string
 	// ListCreatedAt is the creation time the runtime's listing gives
 	// (nanoseconds), which may differ from its status's CreatedAt: CRI-O
 	// lists the time it began creating the container and reports, in the
 	// status, the time the container was created, tens of milliseconds
 	// later.
 	ListCreatedAt int64
-	StartedAt     time.Time
-	FinishedAt    time.Time
-	ExitCode      *int32
-	Reason        string
-	Message       string
-	Labels        cruntime.Labels
-	Annotations   cruntime.Labels
-	Identity      *Identity
+	// ExitCode is the status's exit code once the container has exited.
+	ExitCode *int32
+	Identity *Identity
+	// ContainerStatus is the container's status (ImageRef, CreatedAt,
+	// StartedAt, FinishedAt, Reason, Message, Labels and Annotations are
+	// read through it), shared with pleg's status cache and read-only;
+	// empty when pleg has none. Never nil in a pod the journal holds:
+	// Append gives a container without one an empty status.
+	*cruntime.ContainerStatus
 }
+
+// noStatus is the status of a container pleg has none of.
+var noStatus = &cruntime.ContainerStatus{}
+
+// NoStatus returns the shared empty status (read-only) of a container
+// whose status pleg does not have.
+func NoStatus() *cruntime.ContainerStatus { return noStatus }
 
 // Identity ties a container to what the kernel sees.
 type Identity struct {
@@ -310,6 +317,11 @@ func (j *Journal) Append(e Entry) uint64 {
 	defer j.mu.Unlock()
 	var prev *Pod
 	if e.Kind == KindPod && e.Pod != nil {
+		for _, c := range e.Pod.Containers {
+			if c.ContainerStatus == nil {
+				c.ContainerStatus = noStatus
+			}
+		}
 		prev = j.pods[e.Pod.UID]
 		share(e.Pod, prev)
 	}
@@ -492,11 +504,17 @@ func sandboxEqual(a, b *Sandbox) bool {
 
 func containerEqual(a, b *Container) bool {
 	return a.ID == b.ID && a.Name == b.Name && a.State == b.State && a.Attempt == b.Attempt && a.Image == b.Image &&
-		a.ImageRef == b.ImageRef && a.CreatedAt.Equal(b.CreatedAt) && a.ListCreatedAt == b.ListCreatedAt &&
-		a.StartedAt.Equal(b.StartedAt) && a.FinishedAt.Equal(b.FinishedAt) &&
+		a.ListCreatedAt == b.ListCreatedAt &&
 		(a.ExitCode == nil) == (b.ExitCode == nil) && (a.ExitCode == nil || *a.ExitCode == *b.ExitCode) &&
-		a.Reason == b.Reason && a.Message == b.Message && a.Labels.Equal(b.Labels) && a.Annotations.Equal(b.Annotations) &&
-		(a.Identity == nil) == (b.Identity == nil) && (a.Identity == nil || *a.Identity == *b.Identity)
+		(a.Identity == nil) == (b.Identity == nil) && (a.Identity == nil || *a.Identity == *b.Identity) &&
+		(a.ContainerStatus == b.ContainerStatus || statusEqual(a.ContainerStatus, b.ContainerStatus))
+}
+
+// statusEqual compares what a journal's container reads of its status.
+func statusEqual(a, b *cruntime.ContainerStatus) bool {
+	return a.ImageRef == b.ImageRef && a.CreatedAt.Equal(b.CreatedAt) && a.StartedAt.Equal(b.StartedAt) &&
+		a.FinishedAt.Equal(b.FinishedAt) && a.Reason == b.Reason && a.Message == b.Message &&
+		a.Labels.Equal(b.Labels) && a.Annotations.Equal(b.Annotations)
 }
 
 // tombstoneSize estimates a tombstone's struct, its map entry and its

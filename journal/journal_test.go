@@ -522,7 +522,7 @@ func TestEntriesShareUnchangedContainers(t *testing.T) {
 		p := pod("a", "prod", labels, states...)
 		p.Sandboxes = []*Sandbox{{ID: "sb", State: cruntime.StateRunning, Labels: cruntime.NewLabels(labels)}}
 		for _, c := range p.Containers {
-			c.Labels = cruntime.LabelsOf("io.kubernetes.container.name", c.ID) // equal, not the same set
+			c.ContainerStatus = &cruntime.ContainerStatus{Labels: cruntime.LabelsOf("io.kubernetes.container.name", c.ID)} // equal, not the same status
 		}
 		return p
 	}

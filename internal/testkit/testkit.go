@@ -125,8 +125,9 @@ func KubeletPod(i int) *journal.Pod {
 			CreatedAt: now, IPs: []string{"10.88.0.7"}, Labels: labels, Annotations: ann}}}
 	for _, n := range []string{"app", "sidecar", "proxy"} {
 		p.Containers = append(p.Containers, &journal.Container{ID: fmt.Sprintf("%060d%-4.4s", i, n), Name: n, State: cruntime.StateRunning,
-			Image: "registry.example/" + n + ":1.2.3", ImageRef: "registry.example/" + n + "@sha256:0123456789abcdef",
-			CreatedAt: now, StartedAt: now, Labels: cruntime.LabelsOf("io.kubernetes.container.name", n), Annotations: ann})
+			Image: "registry.example/" + n + ":1.2.3", ContainerStatus: &cruntime.ContainerStatus{
+				ImageRef:  "registry.example/" + n + "@sha256:0123456789abcdef",
+				CreatedAt: now, StartedAt: now, Labels: cruntime.LabelsOf("io.kubernetes.container.name", n), Annotations: ann}})
 	}
 	return p
 }

@@ -222,7 +222,7 @@ func pod(uid, ns string, labels map[string]string, names ...string) *journal.Pod
 		ObservedAt: epoch}
 	for _, n := range names {
 		p.Containers = append(p.Containers, &journal.Container{ID: uid + "-" + n, Name: n, State: cruntime.StateRunning,
-			Image: "img", StartedAt: epoch})
+			Image: "img", ContainerStatus: &cruntime.ContainerStatus{StartedAt: epoch}})
 	}
 	return p
 }
