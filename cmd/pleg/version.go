@@ -16,10 +16,11 @@ func newVersionCmd() *cobra.Command {
 		Short: "Print pleg's version, the commit it was built from and the Go toolchain",
 		Long: `version prints one line: the module version the Go toolchain stamped into
 the binary (from the version control tag or commit it was built at), the
-commit and whether the tree had local changes, and the Go version and
-platform, e.g.
+commit and whether the tree had local changes, the Go version and
+platform, and the build tags (deploy/Dockerfile builds with grpcnotrace),
+e.g.
 
-  pleg v0.0.0-20261123121500-9eef660d1a2b (commit 9eef660d1a2b…, go1.26.8 linux/amd64)`,
+  pleg v0.0.0-20261123121500-9eef660d1a2b (commit 9eef660d1a2b…, go1.26.8 linux/amd64, tags grpcnotrace)`,
 		Args: cobra.NoArgs,
 		RunE: func(cmd *cobra.Command, _ []string) error {
 			bi, ok := debug.ReadBuildInfo()
@@ -52,6 +53,9 @@ func versionLine(bi *debug.BuildInfo) string {
 		platform += " " + os + "/" + arch
 	}
 	details = append(details, platform)
+	if tags := settings["-tags"]; tags != "" {
+		details = append(details, "tags "+tags)
+	}
 	v := bi.Main.Version
 	if v == "" {
 		v = "(devel)"

@@ -23,6 +23,10 @@ func TestVersionLine(t *testing.T) {
 			want:     "pleg v1.2.3+dirty (commit abc with local changes, go1.26.8)",
 		},
 		{want: "pleg (devel) (go1.26.8)"},
+		{
+			settings: []debug.BuildSetting{{Key: "-tags", Value: "grpcnotrace"}, {Key: "GOOS", Value: "linux"}, {Key: "GOARCH", Value: "arm64"}},
+			want:     "pleg (devel) (go1.26.8 linux/arm64, tags grpcnotrace)",
+		},
 	} {
 		bi := &debug.BuildInfo{GoVersion: "go1.26.8", Main: debug.Module{Version: tc.version}, Settings: tc.settings}
 		if got := versionLine(bi); got != tc.want {

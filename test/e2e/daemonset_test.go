@@ -206,6 +206,8 @@ func checkBuildInfo(t *testing.T, img *plegImage) {
 			want[k] = "true"
 		case "-ldflags":
 			ldflags = strings.Fields(v)
+		case "-tags":
+			want[k] = v
 		}
 	}
 	for k, v := range want {

@@ -1,0 +1,54 @@
+package main
+
+import (
+	"bufio"
+	"os"
+	"os/exec"
+	"slices"
+	"strings"
+	"testing"
+)
+
+// The binary deploy/Dockerfile builds leaves out gRPC's request tracing
+// and the template engine it brings (golang.org/x/net/trace registers
+// /debug/requests pages built with html/template): 5 MB of binary and 2.3
+// MiB of resident pages that pleg never uses. The test reads the
+// Dockerfile's build flags and lists what that build links, so a new
+// import that brings either back fails here, not in a memory benchmark.
+func TestShippedBuildLeavesOutTracing(t *testing.T) {
+	if testing.Short() {
+		t.Skip("runs go list")
+	}
+	f, err := os.Open("../../deploy/Dockerfile")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer f.Close()
+	var flags []string
+	for sc := bufio.NewScanner(f); sc.Scan(); {
+		w := strings.Fields(sc.Text())
+		if i := slices.Index(w, "build"); len(w) > 0 && w[0] == "RUN" && i > 0 && w[i-1] == "go" {
+			for _, a := range w[i+1:] {
+				if strings.HasPrefix(a, "-tags=") {
+					flags = append(flags, a)
+				}
+			}
+		}
+	}
+	if len(flags) == 0 {
+		t.Fatal("deploy/Dockerfile's go build sets no build tags: it links gRPC's request tracing")
+	}
+	out, err := exec.Command("go", append(append([]string{"list", "-deps"}, flags...), ".")...).CombinedOutput()
+	if err != nil {
+		t.Fatalf("go list -deps %v: %v\n%s", flags, err, out)
+	}
+	deps := strings.Fields(string(out))
+	for _, unwanted := range []string{"golang.org/x/net/trace", "html/template"} {
+		if slices.Contains(deps, unwanted) {
+			t.Errorf("pleg built with %v links %s", flags, unwanted)
+		}
+	}
+	if !slices.Contains(deps, "google.golang.org/grpc") {
+		t.Fatalf("go list -deps %v does not list gRPC: %s", flags, out)
+	}
+}
