@@ -211,8 +211,7 @@ func journalPod(uid types.UID, last, listing *cruntime.Pod, status *cruntime.Pod
 	}
 	for i, c := range newestFirst(listing.Containers) {
 		jc := &ctArr[i]
-		*jc = journal.Container{ID: c.ID, Name: c.Name, State: c.State, Attempt: c.Attempt, Image: c.Image, ListCreatedAt: c.CreatedAt,
-			ContainerStatus: journal.NoStatus()}
+		*jc = journal.Container{ID: c.ID, Name: c.Name, State: c.State, Attempt: c.Attempt, Image: c.Image, ListCreatedAt: c.CreatedAt}
 		if st := cts[c.ID]; st != nil {
 			// The cache's status, shared: statuses are not changed once
 			// made.

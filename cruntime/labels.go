@@ -22,17 +22,7 @@ type Labels struct {
 }
 
 // NewLabels returns the labels of m (nil or empty: empty labels).
-func NewLabels(m map[string]string) Labels {
-	if len(m) == 0 {
-		return Labels{}
-	}
-	kv := make([]string, 0, 2*len(m))
-	for k, v := range m {
-		kv = append(kv, k, v)
-	}
-	sort.Sort(byKey(kv))
-	return Labels{kv: kv}
-}
+func NewLabels(m map[string]string) Labels { return NewLabelsWith(m, nil, nil) }
 
 // byKey sorts pairs key, value, key, value… by key.
 type byKey []string
@@ -45,17 +35,25 @@ func (p byKey) Swap(i, j int) {
 }
 
 // NewLabelsWith returns the labels of m with every key passed through
-// key and every value through value (a runtime client interns the
-// strings that many containers share this way).
+// key and every value through value (nil: as they are). Each must return
+// a string equal to its argument: a runtime client passes its interning
+// of the strings many containers share.
 func NewLabelsWith(m map[string]string, key, value func(string) string) Labels {
 	if len(m) == 0 {
 		return Labels{}
 	}
-	l := NewLabels(m)
-	for i := 0; i < len(l.kv); i += 2 {
-		l.kv[i], l.kv[i+1] = key(l.kv[i]), value(l.kv[i+1])
+	kv := make([]string, 0, 2*len(m))
+	for k, v := range m {
+		if key != nil {
+			k = key(k)
+		}
+		if value != nil {
+			v = value(v)
+		}
+		kv = append(kv, k, v)
 	}
-	return l
+	sort.Sort(byKey(kv))
+	return Labels{kv: kv}
 }
 
 // LabelsOf returns labels of the pairs key, value, key, value… (a key

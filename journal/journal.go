@@ -24,6 +24,7 @@ import (
 	"strings"
 	"sync"
 	"time"
+	"unsafe"
 
 	"github.com/podlifecycle/pleg/cruntime"
 	"github.com/podlifecycle/pleg/internal/textfmt"
@@ -280,18 +281,15 @@ type Container struct {
 	Identity *Identity
 	// ContainerStatus is the container's status (ImageRef, CreatedAt,
 	// StartedAt, FinishedAt, Reason, Message, Labels and Annotations are
-	// read through it), shared with pleg's status cache and read-only;
-	// empty when pleg has none. Never nil in a pod the journal holds:
-	// Append gives a container without one an empty status.
+	// read through it), shared with pleg's status cache: read-only, never
+	// written through. Nil when pleg has none, until Append gives such a
+	// container an empty status: never nil in a pod the journal holds.
 	*cruntime.ContainerStatus
 }
 
-// noStatus is the status of a container pleg has none of.
+// noStatus is the status Append gives a container pleg has none of
+// (shared, read-only).
 var noStatus = &cruntime.ContainerStatus{}
-
-// NoStatus returns the shared empty status (read-only) of a container
-// whose status pleg does not have.
-func NoStatus() *cruntime.ContainerStatus { return noStatus }
 
 // Identity ties a container to what the kernel sees.
 type Identity struct {
@@ -310,8 +308,9 @@ type Tombstone struct {
 // Append adds e (its Seq is given, and its Time when zero) and wakes the
 // watchers. It never blocks on a watcher. A pod entry's sandboxes and
 // containers equal to those of the pod's current state are replaced by
-// them (Pod): e.Pod and its slices may be modified, the values they point
-// to are not.
+// them (Pod), and a container without a status gets an empty one: e.Pod,
+// its slices and its containers' status pointers may be modified; the
+// journal owns them from then on.
 func (j *Journal) Append(e Entry) uint64 {
 	j.mu.Lock()
 	defer j.mu.Unlock()
@@ -517,6 +516,14 @@ func statusEqual(a, b *cruntime.ContainerStatus) bool {
 		a.Labels.Equal(b.Labels) && a.Annotations.Equal(b.Annotations)
 }
 
+// The structs' sizes, as entrySize charges them.
+const (
+	podStructSize       = int(unsafe.Sizeof(Pod{}))
+	sandboxStructSize   = int(unsafe.Sizeof(Sandbox{}))
+	containerStructSize = int(unsafe.Sizeof(Container{}))
+	statusStructSize    = int(unsafe.Sizeof(cruntime.ContainerStatus{}))
+)
+
 // tombstoneSize estimates a tombstone's struct, its map entry and its
 // place in the removal order, without its ID and pod.
 const tombstoneSize = 112
@@ -527,7 +534,7 @@ func podSize(p *Pod) int { return podSizeBeside(p, nil) }
 // podSizeBeside estimates the memory a pod state holds beside prev, whose
 // sandboxes, containers, labels and annotations it may share (nil: none).
 func podSizeBeside(p, prev *Pod) int {
-	n := 160 + len(p.Name) + len(p.Namespace) + len(p.UID) + 8*(len(p.Sandboxes)+len(p.Containers))
+	n := podStructSize + len(p.Name) + len(p.Namespace) + len(p.UID) + 8*(len(p.Sandboxes)+len(p.Containers))
 	if prev == nil || !p.Labels.SameAs(prev.Labels) {
 		n += p.Labels.Bytes()
 	}
@@ -539,13 +546,17 @@ func podSizeBeside(p, prev *Pod) int {
 	}
 	for _, s := range p.Sandboxes {
 		if prev == nil || !slicesContains(prev.Sandboxes, s) {
-			n += 128 + len(s.ID) + s.Labels.Bytes() + s.Annotations.Bytes()
+			n += sandboxStructSize + len(s.ID) + s.Labels.Bytes() + s.Annotations.Bytes()
 		}
 	}
 	for _, c := range p.Containers {
 		if prev == nil || !slicesContains(prev.Containers, c) {
-			n += 256 + len(c.ID) + len(c.Name) + len(c.Image) + len(c.ImageRef) + len(c.Reason) + len(c.Message) +
-				c.Labels.Bytes() + c.Annotations.Bytes()
+			n += containerStructSize + len(c.ID) + len(c.Name) + len(c.Image)
+			// The status is shared with the status cache while the pod
+			// lives; the journal may be its last holder after.
+			if st := c.ContainerStatus; st != nil && st != noStatus {
+				n += statusStructSize + len(st.ImageRef) + len(st.Reason) + len(st.Message) + st.Labels.Bytes() + st.Annotations.Bytes()
+			}
 		}
 	}
 	return n

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
+	"os"
 	"reflect"
 	"slices"
 	"strings"
@@ -12,6 +13,7 @@ import (
 	"testing"
 	"testing/synctest"
 	"time"
+	"unsafe"
 
 	"github.com/podlifecycle/pleg/cruntime"
 	"k8s.io/apimachinery/pkg/types"
@@ -568,5 +570,42 @@ func TestEntriesShareUnchangedContainers(t *testing.T) {
 	msgs := collect(t, w)
 	if len(msgs) != 1 || msgs[0].Pod.Containers[1].State != cruntime.StateExited || msgs[0].Pod.Containers[0].State != cruntime.StateRunning {
 		t.Fatalf("after the first entry: %+v", msgs)
+	}
+}
+
+// TestMain checks, after every test, that nothing wrote through the empty
+// status the journal gives containers without one: every such container
+// shares it.
+func TestMain(m *testing.M) {
+	code := m.Run()
+	if !reflect.DeepEqual(*noStatus, cruntime.ContainerStatus{}) {
+		fmt.Fprintf(os.Stderr, "the journal's shared empty status was written: %+v\n", *noStatus)
+		code = 1
+	}
+	os.Exit(code)
+}
+
+// An entry is charged at least the structs it holds: its pod, sandboxes,
+// containers and the statuses it may be the last holder of (a
+// container's status is the status cache's while the pod lives).
+func TestEntryChargedForItsStructs(t *testing.T) {
+	const n = 100
+	var items []string
+	for i := range n {
+		items = append(items, fmt.Sprintf("%d=running", i))
+	}
+	p := pod("a", "p", nil, items...)
+	p.Sandboxes = []*Sandbox{{ID: "sb"}}
+	for _, c := range p.Containers {
+		c.ContainerStatus = &cruntime.ContainerStatus{ID: c.ID}
+	}
+	j := New(Options{Epoch: "e"})
+	j.Append(podEntry(p, "ContainerStarted"))
+	j.mu.Lock()
+	got := j.entryLocked(1).size
+	j.mu.Unlock()
+	min := int(unsafe.Sizeof(Pod{})+unsafe.Sizeof(Sandbox{})) + n*int(unsafe.Sizeof(Container{})+unsafe.Sizeof(cruntime.ContainerStatus{}))
+	if got < min {
+		t.Errorf("charged %d bytes, its structs alone are %d", got, min)
 	}
 }

@@ -28,9 +28,12 @@ func TestShippedBuildLeavesOutTracing(t *testing.T) {
 	for sc := bufio.NewScanner(f); sc.Scan(); {
 		w := strings.Fields(sc.Text())
 		if i := slices.Index(w, "build"); len(w) > 0 && w[0] == "RUN" && i > 0 && w[i-1] == "go" {
-			for _, a := range w[i+1:] {
-				if strings.HasPrefix(a, "-tags=") {
+			for j, a := range w[i+1:] {
+				switch {
+				case strings.HasPrefix(a, "-tags="):
 					flags = append(flags, a)
+				case a == "-tags" && i+2+j < len(w):
+					flags = append(flags, "-tags="+w[i+2+j])
 				}
 			}
 		}

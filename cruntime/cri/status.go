@@ -368,21 +368,17 @@ func (r *sharedStrings) labels(keys *sharedStrings, shared *sharedMaps, m map[st
 	if len(m) == 0 {
 		return cruntime.Labels{}
 	}
-	keys.mu.Lock()
-	r.mu.Lock()
 	l := cruntime.NewLabelsWith(m, func(k string) string {
 		if len(k) >= internMin {
-			k = keys.internLocked(k)
+			k = keys.intern(k)
 		}
 		return k
 	}, func(v string) string {
 		if len(v) >= internMin {
-			v = r.internLocked(v)
+			v = r.intern(v)
 		}
 		return v
 	})
-	r.mu.Unlock()
-	keys.mu.Unlock()
 	return shared.share(l)
 }
 
@@ -418,15 +414,15 @@ func (s *sharedMaps) share(l cruntime.Labels) cruntime.Labels {
 	defer s.mu.Unlock()
 	s.buf = s.buf[:0]
 	for k, v := range l.All() {
+		if len(s.buf)+len(k)+len(v)+2*binary.MaxVarintLen64 > maxSharedMapBytes {
+			return l // checked first: the scratch key never outgrows the bound
+		}
 		// Keys and values may hold any byte: each is prefixed by its
 		// length, so that no two sets have one key.
 		s.buf = binary.AppendUvarint(s.buf, uint64(len(k)))
 		s.buf = append(s.buf, k...)
 		s.buf = binary.AppendUvarint(s.buf, uint64(len(v)))
 		s.buf = append(s.buf, v...)
-		if len(s.buf) > maxSharedMapBytes {
-			return l
-		}
 	}
 	if old, ok := s.maps[string(s.buf)]; ok {
 		return old

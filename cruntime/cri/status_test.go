@@ -472,4 +472,10 @@ func TestLabelsShareMaps(t *testing.T) {
 	if p, q := values.labels(&keys, &shared, big()), values.labels(&keys, &shared, big()); p.SameAs(q) {
 		t.Error("a map beyond maxSharedMapBytes shared")
 	}
+	// A huge annotation (a last-applied-configuration) is not copied into
+	// the table's scratch key, which would keep its size for good.
+	values.labels(&keys, &shared, map[string]string{"a": "1", "last-applied": strings.Repeat("x", 200<<10)})
+	if c := cap(shared.buf); c > 2*maxSharedMapBytes {
+		t.Errorf("the scratch key grew to %d bytes for a set it does not share", c)
+	}
 }
