@@ -110,8 +110,15 @@ func TestPlegImageDrift(t *testing.T) {
 		t.Errorf("the image's binary refuses %s's command line %q: %v\n%s", manifestPath, args, err, out)
 	}
 
-	// The binary reports the version of this checkout.
-	checkVersion(t, img.binary)
+	// The binary reports the version of this checkout, and the build
+	// tags the Dockerfile builds it with.
+	var tags string
+	for _, f := range r.goFlags {
+		if k, v, _ := strings.Cut(f, "="); k == "-tags" {
+			tags = v
+		}
+	}
+	checkVersion(t, img.binary, tags)
 
 	// node-problem-detector's init container copies the binary out of the
 	// same image with the base's tools.
@@ -237,7 +244,7 @@ func checkBuildInfo(t *testing.T, img *plegImage) {
 // commit this checkout is at. The Go toolchain stamps it only in a git
 // clone (CI's, the fresh-machine script's); a git worktree gets no stamp,
 // and then the line must say "(devel)".
-func checkVersion(t *testing.T, binary string) {
+func checkVersion(t *testing.T, binary, tags string) {
 	t.Helper()
 	out, err := runBinary(binary, "version")
 	if err != nil {
@@ -246,6 +253,9 @@ func checkVersion(t *testing.T, binary string) {
 	}
 	line := strings.TrimSpace(string(out))
 	platform := goruntime.Version() + " " + goruntime.GOOS + "/" + goruntime.GOARCH
+	if tags != "" {
+		platform += ", tags " + tags
+	}
 	if !strings.HasPrefix(line, "pleg ") || !strings.HasSuffix(line, platform+")") {
 		t.Errorf("pleg version: %q, want \"pleg VERSION (..., %s)\"", line, platform)
 	}
