@@ -65,6 +65,7 @@ type Client struct {
 	labelMaps         sharedMaps    // label and annotation maps
 
 	listStreaming ListStreaming
+	direct        *directLister  // nil: unfiltered listings go through conn (WithDirectLists)
 	conns         *atomic.Uint64 // connections made and lost so far (connCounter)
 	noStreamConn  atomic.Uint64  // 1 + conns when the runtime answered Unimplemented to a streamed listing; 0: never
 }
@@ -75,6 +76,7 @@ type options struct {
 	metrics           *metrics.Metrics
 	log               *logr.Logger
 	listStreaming     ListStreaming
+	grpcLists         bool
 	verbose           VerboseSink
 }
 
@@ -191,6 +193,10 @@ func Dial(endpoint string, opts ...Option) (*Client, error) {
 	if err != nil {
 		return nil, &EndpointError{Endpoint: endpoint, Reason: err.Error()}
 	}
+	var direct *directLister
+	if !o.grpcLists {
+		direct = newDirectLister(path, conns)
+	}
 	return &Client{
 		endpoint:          endpoint,
 		path:              path,
@@ -202,6 +208,7 @@ func Dial(endpoint string, opts ...Option) (*Client, error) {
 		metrics:           o.metrics,
 		log:               log,
 		listStreaming:     o.listStreaming,
+		direct:            direct,
 		conns:             conns,
 	}, nil
 }
@@ -251,8 +258,13 @@ func (c *Client) ImageService() runtimeapi.ImageServiceClient {
 // Endpoint returns the endpoint as given to Dial.
 func (c *Client) Endpoint() string { return c.endpoint }
 
-// Close closes the connection. Calls in flight fail.
-func (c *Client) Close() error { return c.conn.Close() }
+// Close closes the connections. Calls in flight fail.
+func (c *Client) Close() error {
+	if c.direct != nil {
+		c.direct.close()
+	}
+	return c.conn.Close()
+}
 
 // Version asks the runtime for its name and version (CRI Version). Use it to
 // check that the runtime is reachable: its error names the endpoint.

@@ -13,14 +13,24 @@ type discardReply int
 // ListContainers unfiltered, on the client's connection and through its
 // codec and buffers, and discards the replies undecoded: it returns their
 // size in bytes. What it costs is the transport's share of a listing, the
-// floor under ListPods that no decoding can go below; benchmarks measure
+// floor under ListPods that no decoding can go below (through the direct
+// connection, as ListPods lists, unless WithDirectLists(false)); benchmarks measure
 // it beside the relists. Each call is bounded by the client's timeout, as
 // every unary call is, and fails with a *CallError; no metric counts them.
 func (c *Client) ListDiscard(ctx context.Context) (int, error) {
 	var n discardReply
 	for _, lc := range []listCall{listSandboxesCall, listContainersCall} {
 		cctx, cancel := c.bound(ctx)
-		err := c.conn.Invoke(cctx, lc.unary, lc.req, &n, grpc.ForceCodecV2(leanCodec{}))
+		var err error
+		if c.direct != nil {
+			_, err = c.direct.call(cctx, lc.unary, lc.req, true, func(sr *streamReader) error {
+				n += discardReply(sr.left())
+				sr.skip(sr.left()) // a failed read is in sr.err
+				return nil
+			})
+		} else {
+			err = c.conn.Invoke(cctx, lc.unary, lc.req, &n, grpc.ForceCodecV2(leanCodec{}))
+		}
 		cancel()
 		if err != nil {
 			return int(n), newCallError(lc.method, "", c.endpoint, c.path, err)

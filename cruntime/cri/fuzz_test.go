@@ -275,6 +275,13 @@ func FuzzWireDecode(f *testing.F) {
 		if (errWhole == nil) != (errSplit == nil) {
 			t.Fatalf("whole: %v; in pieces of %d: %v", errWhole, maxPiece, errSplit)
 		}
+		bufSize := 16 + int(cut%67)
+		streamed := listReply{sandboxes: sandboxes, strings: (&interner{}).begin()}
+		errStreamed := decodeStreamed(b, bufSize, &streamed)
+		checkDecodeError(t, "as it arrives", errStreamed)
+		if (errWhole == nil) != (errStreamed == nil) {
+			t.Fatalf("whole: %v; as it arrives, read buffer %d: %v", errWhole, bufSize, errStreamed)
+		}
 		// Through the memo, an item whose key and length are those of
 		// an item before it is that item (memo.go), whatever its labels
 		// and annotations: the memo's contract.
@@ -307,6 +314,9 @@ func FuzzWireDecode(f *testing.F) {
 		}
 		if s := values(split.items); !reflect.DeepEqual(s, got) {
 			t.Fatalf("in pieces of %d\n%+v\nwhole\n%+v", maxPiece, s, got)
+		}
+		if s := values(streamed.items); !reflect.DeepEqual(s, got) {
+			t.Fatalf("as it arrives, read buffer %d\n%+v\nwhole\n%+v", bufSize, s, got)
 		}
 	})
 }

@@ -11,6 +11,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/stats"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/podlifecycle/pleg/metrics"
@@ -131,7 +132,7 @@ func (c *Client) ListStreamingActive() bool { return c.streamLists() }
 type listCall struct {
 	op, method, streamMethod string // metric operation, the unary and streaming methods' names
 	unary, streamed          string // full method names
-	req, streamReq           any
+	req, streamReq           proto.Message
 }
 
 var (
@@ -170,7 +171,7 @@ func (c *Client) list(ctx context.Context, lc listCall, r *listReply) error {
 				c.log.V(2).Info("The runtime has no streaming lists; listing with unary calls until it reconnects", "method", lc.streamed)
 			}
 		}
-		err := c.conn.Invoke(ctx, lc.unary, lc.req, r, grpc.ForceCodecV2(leanCodec{}))
+		err := c.listUnary(ctx, lc, r)
 		tooLarge = status.Code(err) == codes.ResourceExhausted
 		return lc.method, err
 	})
@@ -184,6 +185,9 @@ func (c *Client) list(ctx context.Context, lc listCall, r *listReply) error {
 // message is decoded (and its buffers released) before the next is read.
 // It returns the number of batches received.
 func (c *Client) listStream(ctx context.Context, lc listCall, r *listReply) (int, error) {
+	if c.direct != nil {
+		return c.direct.call(ctx, lc.streamed, lc.streamReq, false, r.decode)
+	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel() // ends the stream whatever happened to it
 	s, err := c.openStream(ctx, lc.streamed, lc.streamReq)
@@ -199,3 +203,15 @@ func (c *Client) listStream(ctx context.Context, lc listCall, r *listReply) (int
 		}
 	}
 }
+
+// listUnary receives a unary listing into r.
+func (c *Client) listUnary(ctx context.Context, lc listCall, r *listReply) error {
+	if c.direct != nil {
+		_, err := c.direct.call(ctx, lc.unary, lc.req, true, r.decode)
+		return err
+	}
+	return c.conn.Invoke(ctx, lc.unary, lc.req, r, grpc.ForceCodecV2(leanCodec{}))
+}
+
+// decode decodes one message of a direct listing into r.
+func (r *listReply) decode(sr *streamReader) error { return decodeListFrom(sr, r) }

@@ -223,13 +223,18 @@ func decodeList(b []byte, r *listReply) error {
 // decodeListSlice decodes a list reply as gRPC received it, in pieces,
 // without first copying it into one buffer: an item that lies within one
 // piece is read where it is, and only an item split across pieces is
-// copied, into r.scratch. It rejects what the generated code rejects in
-// the reply's own fields (see walk), and in an item's fields the generator
-// reads.
+// copied, into r.scratch.
 func decodeListSlice(data mem.BufferSlice, r *listReply) error {
-	rd := pieceReader{data: data, rest: data.Len()}
+	return decodeListFrom(&pieceReader{data: data, rest: data.Len()}, r)
+}
+
+// decodeListFrom decodes one list reply from rd into r (a streamed
+// listing's batches each in turn, into the same r). It rejects what the
+// generated code rejects in the reply's own fields (see walk), and in an
+// item's fields the generator reads.
+func decodeListFrom(rd wireReader, r *listReply) error {
 	for !rd.done() {
-		num, typ, ok := rd.tag()
+		num, typ, ok := readTag(rd)
 		if !ok || num > protowire.MaxValidNumber {
 			return errMalformed
 		}
@@ -244,15 +249,20 @@ func decodeListSlice(data mem.BufferSlice, r *listReply) error {
 				return errMalformed
 			}
 			if num != fieldListItems {
-				rd.skip(int(n))
+				if !rd.skip(int(n)) {
+					return errMalformed
+				}
 				continue
 			}
-			v := rd.bytes(int(n), &r.scratch)
+			v, ok := rd.bytes(int(n), &r.scratch)
+			if !ok {
+				return errMalformed
+			}
 			if err := r.item(v); err != nil {
 				return err
 			}
 		default:
-			if !rd.skipField(num, typ, protowire.DefaultRecursionLimit) {
+			if !skipField(rd, num, typ, protowire.DefaultRecursionLimit) {
 				return errMalformed
 			}
 		}
@@ -428,9 +438,24 @@ func (p *pieceReader) varint() (uint64, bool) {
 	return 0, false
 }
 
-// tag reads a field's tag: its number is at least 1.
-func (p *pieceReader) tag() (protowire.Number, protowire.Type, bool) {
-	x, ok := p.varint()
+// wireReader reads a message field by field: pieceReader from the pieces
+// gRPC received, streamReader (listdirect.go) from a body as it arrives.
+type wireReader interface {
+	// done reports whether the message has no bytes left.
+	done() bool
+	// left is how many bytes the message has left.
+	left() int
+	varint() (uint64, bool)
+	// skip moves past n bytes.
+	skip(n int) bool
+	// bytes returns the next n bytes (n <= left()): a view that is valid
+	// until the next read, or a copy in *scratch.
+	bytes(n int, scratch *[]byte) ([]byte, bool)
+}
+
+// readTag reads a field's tag: its number is at least 1.
+func readTag(rd wireReader) (protowire.Number, protowire.Type, bool) {
+	x, ok := rd.varint()
 	if !ok {
 		return 0, 0, false
 	}
@@ -441,31 +466,31 @@ func (p *pieceReader) tag() (protowire.Number, protowire.Type, bool) {
 // skipField skips the value of a field of type typ whose tag was just
 // read, as protowire.ConsumeFieldValue does: a group up to its matching
 // end, nested at most depth deep.
-func (p *pieceReader) skipField(num protowire.Number, typ protowire.Type, depth int) bool {
+func skipField(rd wireReader, num protowire.Number, typ protowire.Type, depth int) bool {
 	switch typ {
 	case protowire.VarintType:
-		_, ok := p.varint()
+		_, ok := rd.varint()
 		return ok
 	case protowire.Fixed32Type:
-		return p.skip(4)
+		return rd.left() >= 4 && rd.skip(4)
 	case protowire.Fixed64Type:
-		return p.skip(8)
+		return rd.left() >= 8 && rd.skip(8)
 	case protowire.BytesType:
-		n, ok := p.varint()
-		return ok && n <= uint64(p.left()) && p.skip(int(n))
+		n, ok := rd.varint()
+		return ok && n <= uint64(rd.left()) && rd.skip(int(n))
 	case protowire.StartGroupType:
 		if depth < 0 {
 			return false
 		}
 		for {
-			num2, typ2, ok := p.tag()
+			num2, typ2, ok := readTag(rd)
 			if !ok {
 				return false
 			}
 			if typ2 == protowire.EndGroupType {
 				return num2 == num
 			}
-			if !p.skipField(num2, typ2, depth-1) {
+			if !skipField(rd, num2, typ2, depth-1) {
 				return false
 			}
 		}
@@ -488,10 +513,10 @@ func (p *pieceReader) skip(n int) bool {
 
 // bytes returns the next n bytes (n <= left()): where they are when in
 // one piece, else copied into *scratch.
-func (p *pieceReader) bytes(n int, scratch *[]byte) []byte {
+func (p *pieceReader) bytes(n int, scratch *[]byte) ([]byte, bool) {
 	if b := p.piece(); len(b) >= n {
 		p.advance(n)
-		return b[:n:n]
+		return b[:n:n], true
 	}
 	out := (*scratch)[:0]
 	for len(out) < n {
@@ -501,7 +526,7 @@ func (p *pieceReader) bytes(n int, scratch *[]byte) []byte {
 		p.advance(k)
 	}
 	*scratch = out
-	return out
+	return out, true
 }
 
 func (w *wireItem) readSandbox(b []byte) error {

@@ -1,12 +1,16 @@
 package cri
 
 import (
+	"bufio"
+	"bytes"
 	"errors"
 	"fmt"
+	"io"
 	"math/rand/v2"
 	"reflect"
 	"slices"
 	"testing"
+	"testing/iotest"
 
 	"google.golang.org/grpc/mem"
 	"google.golang.org/protobuf/encoding/protowire"
@@ -166,6 +170,15 @@ func TestWireDecodePieces(t *testing.T) {
 					t.Fatalf("round %d, pieces of at most %d: items differ", round, maxPiece)
 				}
 			}
+			for _, bufSize := range []int{16, 100, 64 << 10} {
+				got := listReply{sandboxes: msg.sandboxes, strings: (&interner{}).begin()}
+				if err := decodeStreamed(msg.b, bufSize, &got); err != nil {
+					t.Fatalf("round %d, as it arrives, read buffer %d: %v", round, bufSize, err)
+				}
+				if !reflect.DeepEqual(got.items, whole.items) {
+					t.Fatalf("round %d, as it arrives, read buffer %d: items differ", round, bufSize)
+				}
+			}
 		}
 	}
 	// Truncated anywhere: an error, in pieces as in one buffer.
@@ -179,7 +192,29 @@ func TestWireDecodePieces(t *testing.T) {
 		if (errWhole == nil) != (errCut == nil) {
 			t.Fatalf("truncated at %d: whole %v, in pieces %v", n, errWhole, errCut)
 		}
+		r = listReply{strings: (&interner{}).begin()}
+		if err := decodeStreamed(b[:n], 16, &r); (errWhole == nil) != (err == nil) {
+			t.Fatalf("truncated at %d: whole %v, as it arrives %v", n, errWhole, err)
+		}
+		// A body that ends before the length its prefix gave: the read's
+		// error, not a malformed message.
+		r = listReply{strings: (&interner{}).begin()}
+		sr := streamReader{br: bufio.NewReaderSize(iotest.HalfReader(bytes.NewReader(b[:n])), 16), rest: len(b)}
+		if err := decodeListFrom(&sr, &r); err == nil || !errors.Is(sr.err, io.ErrUnexpectedEOF) {
+			t.Fatalf("body cut at %d of %d: decode %v, read error %v; want a failed decode and io.ErrUnexpectedEOF", n, len(b), err, sr.err)
+		}
 	}
+}
+
+// decodeStreamed decodes the list reply b as it arrives from a body, a few
+// bytes a read, through a read buffer of bufSize bytes (at least 16).
+func decodeStreamed(b []byte, bufSize int, r *listReply) error {
+	sr := streamReader{br: bufio.NewReaderSize(iotest.HalfReader(bytes.NewReader(b)), bufSize), rest: len(b)}
+	err := decodeListFrom(&sr, r)
+	if sr.err != nil {
+		return sr.err
+	}
+	return err
 }
 
 func marshal(t *testing.T, m proto.Message) []byte {

@@ -73,11 +73,13 @@ func drain(ch <-chan *pleg.Event) (map[string][]string, int) {
 	}
 }
 
-// TestListStreamingDifferential drives two generators over the same
-// churning simulated node, one listing through the streaming RPCs in
-// batches of 7 items, the other with the unary calls: at every step their
-// listings, their events and their caches are identical, and each made
-// only its own kind of list call. The listing memo works the same: a
+// TestListStreamingDifferential drives four generators over the same
+// churning simulated node, two listing through the streaming RPCs in
+// batches of 7 items, two with the unary calls, of each one decoding as
+// the replies arrive (the client's direct listings, the default) and one
+// through gRPC's connection (cri.WithDirectLists(false)): at every step
+// their listings, their events and their caches are identical, and each
+// made only its own kind of list call. The listing memo works the same: a
 // streamed listing of an unchanged node returns the previous listing's
 // pods (same pointers).
 func TestListStreamingDifferential(t *testing.T) {
@@ -91,8 +93,12 @@ func TestListStreamingDifferential(t *testing.T) {
 		g *pleg.Generator
 	}
 	sides := map[string]*side{}
-	for name, m := range map[string]cri.ListStreaming{"stream": cri.ListStreamingOn, "unary": cri.ListStreamingOff} {
-		c := dialMode(t, r, m)
+	for _, name := range []string{"stream", "unary", "stream-grpc", "unary-grpc"} {
+		m := cri.ListStreamingOn
+		if strings.HasPrefix(name, "unary") {
+			m = cri.ListStreamingOff
+		}
+		c := dialMode(t, r, m, cri.WithDirectLists(!strings.HasSuffix(name, "-grpc")))
 		// A fake clock of the generator's own: both see the same times.
 		g, err := pleg.New(pleg.Options{Runtime: c, Clock: clocktesting.NewFakeClock(clk.Now()), Events: pleg.EventsOff})
 		if err != nil {
@@ -101,42 +107,47 @@ func TestListStreamingDifferential(t *testing.T) {
 		t.Cleanup(g.Stop)
 		sides[name] = &side{c: c, g: g}
 	}
-	s, u := sides["stream"], sides["unary"]
+	s := sides["stream"]
+	others := []string{"unary", "stream-grpc", "unary-grpc"}
 	var events int
 	for step := range 20 {
 		if step > 0 {
 			r.Step()
 		}
-		for _, sd := range []*side{s, u} {
+		for _, sd := range sides {
 			if err := sd.g.Relist(ctx); err != nil {
 				t.Fatalf("step %d: %v", step, err)
 			}
 		}
 		se, n := drain(s.g.Watch())
-		ue, _ := drain(u.g.Watch())
-		if !reflect.DeepEqual(se, ue) {
-			t.Fatalf("step %d: events differ:\nstreamed: %v\nunary:    %v", step, se, ue)
-		}
 		events += n
-		sc, uc := s.g.Cache().List(), u.g.Cache().List()
-		if len(sc) != len(uc) {
-			t.Fatalf("step %d: %d cached pods streamed, %d unary", step, len(sc), len(uc))
-		}
-		for i := range sc {
-			if !reflect.DeepEqual(sc[i].Status, uc[i].Status) || (sc[i].Err == nil) != (uc[i].Err == nil) {
-				t.Fatalf("step %d: cache entry %d differs:\nstreamed: %+v\nunary:    %+v", step, i, sc[i], uc[i])
-			}
-		}
+		sc := s.g.Cache().List()
 		sp, err := s.c.ListPods(ctx)
 		if err != nil {
 			t.Fatal(err)
 		}
-		up, err := u.c.ListPods(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
-		if !reflect.DeepEqual(sp, up) {
-			t.Fatalf("step %d: listings differ", step)
+		for _, name := range others {
+			u := sides[name]
+			ue, _ := drain(u.g.Watch())
+			if !reflect.DeepEqual(se, ue) {
+				t.Fatalf("step %d: events differ:\nstreamed: %v\n%s: %v", step, se, name, ue)
+			}
+			uc := u.g.Cache().List()
+			if len(sc) != len(uc) {
+				t.Fatalf("step %d: %d cached pods streamed, %d %s", step, len(sc), len(uc), name)
+			}
+			for i := range sc {
+				if !reflect.DeepEqual(sc[i].Status, uc[i].Status) || (sc[i].Err == nil) != (uc[i].Err == nil) {
+					t.Fatalf("step %d: cache entry %d differs:\nstreamed: %+v\n%s: %+v", step, i, sc[i], name, uc[i])
+				}
+			}
+			up, err := u.c.ListPods(ctx)
+			if err != nil {
+				t.Fatal(err)
+			}
+			if !reflect.DeepEqual(sp, up) {
+				t.Fatalf("step %d: listings differ, streamed and %s", step, name)
+			}
 		}
 	}
 	if events < 60 {
@@ -168,9 +179,10 @@ func TestListStreamingDifferential(t *testing.T) {
 		}
 	}
 	// Each side made its kind of call once per listing: 20 relists and 22
-	// direct listings streamed, 20 and 20 unary.
-	if calls["StreamContainers"] != 42 || calls["ListContainers"] != 40 {
-		t.Errorf("StreamContainers %d (want 42), ListContainers %d (want 40)", calls["StreamContainers"], calls["ListContainers"])
+	// direct listings streamed, 20 and 20 through gRPC; 20 and 20 unary
+	// on each.
+	if calls["StreamContainers"] != 82 || calls["ListContainers"] != 80 {
+		t.Errorf("StreamContainers %d (want 82), ListContainers %d (want 80)", calls["StreamContainers"], calls["ListContainers"])
 	}
 }
 
