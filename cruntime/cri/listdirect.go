@@ -121,8 +121,8 @@ var errNoMessage = errors.New("the runtime ended the reply without a message")
 // message over maxMsgSize, Internal for a reply that breaks the protocol
 // or a message decode rejects.
 func (d *directLister) call(ctx context.Context, method string, req proto.Message, unary bool, decode func(*streamReader) error) (int, error) {
-	if err := ctx.Err(); err != nil {
-		return 0, status.FromContextError(err).Err()
+	if err := ended(ctx); err != nil {
+		return 0, err
 	}
 	body, err := requestBody(req)
 	if err != nil {
@@ -146,7 +146,14 @@ func (d *directLister) call(ctx context.Context, method string, req proto.Messag
 	}
 	defer resp.Body.Close() // before the end: resets the stream
 	if err := responseStatus(resp); err != nil {
-		return 0, err
+		return 0, readStatus(ctx, err)
+	}
+	if _, ok := resp.Header["Grpc-Status"]; ok {
+		// Trailers only: the runtime's status, and no message.
+		if err := trailerStatus(resp.Header); err != nil || !unary {
+			return 0, err
+		}
+		return 0, status.Errorf(codes.Internal, "%s: %v", method, errNoMessage)
 	}
 
 	br, _ := d.readers.Get().(*bufio.Reader)
@@ -233,17 +240,34 @@ func encodeTimeout(d time.Duration) string {
 // headers came: ctx's end, else a connection that could not be made or
 // was lost (Unavailable, as gRPC says).
 func transportStatus(ctx context.Context, err error) error {
-	if ctx.Err() != nil {
-		return status.FromContextError(ctx.Err()).Err()
+	if err := ended(ctx); err != nil {
+		return err
 	}
 	return status.Error(codes.Unavailable, err.Error())
+}
+
+// ended is the status of a call whose context has ended, or is past its
+// deadline: the runtime, which got the deadline as grpc-timeout, may
+// reset the stream at it a moment before the context's own timer fires.
+// Nil while the context is live.
+func ended(ctx context.Context) error {
+	if err := ctx.Err(); err != nil {
+		return status.FromContextError(err).Err()
+	}
+	if dl, ok := ctx.Deadline(); ok && !time.Now().Before(dl) {
+		return status.FromContextError(context.DeadlineExceeded).Err()
+	}
+	return nil
 }
 
 // readStatus is the status of a reply whose body could not be read to its
 // end.
 func readStatus(ctx context.Context, err error) error {
-	if ctx.Err() != nil {
-		return status.FromContextError(ctx.Err()).Err()
+	if err := ended(ctx); err != nil {
+		return err
+	}
+	if _, ok := status.FromError(err); ok {
+		return err
 	}
 	if errors.Is(err, io.ErrUnexpectedEOF) || errors.Is(err, io.EOF) {
 		return status.Error(codes.Internal, "the reply ended inside a message")
@@ -252,8 +276,7 @@ func readStatus(ctx context.Context, err error) error {
 }
 
 // responseStatus checks the reply's headers: an HTTP status other than 200
-// is mapped as gRPC maps it, a grpc-status there is the runtime's answer
-// with no message (trailers only), and the content type must be gRPC's.
+// is mapped as gRPC maps it, and the content type must be gRPC's.
 func responseStatus(resp *http.Response) error {
 	if resp.StatusCode != http.StatusOK {
 		code := codes.Unknown
@@ -270,11 +293,6 @@ func responseStatus(resp *http.Response) error {
 			code = codes.Unavailable
 		}
 		return status.Errorf(code, "unexpected HTTP status %d from the runtime", resp.StatusCode)
-	}
-	if _, ok := resp.Header["Grpc-Status"]; ok {
-		if err := trailerStatus(resp.Header); err != nil {
-			return err
-		}
 	}
 	if ct := resp.Header.Get("Content-Type"); ct != "application/grpc" && !strings.HasPrefix(ct, "application/grpc+") && !strings.HasPrefix(ct, "application/grpc;") {
 		return status.Errorf(codes.Internal, "the runtime answered with content type %q, not gRPC", ct)

@@ -145,6 +145,16 @@ func TestDirectReplies(t *testing.T) {
 			w.Header().Set("Grpc-Message", "unknown method StreamContainers")
 			w.WriteHeader(http.StatusOK)
 		}, code: codes.Unimplemented, msg: "unknown method StreamContainers"},
+		{name: "trailers only, OK, streamed", streamed: true, reply: func(t *testing.T, w http.ResponseWriter) {
+			w.Header().Set("Content-Type", "application/grpc")
+			w.Header().Set("Grpc-Status", "0")
+			w.WriteHeader(http.StatusOK)
+		}},
+		{name: "trailers only, OK, unary", reply: func(t *testing.T, w http.ResponseWriter) {
+			w.Header().Set("Content-Type", "application/grpc")
+			w.Header().Set("Grpc-Status", "0")
+			w.WriteHeader(http.StatusOK)
+		}, code: codes.Internal, msg: errNoMessage.Error()},
 		{name: "status after a batch", streamed: true, reply: func(t *testing.T, w http.ResponseWriter) {
 			w.Header().Set("Content-Type", "application/grpc")
 			w.Write(two(t)[0])
