@@ -159,15 +159,16 @@ func has(m protoreflect.Message, path string) bool {
 // grouping sees it, and says whether it can be grouped.
 func lenientItem(m protoreflect.Message, sandboxes bool) (listed, bool) {
 	s := func(path string) string { return string(get(m, path).Bytes()) }
-	it := listed{id: s("id"), meta: has(m, "metadata"), createdAt: get(m, "created_at").Int(),
-		attempt: uint32(get(m, "metadata.attempt").Uint())}
+	it := listed{Container: cruntime.Container{ID: s("id"), CreatedAt: get(m, "created_at").Int(),
+		Attempt: uint32(get(m, "metadata.attempt").Uint())}, meta: has(m, "metadata")}
 	state := int32(get(m, "state").Int())
 	if sandboxes {
 		it.podName, it.uid, it.podNamespace = s("metadata.name"), s("metadata.uid"), s("metadata.namespace")
-		it.state = itemState(sandboxState(runtimeapi.PodSandboxState(state)))
+		it.Name = it.podName // a sandbox is named after its pod
+		it.State = sandboxState(runtimeapi.PodSandboxState(state))
 	} else {
-		it.name, it.image = s("metadata.name"), s("image.image")
-		it.state = itemState(containerState(runtimeapi.ContainerState(state)))
+		it.Name, it.Image = s("metadata.name"), s("image.image")
+		it.State = containerState(runtimeapi.ContainerState(state))
 		labels := map[string]string{}
 		entries := get(m, "labels").List()
 		for i := range entries.Len() {
@@ -175,11 +176,11 @@ func lenientItem(m protoreflect.Message, sandboxes bool) (listed, bool) {
 			labels[string(get(e, "key").Bytes())] = string(get(e, "value").Bytes()) // the last counts
 		}
 		it.uid, it.podName, it.podNamespace = labels[cruntime.LabelPodUID], labels[cruntime.LabelPodName], labels[cruntime.LabelPodNamespace]
-		if it.name == "" {
-			it.name = labels[cruntime.LabelContainerName]
+		if it.Name == "" {
+			it.Name = labels[cruntime.LabelContainerName]
 		}
 	}
-	return it, skipped(len(it.id), it.meta, len(it.uid)) == skipNone
+	return it, skipped(len(it.ID), it.meta, len(it.uid)) == skipNone
 }
 
 // lenientList decodes a list reply with the lenient schema and returns the
@@ -205,7 +206,7 @@ func lenientList(b []byte, sandboxes bool) ([]listed, error) {
 func standardList(b []byte, sandboxes bool) ([]listed, error) {
 	var out []listed
 	keep := func(it listed) {
-		if skipped(len(it.id), it.meta, len(it.uid)) == skipNone {
+		if skipped(len(it.ID), it.meta, len(it.uid)) == skipNone {
 			out = append(out, it)
 		}
 	}

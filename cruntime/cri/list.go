@@ -167,9 +167,11 @@ func (c *Client) ListPod(ctx context.Context, uid types.UID) (*cruntime.Pod, err
 // sandboxItem converts a decoded sandbox (nil-safe).
 func sandboxItem(s *runtimeapi.PodSandbox) listed {
 	md := s.GetMetadata()
-	return listed{id: s.GetId(), meta: md != nil, podName: md.GetName(), uid: md.GetUid(),
-		podNamespace: md.GetNamespace(), attempt: md.GetAttempt(), state: itemState(sandboxState(s.GetState())),
-		createdAt: s.GetCreatedAt()}
+	return listed{
+		Container: cruntime.Container{ID: s.GetId(), Name: md.GetName(), Attempt: md.GetAttempt(),
+			State: sandboxState(s.GetState()), CreatedAt: s.GetCreatedAt()},
+		meta: md != nil, podName: md.GetName(), uid: md.GetUid(), podNamespace: md.GetNamespace(),
+	}
 }
 
 // containerItem converts a decoded container (nil-safe).
@@ -180,10 +182,12 @@ func containerItem(ct *runtimeapi.Container) listed {
 	if name == "" {
 		name = labels[cruntime.LabelContainerName]
 	}
-	return listed{id: ct.GetId(), meta: md != nil, name: name, attempt: md.GetAttempt(),
-		uid: labels[cruntime.LabelPodUID], podName: labels[cruntime.LabelPodName],
+	return listed{
+		Container: cruntime.Container{ID: ct.GetId(), Name: name, Attempt: md.GetAttempt(),
+			State: containerState(ct.GetState()), Image: ct.GetImage().GetImage(), CreatedAt: ct.GetCreatedAt()},
+		meta: md != nil, uid: labels[cruntime.LabelPodUID], podName: labels[cruntime.LabelPodName],
 		podNamespace: labels[cruntime.LabelPodNamespace],
-		image:        ct.GetImage().GetImage(), state: itemState(containerState(ct.GetState())), createdAt: ct.GetCreatedAt()}
+	}
 }
 
 // groupScratch is the working space of group, kept from one listing to
@@ -201,7 +205,7 @@ type podBuild struct {
 	sbs, cts             int
 	fresh                bool // it has an item that was decoded, not taken from the memo
 	pod                  *cruntime.Pod
-	store                []cruntime.Container
+	fill                 bool // pod is new: pass 2 gives it its items
 }
 
 // group groups listed sandboxes and containers by pod UID; see ListPods.
@@ -240,8 +244,8 @@ func (c *Client) group(sandboxes, containers []itemRef, sc *groupScratch, m *mem
 	clear(valid)
 	for i := range sandboxes {
 		s := sandboxes[i]
-		if why := skipped(len(s.id), s.meta, len(s.uid)); why != skipNone {
-			c.log.V(4).Info("Skipping listed sandbox", "reason", why.String(), "sandboxID", s.id, "index", i)
+		if why := skipped(len(s.ID), s.meta, len(s.uid)); why != skipNone {
+			c.log.V(4).Info("Skipping listed sandbox", "reason", why.String(), "sandboxID", s.ID, "index", i)
 			continue
 		}
 		valid[i] = true
@@ -249,8 +253,8 @@ func (c *Client) group(sandboxes, containers []itemRef, sc *groupScratch, m *mem
 	}
 	for i := range containers {
 		ct := containers[i]
-		if why := skipped(len(ct.id), ct.meta, len(ct.uid)); why != skipNone {
-			c.log.V(4).Info("Skipping listed container", "reason", why.String(), "containerID", ct.id, "index", i)
+		if why := skipped(len(ct.ID), ct.meta, len(ct.uid)); why != skipNone {
+			c.log.V(4).Info("Skipping listed container", "reason", why.String(), "containerID", ct.ID, "index", i)
 			continue
 		}
 		valid[len(sandboxes)+i] = true
@@ -266,7 +270,7 @@ func (c *Client) group(sandboxes, containers []itemRef, sc *groupScratch, m *mem
 		}
 		if b.pod == nil {
 			b.pod = &cruntime.Pod{UID: types.UID(b.uid), Name: b.name, Namespace: b.namespace}
-			b.store = make([]cruntime.Container, 0, b.sbs+b.cts)
+			b.fill = true
 			ptrs := make([]*cruntime.Container, b.sbs+b.cts)
 			if b.sbs > 0 {
 				b.pod.Sandboxes = ptrs[:0:b.sbs]
@@ -287,12 +291,10 @@ func (c *Client) group(sandboxes, containers []itemRef, sc *groupScratch, m *mem
 		}
 		s := sandboxes[i]
 		b := &sc.pods[sc.builds[s.uid]]
-		if b.store == nil {
+		if !b.fill {
 			continue // the previous listing's pod
 		}
-		b.store = append(b.store, cruntime.Container{ID: s.id, Name: s.podName, Attempt: s.attempt,
-			State: s.state.State(), CreatedAt: s.createdAt})
-		b.pod.Sandboxes = append(b.pod.Sandboxes, &b.store[len(b.store)-1])
+		b.pod.Sandboxes = append(b.pod.Sandboxes, &s.Container)
 	}
 	for i := range containers {
 		if !valid[len(sandboxes)+i] {
@@ -300,12 +302,10 @@ func (c *Client) group(sandboxes, containers []itemRef, sc *groupScratch, m *mem
 		}
 		ct := containers[i]
 		b := &sc.pods[sc.builds[ct.uid]]
-		if b.store == nil {
+		if !b.fill {
 			continue
 		}
-		b.store = append(b.store, cruntime.Container{ID: ct.id, Name: ct.name, Attempt: ct.attempt,
-			State: ct.state.State(), Image: ct.image, CreatedAt: ct.createdAt})
-		b.pod.Containers = append(b.pod.Containers, &b.store[len(b.store)-1])
+		b.pod.Containers = append(b.pod.Containers, &ct.Container)
 	}
 	// Drop the references, so the scratch space pins no pod.
 	for i := range sc.pods {

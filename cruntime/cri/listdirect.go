@@ -42,7 +42,7 @@ const (
 	// and of its streams: the most the transport buffers for a listing
 	// the decoder has not read yet. The decoder reads faster than a
 	// runtime encodes, so the window is rarely full.
-	directWindow = 1 << 20
+	directWindow = 256 << 10
 	// directReadBuffer is the decoder's read buffer: an item up to this
 	// size is decoded in place.
 	directReadBuffer = 64 << 10

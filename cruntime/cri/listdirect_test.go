@@ -72,7 +72,7 @@ func directList(ctx context.Context, d *directLister, streamed bool) (int, []str
 	n, err := d.call(ctx, method, req, !streamed, r.decode)
 	var ids []string
 	for _, it := range r.items {
-		ids = append(ids, it.id)
+		ids = append(ids, it.ID)
 	}
 	return n, ids, err
 }

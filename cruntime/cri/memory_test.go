@@ -320,7 +320,7 @@ func countValid(t *testing.T, raw []byte, sandboxes bool) (n, valid int) {
 			t.Fatal(err)
 		}
 		for _, s := range r.Items {
-			if it := sandboxItem(s); skipped(len(it.id), it.meta, len(it.uid)) == skipNone {
+			if it := sandboxItem(s); skipped(len(it.ID), it.meta, len(it.uid)) == skipNone {
 				valid++
 			}
 		}
@@ -331,7 +331,7 @@ func countValid(t *testing.T, raw []byte, sandboxes bool) (n, valid int) {
 		t.Fatal(err)
 	}
 	for _, c := range r.Containers {
-		if it := containerItem(c); skipped(len(it.id), it.meta, len(it.uid)) == skipNone {
+		if it := containerItem(c); skipped(len(it.ID), it.meta, len(it.uid)) == skipNone {
 			valid++
 		}
 	}

@@ -387,6 +387,11 @@ func (r *sharedStrings) labels(keys *sharedStrings, shared *sharedMaps, m map[st
 // containers, and the cache keeps every container's status for as long as
 // its pod lives.
 //
+// A set that names its pod (io.kubernetes.pod.uid: the labels of a
+// container or sandbox the kubelet made) is that pod's alone and is not
+// offered to the table: on a node of 10,000 containers those sets would
+// empty it ten times over, and the annotations the replicas share with it.
+//
 // The table is bounded: when it holds maxSharedMaps sets it is emptied
 // and fills again, so what it keeps beyond what the statuses hold is at
 // most its bound, and sets that no status holds any longer go with the
@@ -407,7 +412,7 @@ const maxSharedMapBytes = 4096
 
 // share returns the table's labels equal to l, adding l if there are none.
 func (s *sharedMaps) share(l cruntime.Labels) cruntime.Labels {
-	if l.Len() == 0 {
+	if l.Len() == 0 || l.Has(cruntime.LabelPodUID) {
 		return l
 	}
 	s.mu.Lock()

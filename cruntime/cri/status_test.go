@@ -479,3 +479,30 @@ func TestLabelsShareMaps(t *testing.T) {
 		t.Errorf("the scratch key grew to %d bytes for a set it does not share", c)
 	}
 }
+
+// A set that names its pod (a container's or sandbox's labels) is that
+// pod's alone: it is not shared, and a node's worth of them does not
+// empty the table of the sets its replicas do share (a 10,000-container
+// node emptied it ten times over, and kept its annotations ten times).
+func TestLabelsNamingAPodNotShared(t *testing.T) {
+	var keys, values sharedStrings
+	var shared sharedMaps
+	ann := func() map[string]string {
+		return map[string]string{strings.Clone("io.kubernetes.container.hash"): strings.Clone("5d1e2c3b")}
+	}
+	own := func(i int) map[string]string {
+		return map[string]string{cruntime.LabelPodUID: "uid-" + strconv.Itoa(i/10), cruntime.LabelContainerName: "c" + strconv.Itoa(i%10)}
+	}
+	first := values.labels(&keys, &shared, ann())
+	for i := range 3*maxSharedMaps + 7 {
+		if l := values.labels(&keys, &shared, own(i)); l.Get(cruntime.LabelPodUID) != "uid-"+strconv.Itoa(i/10) {
+			t.Fatalf("labels %v", l)
+		}
+	}
+	if n := len(shared.maps); n != 1 {
+		t.Errorf("%d sets in the table, want 1 (the annotations): a pod's own labels were added", n)
+	}
+	if again := values.labels(&keys, &shared, ann()); !again.SameAs(first) {
+		t.Error("the replicas' annotations are kept twice: the pods' own labels emptied the table")
+	}
+}

@@ -33,28 +33,20 @@ import (
 // It is what the memo keeps per item between listings, so it is small: 112
 // bytes, a size class of its own.
 type listed struct {
-	id string
-	// name is a container's name: its metadata's, else its
-	// io.kubernetes.container.name label. A sandbox's is its pod's.
-	name string
+	// Container is the item as a listing's pods hold it: they point here
+	// (shared: read-only). A sandbox's Name is its pod's name; a
+	// container's is its metadata's, else its io.kubernetes.container.name
+	// label.
+	cruntime.Container
 	// uid, podName and podNamespace come from a sandbox's metadata, or
 	// from a container's io.kubernetes.pod.* labels.
 	uid, podName, podNamespace string
-	image                      string
-	createdAt                  int64
-	attempt                    uint32
-	state                      itemState
 	meta                       bool // the item had metadata
 	// committed says the item was in a complete listing, which the memo
 	// committed: the pods built then may have it. (An item decoded by a
 	// listing that failed is in the memo, but in no pod.)
 	committed bool
 }
-
-// itemState is a cruntime.State in a byte.
-type itemState uint8
-
-func (s itemState) State() cruntime.State { return cruntime.State(s) }
 
 // itemRef is one item of a reply being grouped: the decoded item, which an
 // item of the memo is shared with the memo, not copied.
@@ -316,7 +308,7 @@ func (r *listReply) item(v []byte) error {
 		r.slab = r.slab[:len(r.slab)+1]
 		it = &r.slab[len(r.slab)-1]
 	}
-	w.keep(it, r.strings)
+	w.keep(it, r.strings, r.sandboxes)
 	if r.memo != nil {
 		r.memo.add(h, v, it)
 	}
@@ -373,14 +365,23 @@ type wireItem struct {
 }
 
 // keep fills it with w, its strings allocated or interned in t.
-func (w *wireItem) keep(it *listed, t *table) {
+func (w *wireItem) keep(it *listed, t *table, sandbox bool) {
 	name := w.name
 	if len(name) == 0 {
 		name = w.labelName
 	}
-	*it = listed{id: t.str(w.id), name: t.str(name), uid: t.str(w.uid), podName: t.str(w.podName),
-		podNamespace: t.str(w.podNamespace), image: t.str(w.image), createdAt: w.createdAt,
-		attempt: w.attempt, state: itemState(w.state), meta: w.meta}
+	if sandbox {
+		name = w.podName
+	}
+	podName := t.str(w.podName)
+	*it = listed{
+		Container: cruntime.Container{ID: t.str(w.id), Name: t.str(name), Attempt: w.attempt, State: w.state,
+			Image: t.str(w.image), CreatedAt: w.createdAt},
+		uid: t.str(w.uid), podName: podName, podNamespace: t.str(w.podNamespace), meta: w.meta,
+	}
+	if sandbox {
+		it.Name = podName // one string
+	}
 }
 
 // pieceReader reads a message held in the pieces of a mem.BufferSlice.

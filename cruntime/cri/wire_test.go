@@ -81,12 +81,12 @@ func TestWireDecodeMatchesProto(t *testing.T) {
 		// Only the items that can be grouped are kept.
 		var wantSB, wantCT []listed
 		for _, s := range sb.Items {
-			if it := sandboxItem(s); skipped(len(it.id), it.meta, len(it.uid)) == skipNone {
+			if it := sandboxItem(s); skipped(len(it.ID), it.meta, len(it.uid)) == skipNone {
 				wantSB = append(wantSB, it)
 			}
 		}
 		for _, c := range ct.Containers {
-			if it := containerItem(c); skipped(len(it.id), it.meta, len(it.uid)) == skipNone {
+			if it := containerItem(c); skipped(len(it.ID), it.meta, len(it.uid)) == skipNone {
 				wantCT = append(wantCT, it)
 			}
 		}
@@ -233,7 +233,7 @@ func decoded(t *testing.T, items []itemRef) []listed {
 	var out []listed
 	for _, it := range items {
 		if it.reused {
-			t.Errorf("item %s marked reused without a memo", it.id)
+			t.Errorf("item %s marked reused without a memo", it.ID)
 		}
 		out = append(out, *it.listed)
 	}
