@@ -1,12 +1,12 @@
 package main
 
 import (
-	"bufio"
-	"os"
 	"os/exec"
 	"slices"
 	"strings"
 	"testing"
+
+	"github.com/podlifecycle/pleg/internal/dockerfile"
 )
 
 // The binary deploy/Dockerfile builds leaves out gRPC's request tracing
@@ -19,23 +19,14 @@ func TestShippedBuildLeavesOutTracing(t *testing.T) {
 	if testing.Short() {
 		t.Skip("runs go list")
 	}
-	f, err := os.Open("../../deploy/Dockerfile")
+	r, err := dockerfile.Parse("../../deploy/Dockerfile")
 	if err != nil {
 		t.Fatal(err)
 	}
-	defer f.Close()
 	var flags []string
-	for sc := bufio.NewScanner(f); sc.Scan(); {
-		w := strings.Fields(sc.Text())
-		if i := slices.Index(w, "build"); len(w) > 0 && w[0] == "RUN" && i > 0 && w[i-1] == "go" {
-			for j, a := range w[i+1:] {
-				switch {
-				case strings.HasPrefix(a, "-tags="):
-					flags = append(flags, a)
-				case a == "-tags" && i+2+j < len(w):
-					flags = append(flags, "-tags="+w[i+2+j])
-				}
-			}
+	for _, f := range r.GoFlags {
+		if strings.HasPrefix(f, "-tags=") {
+			flags = append(flags, f)
 		}
 	}
 	if len(flags) == 0 {

@@ -5,6 +5,7 @@ package main
 
 import (
 	"bufio"
+	"context"
 	"encoding/json"
 	"fmt"
 	"io"
@@ -26,6 +27,7 @@ import (
 
 	lifecyclev1 "github.com/podlifecycle/pleg/api/lifecycle/v1"
 	"github.com/podlifecycle/pleg/cruntime/sim"
+	"github.com/podlifecycle/pleg/internal/dockerfile"
 	"github.com/podlifecycle/pleg/internal/httpapi"
 )
 
@@ -50,9 +52,7 @@ func runTests(m *testing.M) int {
 	}
 	defer os.RemoveAll(dir)
 	plegBinary = filepath.Join(dir, "pleg")
-	build := exec.Command("go", "build", "-tags=grpcnotrace", "-o", plegBinary, ".") // as deploy/Dockerfile
-	build.Stdout, build.Stderr = os.Stderr, os.Stderr
-	if err := build.Run(); err != nil {
+	if err := dockerfile.Build(context.Background(), "../..", plegBinary); err != nil {
 		fmt.Fprintln(os.Stderr, "building pleg:", err)
 		return 1
 	}

@@ -55,52 +55,52 @@ func TestPlegImageDrift(t *testing.T) {
 	}
 	c := ds.container()
 
-	t.Logf("the image's base: %s (deploy/Dockerfile: %s)", img.busybox, r.base)
+	t.Logf("the image's base: %s (deploy/Dockerfile: %s)", img.busybox, r.Base)
 
 	// The image containerd imported says what the Dockerfile says.
 	if err := suite.importArchive(img.archive, img.ref); err != nil {
 		t.Fatal(err)
 	}
 	cfg := importedImageConfig(t, img.ref)
-	if !slices.Equal(cfg.Entrypoint, r.entrypoint) || !slices.Equal(cfg.Cmd, r.cmd) || cfg.User != r.user {
+	if !slices.Equal(cfg.Entrypoint, r.Entrypoint) || !slices.Equal(cfg.Cmd, r.Cmd) || cfg.User != r.User {
 		t.Errorf("the imported image runs %q %q as user %q; deploy/Dockerfile says ENTRYPOINT %q CMD %q USER %q",
-			cfg.Entrypoint, cfg.Cmd, cfg.User, r.entrypoint, r.cmd, r.user)
+			cfg.Entrypoint, cfg.Cmd, cfg.User, r.Entrypoint, r.Cmd, r.User)
 	}
 
 	// The manifest runs the binary the image has, as the image's user.
 	cmd := c.Command
 	if len(cmd) == 0 {
-		cmd = r.entrypoint
+		cmd = r.Entrypoint
 	}
-	if len(cmd) != 1 || cmd[0] != r.binPath {
-		t.Errorf("%s runs %q; the Dockerfile puts the binary at %s", manifestPath, cmd, r.binPath)
+	if len(cmd) != 1 || cmd[0] != r.BinPath {
+		t.Errorf("%s runs %q; the Dockerfile puts the binary at %s", manifestPath, cmd, r.BinPath)
 	}
-	if !slices.Equal(r.entrypoint, []string{r.binPath}) {
-		t.Errorf("the Dockerfile's ENTRYPOINT %q is not the binary it copies, %s", r.entrypoint, r.binPath)
+	if !slices.Equal(r.Entrypoint, []string{r.BinPath}) {
+		t.Errorf("the Dockerfile's ENTRYPOINT %q is not the binary it copies, %s", r.Entrypoint, r.BinPath)
 	}
 	// The image's user is a numeric non-root uid; the manifest names the
 	// user it runs as (root: the runtime's socket is root:root), and the
 	// non-root patch runs the image's.
-	uid, err := imageUID(r.user)
+	uid, err := imageUID(r.User)
 	if err != nil {
 		t.Error(err)
 	} else if uid == 0 {
-		t.Errorf("deploy/Dockerfile: USER %q is root, want a numeric non-root uid", r.user)
+		t.Errorf("deploy/Dockerfile: USER %q is root, want a numeric non-root uid", r.User)
 	}
 	if su := c.SecurityContext.RunAsUser; su == nil {
-		t.Errorf("%s: no runAsUser: the pod would run as the image's uid %d (USER %q), which may not use a root:root runtime socket", manifestPath, uid, r.user)
+		t.Errorf("%s: no runAsUser: the pod would run as the image's uid %d (USER %q), which may not use a root:root runtime socket", manifestPath, uid, r.User)
 	}
 	if np, err := loadNonRootPatch(suite.repoRoot); err != nil {
 		t.Error(err)
 	} else if su := np.container.SecurityContext.RunAsUser; su == nil || *su != uid {
-		t.Errorf("%s: runAsUser %v; the image's user is uid %d (USER %q)", nonRootPatchPath, ptrString(su), uid, r.user)
+		t.Errorf("%s: runAsUser %v; the image's user is uid %d (USER %q)", nonRootPatchPath, ptrString(su), uid, r.User)
 	}
 
 	// The binary: built as the Dockerfile says, static (the base has no
 	// libc), and it accepts the manifest's command line.
 	checkBuildInfo(t, img)
 	if err := mustBeStatic(img.binary); err != nil {
-		t.Errorf("the image's binary: %v: it cannot run on %s", err, r.base)
+		t.Errorf("the image's binary: %v: it cannot run on %s", err, r.Base)
 	}
 	args := expandEnvRefs(c.Args, map[string]string{"NODE_NAME": "node-a"})
 	// cobra parses every flag (names and values) before it looks at
@@ -113,7 +113,7 @@ func TestPlegImageDrift(t *testing.T) {
 	// The binary reports the version of this checkout, and the build
 	// tags the Dockerfile builds it with.
 	var tags string
-	for _, f := range r.goFlags {
+	for _, f := range r.GoFlags {
 		if k, v, _ := strings.Cut(f, "="); k == "-tags" {
 			tags = v
 		}
@@ -194,7 +194,7 @@ func checkBuildInfo(t *testing.T, img *plegImage) {
 		return
 	}
 	if want := "github.com/podlifecycle/pleg/cmd/pleg"; bi.Path != want {
-		t.Errorf("the image's binary is %s (the Dockerfile builds %s), want %s", bi.Path, r.pkg, want)
+		t.Errorf("the image's binary is %s (the Dockerfile builds %s), want %s", bi.Path, r.Pkg, want)
 	}
 	settings := map[string]string{}
 	for _, s := range bi.Settings {
@@ -202,12 +202,12 @@ func checkBuildInfo(t *testing.T, img *plegImage) {
 	}
 	want := map[string]string{"CGO_ENABLED": "1", "-trimpath": ""}
 	var ldflags []string
-	for _, e := range r.goEnv {
+	for _, e := range r.GoEnv {
 		if k, v, _ := strings.Cut(e, "="); k == "CGO_ENABLED" {
 			want[k] = v
 		}
 	}
-	for _, f := range r.goFlags {
+	for _, f := range r.GoFlags {
 		switch k, v, _ := strings.Cut(f, "="); k {
 		case "-trimpath":
 			want[k] = "true"

@@ -10,8 +10,6 @@ package e2e
 import (
 	"context"
 	"debug/elf"
-	"encoding/json"
-	"errors"
 	"fmt"
 	"os"
 	"os/exec"
@@ -22,6 +20,7 @@ import (
 	"testing"
 	"time"
 
+	"github.com/podlifecycle/pleg/internal/dockerfile"
 	"github.com/podlifecycle/pleg/test/e2e/images/ocilayout"
 )
 
@@ -29,179 +28,9 @@ import (
 // puts its static binary.
 const busyboxPath = "/bin/busybox"
 
-// dockerRecipe is what deploy/Dockerfile says the image is.
-type dockerRecipe struct {
-	goEnv      []string // VAR=value words before `go build`, e.g. CGO_ENABLED=0
-	goFlags    []string // go build's flags, without -o
-	pkg        string   // the package built, e.g. ./cmd/pleg
-	buildOut   string   // go build -o, in the build stage
-	base       string   // the final stage's FROM, e.g. busybox:1.37
-	binPath    string   // where the final stage copies the binary
-	entrypoint []string
-	cmd        []string
-	user       string // USER; empty: root
-}
-
-// parseDockerfile reads the subset of the Dockerfile syntax that
-// deploy/Dockerfile uses and fails on anything else, so that a change to
-// the Dockerfile that this builder cannot follow stops the suite instead of
-// building a different image.
-func parseDockerfile(path string) (dockerRecipe, error) {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		return dockerRecipe{}, err
-	}
-	var (
-		r      dockerRecipe
-		stages []string // stage names ("" when unnamed), in order
-	)
-	lines := strings.Split(string(b), "\n")
-	for i := 0; i < len(lines); i++ {
-		l := strings.TrimSpace(lines[i])
-		if l == "" || strings.HasPrefix(l, "#") {
-			continue
-		}
-		for strings.HasSuffix(l, `\`) && i+1 < len(lines) {
-			i++
-			l = strings.TrimSuffix(l, `\`) + " " + strings.TrimSpace(lines[i])
-		}
-		instr, rest, _ := strings.Cut(l, " ")
-		rest = strings.TrimSpace(rest)
-		final := len(stages) > 0 && stages[len(stages)-1] == ""
-		switch strings.ToUpper(instr) {
-		case "FROM":
-			w := strings.Fields(rest)
-			switch {
-			case len(w) == 1:
-				stages = append(stages, "")
-				r.base = w[0]
-			case len(w) == 3 && strings.EqualFold(w[1], "AS"):
-				stages = append(stages, w[2])
-			default:
-				return r, fmt.Errorf("%s: cannot follow FROM %s", path, rest)
-			}
-		case "WORKDIR":
-			if final {
-				return r, fmt.Errorf("%s: cannot follow WORKDIR in the final stage", path)
-			}
-		case "RUN":
-			if final || len(stages) == 0 {
-				return r, fmt.Errorf("%s: cannot follow RUN in the final stage: the image is the base plus the binary", path)
-			}
-			words, err := shellWords(rest)
-			if err != nil {
-				return r, fmt.Errorf("%s: RUN %s: %w", path, rest, err)
-			}
-			env := words
-			for len(words) > 0 && strings.Contains(words[0], "=") {
-				words = words[1:]
-			}
-			env = env[:len(env)-len(words)]
-			switch {
-			case len(words) == 3 && words[0] == "go" && words[1] == "mod" && words[2] == "download":
-				// Fills the module cache: no part of the image.
-			case len(words) > 2 && words[0] == "go" && words[1] == "build":
-				r.goEnv = env
-				args := words[2:]
-				for j := 0; j < len(args); j++ {
-					switch {
-					case args[j] == "-o" && j+1 < len(args):
-						r.buildOut = args[j+1]
-						j++
-					case strings.HasPrefix(args[j], "-"):
-						r.goFlags = append(r.goFlags, args[j])
-					case r.pkg == "":
-						r.pkg = args[j]
-					default:
-						return r, fmt.Errorf("%s: RUN %s: more than one package", path, rest)
-					}
-				}
-			default:
-				return r, fmt.Errorf("%s: cannot follow RUN %s", path, rest)
-			}
-		case "COPY":
-			w := strings.Fields(rest)
-			if !final {
-				continue // the build stage's sources: the repository
-			}
-			if len(w) != 3 || !strings.HasPrefix(w[0], "--from=") {
-				return r, fmt.Errorf("%s: cannot follow COPY %s in the final stage", path, rest)
-			}
-			if w[1] != r.buildOut {
-				return r, fmt.Errorf("%s: the final stage copies %s, the build writes %s", path, w[1], r.buildOut)
-			}
-			r.binPath = w[2]
-		case "ENTRYPOINT", "CMD":
-			var words []string
-			if err := json.Unmarshal([]byte(rest), &words); err != nil {
-				return r, fmt.Errorf("%s: %s must be a JSON array (exec form): %w", path, instr, err)
-			}
-			if strings.ToUpper(instr) == "CMD" {
-				r.cmd = words
-			} else {
-				r.entrypoint = words
-			}
-		case "USER":
-			r.user = rest
-		default:
-			return r, fmt.Errorf("%s: the e2e image builder (test/e2e/plegimage.go) cannot follow %s", path, l)
-		}
-	}
-	switch {
-	case r.pkg == "" || r.buildOut == "":
-		return r, fmt.Errorf("%s: no `go build -o OUT PACKAGE` in a build stage", path)
-	case r.binPath == "":
-		return r, fmt.Errorf("%s: the final stage copies no binary", path)
-	case len(stages) == 0 || stages[len(stages)-1] != "":
-		return r, fmt.Errorf("%s: the final stage must be unnamed", path)
-	}
-	return r, nil
-}
-
-// shellWords splits a RUN line as sh would for the plain words, single and
-// double quotes the Dockerfile uses; anything needing a shell is refused.
-func shellWords(s string) ([]string, error) {
-	var (
-		words []string
-		cur   strings.Builder
-		in    bool // inside a word
-		quote rune
-	)
-	for _, c := range s {
-		switch {
-		case quote != 0:
-			if c == quote {
-				quote = 0
-			} else {
-				cur.WriteRune(c)
-			}
-		case c == '\'' || c == '"':
-			quote, in = c, true
-		case c == ' ' || c == '\t':
-			if in {
-				words = append(words, cur.String())
-				cur.Reset()
-				in = false
-			}
-		case strings.ContainsRune(`\$;&|<>()`+"`", c):
-			return nil, fmt.Errorf("%q needs a shell", c)
-		default:
-			cur.WriteRune(c)
-			in = true
-		}
-	}
-	if quote != 0 {
-		return nil, errors.New("unterminated quote")
-	}
-	if in {
-		words = append(words, cur.String())
-	}
-	return words, nil
-}
-
 // plegImage is the image built from deploy/Dockerfile's recipe.
 type plegImage struct {
-	recipe dockerRecipe
+	recipe dockerfile.Recipe
 	// ref is the image's reference: the DaemonSet's image
 	// (deploy/kubernetes/pleg.yaml), fully qualified as containerd names
 	// it, so that the manifest's image and pull policy run unchanged
@@ -219,7 +48,7 @@ func (img *plegImage) has(path string) bool { return img.paths[path] }
 // plegBuild is the pleg binary of this run, built once.
 var plegBuild struct {
 	once   sync.Once
-	recipe dockerRecipe
+	recipe dockerfile.Recipe
 	path   string
 	err    error
 }
@@ -241,7 +70,7 @@ func buildPleg() error {
 	plegBuild.once.Do(func() {
 		start := time.Now()
 		e := runtimes[len(runtimes)-1]
-		plegBuild.recipe, plegBuild.err = parseDockerfile(filepath.Join(e.repoRoot, "deploy", "Dockerfile"))
+		plegBuild.recipe, plegBuild.err = dockerfile.Parse(filepath.Join(e.repoRoot, "deploy", "Dockerfile"))
 		if plegBuild.err != nil {
 			return
 		}
@@ -259,23 +88,16 @@ func buildPleg() error {
 }
 
 // goBuild runs the Dockerfile's build stage's go build in the repository,
-// writing the binary to out. The Dockerfile's Go image stamps the binary
-// with the commit (-buildvcs=auto, its default); this machine's go env may
-// say otherwise, and a flag beats GOFLAGS.
-func goBuild(repoRoot string, r dockerRecipe, out string) error {
+// writing the binary to out, with the Go toolchain the suite runs under.
+func goBuild(repoRoot string, r dockerfile.Recipe, out string) error {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
 	defer cancel()
 	goBin := filepath.Join(goRoot(), "bin", "go")
 	if !fileExists(goBin) {
 		goBin = "go"
 	}
-	args := append([]string{"build", "-buildvcs=auto"}, r.goFlags...)
-	args = append(args, "-o", out, r.pkg)
-	cmd := exec.CommandContext(ctx, goBin, args...)
-	cmd.Dir = repoRoot
-	cmd.Env = append(os.Environ(), r.goEnv...)
-	if b, err := cmd.CombinedOutput(); err != nil {
-		return fmt.Errorf("%s go %s (deploy/Dockerfile's build): %v\n%s", strings.Join(r.goEnv, " "), strings.Join(args, " "), err, b)
+	if b, err := r.Command(ctx, goBin, repoRoot, out).CombinedOutput(); err != nil {
+		return fmt.Errorf("%s (deploy/Dockerfile's build): %v\n%s", r, err, b)
 	}
 	return nil
 }
@@ -342,7 +164,7 @@ func normalizeImageRef(ref string) (string, error) {
 
 // buildPlegImage writes the image of recipe, with binary at its path, on
 // a busybox base, named ref.
-func buildPlegImage(r dockerRecipe, binary, dir, ref string) (*plegImage, error) {
+func buildPlegImage(r dockerfile.Recipe, binary, dir, ref string) (*plegImage, error) {
 	if err := os.MkdirAll(dir, 0o755); err != nil {
 		return nil, err
 	}
@@ -356,9 +178,9 @@ func buildPlegImage(r dockerRecipe, binary, dir, ref string) (*plegImage, error)
 
 	// The base: busybox, as a static binary with one link per applet in
 	// /bin, and root and nobody in /etc, like the busybox image.
-	base, _, _ := strings.Cut(r.base, ":")
+	base, _, _ := strings.Cut(r.Base, ":")
 	if base != "busybox" {
-		return nil, fmt.Errorf("deploy/Dockerfile's base is %s: the e2e image builder makes only busybox bases", r.base)
+		return nil, fmt.Errorf("deploy/Dockerfile's base is %s: the e2e image builder makes only busybox bases", r.Base)
 	}
 	if err := mustBeStatic(busyboxPath); err != nil {
 		return nil, fmt.Errorf("%w (provision.sh installs Debian's busybox-static)", err)
@@ -379,7 +201,7 @@ func buildPlegImage(r dockerRecipe, binary, dir, ref string) (*plegImage, error)
 		{Path: "/bin/busybox", Mode: 0o755, Data: bb},
 		{Path: "/etc/passwd", Mode: 0o644, Data: []byte("root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/home:/bin/false\n")},
 		{Path: "/etc/group", Mode: 0o644, Data: []byte("root:x:0:\nnobody:x:65534:\n")},
-		{Path: r.binPath, Mode: 0o755, Data: bin},
+		{Path: r.BinPath, Mode: 0o755, Data: bin},
 	}
 	for _, a := range applets {
 		if a != "busybox" {
@@ -398,7 +220,7 @@ func buildPlegImage(r dockerRecipe, binary, dir, ref string) (*plegImage, error)
 		Architecture: goruntime.GOARCH,
 		Files:        files,
 		Images: []ocilayout.Image{{
-			Name: ref, Entrypoint: r.entrypoint, Cmd: r.cmd, User: r.user,
+			Name: ref, Entrypoint: r.Entrypoint, Cmd: r.Cmd, User: r.User,
 		}},
 	})
 	if cerr := f.Close(); err == nil {

@@ -24,6 +24,8 @@ import (
 	dto "github.com/prometheus/client_model/go"
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
+
+	"github.com/podlifecycle/pleg/internal/dockerfile"
 )
 
 // patience bounds every wait for something NPD or pleg must do. Its
@@ -83,12 +85,8 @@ func setup(dir string) error {
 
 	start = time.Now()
 	suite.pleg = filepath.Join(dir, "pleg")
-	build := exec.CommandContext(ctx, "go", "build", "-tags=grpcnotrace", "-o", suite.pleg, "./cmd/pleg") // as deploy/Dockerfile
-	build.Dir = root
-	out.Reset()
-	build.Stdout, build.Stderr = &out, &out
-	if err := build.Run(); err != nil {
-		return fmt.Errorf("go build ./cmd/pleg: %w\n%s", err, tail(out.String(), 4000))
+	if err := dockerfile.Build(ctx, root, suite.pleg); err != nil {
+		return err
 	}
 	fmt.Fprintf(os.Stderr, "npd: built pleg in %v\n", time.Since(start).Round(100*time.Millisecond))
 	return nil

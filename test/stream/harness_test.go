@@ -25,6 +25,7 @@ import (
 
 	lifecyclev1 "github.com/podlifecycle/pleg/api/lifecycle/v1"
 	"github.com/podlifecycle/pleg/cruntime/sim"
+	"github.com/podlifecycle/pleg/internal/dockerfile"
 	"github.com/podlifecycle/pleg/internal/httpapi"
 )
 
@@ -43,10 +44,7 @@ func runTests(m *testing.M) int {
 	}
 	defer os.RemoveAll(dir)
 	plegBinary = filepath.Join(dir, "pleg")
-	build := exec.Command("go", "build", "-tags=grpcnotrace", "-o", plegBinary, "./cmd/pleg") // as deploy/Dockerfile
-	build.Dir = repoRoot()
-	build.Stdout, build.Stderr = os.Stderr, os.Stderr
-	if err := build.Run(); err != nil {
+	if err := dockerfile.Build(context.Background(), repoRoot(), plegBinary); err != nil {
 		fmt.Fprintln(os.Stderr, "building pleg:", err)
 		return 1
 	}
