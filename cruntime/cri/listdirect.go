@@ -46,6 +46,8 @@ const (
 	// directReadBuffer is the decoder's read buffer: an item up to this
 	// size is decoded in place.
 	directReadBuffer = 64 << 10
+	// directConnBuffer is the connection's read buffer.
+	directConnBuffer = 64 << 10
 )
 
 // WithDirectLists sets whether the relist's unfiltered listings are read
@@ -79,7 +81,7 @@ func newDirectLister(path string, conns *atomic.Uint64) *directLister {
 				return nil, err
 			}
 			conns.Add(1)
-			return &countedConn{Conn: c, conns: conns}, nil
+			return &countedConn{Conn: c, r: bufio.NewReaderSize(c, directConnBuffer), conns: conns}, nil
 		},
 		HTTP2: &http.HTTP2Config{
 			MaxReceiveBufferPerConnection: directWindow,
@@ -92,12 +94,17 @@ func newDirectLister(path string, conns *atomic.Uint64) *directLister {
 	}}
 }
 
-// countedConn moves conns once when it is closed.
+// countedConn moves conns once when it is closed, and reads through a
+// buffer of its own: the HTTP/2 client reads its connection 4 KiB at a
+// time, a read system call for every 4 KiB of a listing.
 type countedConn struct {
 	net.Conn
+	r      *bufio.Reader // read by the transport's one read loop
 	conns  *atomic.Uint64
 	closed atomic.Bool
 }
+
+func (c *countedConn) Read(p []byte) (int, error) { return c.r.Read(p) }
 
 func (c *countedConn) Close() error {
 	if !c.closed.Swap(true) {

@@ -263,11 +263,16 @@ func cgroupDirs(parent string) []string {
 // cgroupProcs returns the pids in cgroup path parent or below it, in any
 // hierarchy.
 func cgroupProcs(parent string) map[int]bool {
-	pids := map[int]bool{}
 	if !strings.HasPrefix(parent, "/pleg-e2e-") {
-		return pids // never look at anybody else's cgroups
+		return map[int]bool{} // never look at anybody else's cgroups
 	}
-	for _, root := range cgroupDirs(parent) {
+	return procsIn(cgroupDirs(parent))
+}
+
+// procsIn returns the pids in the cgroup directories roots or below them.
+func procsIn(roots []string) map[int]bool {
+	pids := map[int]bool{}
+	for _, root := range roots {
 		filepath.WalkDir(root, func(p string, d fs.DirEntry, err error) error {
 			if err != nil || d.IsDir() || d.Name() != "cgroup.procs" {
 				return nil
@@ -318,7 +323,13 @@ func runcCgroupPaths(dir string) []string {
 // removed once their processes are gone; a few retries cover the kernel
 // catching up after SIGKILL.
 func removeCgroups(dir, parent string) (int, error) {
-	roots := append(cgroupDirs(parent), runcCgroupPaths(dir)...)
+	return rmdirTrees(append(cgroupDirs(parent), runcCgroupPaths(dir)...))
+}
+
+// rmdirTrees removes the cgroup directories roots and everything below
+// them, deepest first, waiting up to 2.5 s for the kernel to let go of
+// exited processes.
+func rmdirTrees(roots []string) (int, error) {
 	removed := 0
 	var lastErr error
 	for try := 0; try < 50; try++ {

@@ -5,8 +5,10 @@ import (
 	"errors"
 	"io"
 	"os"
+	"os/exec"
 	"path/filepath"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -193,4 +195,60 @@ func testHarness(t *testing.T, e *env) {
 			t.Logf("GetContainerEvents ended with OK after %v", time.Since(start).Round(time.Millisecond))
 		})
 	}
+}
+
+// A container's cgroups the runtime left behind are removed when empty
+// (runc's rmdir can lose a race with the exiting task on cgroup v1), and
+// are an error while a process is still in one: real cgroups, in every
+// hierarchy the machine mounts.
+func TestRemoveEmptyContainerCgroups(t *testing.T) {
+	id := "pleg-e2e-cgroup-test-" + strings.ReplaceAll(t.Name(), "/", "-")
+	dirs := cgroupDirs("/k8s.io/" + id)
+	if len(dirs) == 0 {
+		t.Fatal("no cgroup hierarchy mounted")
+	}
+	mk := func() {
+		for _, d := range dirs {
+			if err := os.MkdirAll(filepath.Join(d, "child"), 0o755); err != nil {
+				t.Fatal(err)
+			}
+		}
+	}
+	t.Cleanup(func() { rmdirTrees(dirs) })
+
+	mk()
+	removed, err := removeEmptyContainerCgroups(id)
+	if err != nil || len(removed) != len(dirs) {
+		t.Fatalf("empty cgroups: removed %v, %v; want all of %v", removed, err, dirs)
+	}
+	for _, d := range dirs {
+		if fileExists(d) {
+			t.Errorf("%s still exists", d)
+		}
+	}
+	if removed, err := removeEmptyContainerCgroups(id); removed != nil || err != nil {
+		t.Errorf("none left: %v, %v", removed, err)
+	}
+
+	// A process in one of them: an error, and nothing removed.
+	mk()
+	sleep := exec.Command("sleep", "60")
+	if err := sleep.Start(); err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { sleep.Process.Kill(); sleep.Wait() })
+	if err := os.WriteFile(filepath.Join(dirs[0], "child", "cgroup.procs"), []byte(strconv.Itoa(sleep.Process.Pid)), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	removed, err = removeEmptyContainerCgroups(id)
+	if err == nil || !strings.Contains(err.Error(), "with processes") || removed != nil {
+		t.Fatalf("a process in %s: removed %v, %v; want an error naming it", dirs[0], removed, err)
+	}
+	if !fileExists(dirs[0]) {
+		t.Errorf("%s removed with a process in it", dirs[0])
+	}
+	// Give the process back to the root cgroup, so that the cleanup can
+	// remove the test's cgroups.
+	root := filepath.Dir(filepath.Dir(dirs[0]))
+	os.WriteFile(filepath.Join(root, "cgroup.procs"), []byte(strconv.Itoa(sleep.Process.Pid)), 0o644)
 }
