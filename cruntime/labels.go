@@ -1,28 +1,107 @@
 package cruntime
 
 import (
+	"encoding/binary"
 	"encoding/json"
 	"iter"
 	"slices"
 	"sort"
 	"strings"
+	"sync"
 )
 
 // Labels is an immutable set of labels or annotations: key-value pairs
 // sorted by key. It is what pleg keeps for every sandbox and container
-// for as long as its pod lives, so it is small: one slice of strings, 16
-// bytes a string, where a Go map of a kubelet's four container labels
-// costs about 340 bytes before its strings. The zero value is empty.
+// for as long as its pod lives, so it is small: the values, 16 bytes a
+// string, and a pointer to the sorted keys, which every set with the same
+// keys shares (a kubelet gives each container the same four label keys,
+// each replica of a workload the same annotation keys). A Go map of a
+// kubelet's four container labels costs about 340 bytes before its
+// strings; these, 64 and a pointer. The zero value is empty.
 //
 // A Labels is read-only once made; copies share their pairs. It satisfies
 // k8s.io/apimachinery/pkg/labels.Labels, so a label selector matches it
 // as it is.
 type Labels struct {
-	kv []string // key, value, key, value…; keys sorted, each once
+	keys *[]string // sorted, each once; shared (keySets); nil when empty
+	vals []string  // vals[i] is the value of (*keys)[i]
 }
 
 // NewLabels returns the labels of m (nil or empty: empty labels).
 func NewLabels(m map[string]string) Labels { return NewLabelsWith(m, nil, nil) }
+
+// keySets shares the sorted keys of label sets: one slice for every set
+// with the same keys. It is bounded: past maxKeySets different key sets,
+// or for keys longer together than maxKeySetBytes, a set keeps keys of its
+// own.
+var keySets struct {
+	mu   sync.Mutex
+	sets map[string]*[]string // content key -> the shared keys
+	buf  []byte               // scratch: the content key
+}
+
+const (
+	maxKeySets     = 4096
+	maxKeySetBytes = 4096
+)
+
+// pairScratch holds the pairs of a set being made.
+var pairScratch = sync.Pool{New: func() any { return new([]string) }}
+
+// sharedKeys returns the shared keys equal to the even strings of kv
+// (sorted pairs), adding them if there are none and the table has room.
+func sharedKeys(kv []string) *[]string {
+	own := func() *[]string {
+		keys := make([]string, len(kv)/2)
+		for i := range keys {
+			keys[i] = kv[2*i]
+		}
+		return &keys
+	}
+	n := 0
+	for i := 0; i < len(kv); i += 2 {
+		n += len(kv[i]) + binary.MaxVarintLen64
+	}
+	if n > maxKeySetBytes {
+		return own()
+	}
+	t := &keySets
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.buf = t.buf[:0]
+	for i := 0; i < len(kv); i += 2 {
+		// Keys may hold any byte: each is prefixed by its length, so
+		// that no two sets have one content key.
+		t.buf = binary.AppendUvarint(t.buf, uint64(len(kv[i])))
+		t.buf = append(t.buf, kv[i]...)
+	}
+	if keys, ok := t.sets[string(t.buf)]; ok {
+		return keys
+	}
+	keys := own()
+	if len(t.sets) < maxKeySets {
+		if t.sets == nil {
+			t.sets = make(map[string]*[]string)
+		}
+		t.sets[string(t.buf)] = keys
+	}
+	return keys
+}
+
+// sortPairs sorts pairs key, value, key, value… by key: by insertion for
+// the handful of labels most sets have, which allocates nothing.
+func sortPairs(kv []string) {
+	if len(kv) > 32 {
+		sort.Sort(byKey(kv))
+		return
+	}
+	for i := 2; i < len(kv); i += 2 {
+		for j := i; j > 0 && kv[j] < kv[j-2]; j -= 2 {
+			kv[j], kv[j-2] = kv[j-2], kv[j]
+			kv[j+1], kv[j-1] = kv[j-1], kv[j+1]
+		}
+	}
+}
 
 // byKey sorts pairs key, value, key, value… by key.
 type byKey []string
@@ -42,7 +121,8 @@ func NewLabelsWith(m map[string]string, key, value func(string) string) Labels {
 	if len(m) == 0 {
 		return Labels{}
 	}
-	kv := make([]string, 0, 2*len(m))
+	sp := pairScratch.Get().(*[]string)
+	kv := (*sp)[:0]
 	for k, v := range m {
 		if key != nil {
 			k = key(k)
@@ -52,8 +132,18 @@ func NewLabelsWith(m map[string]string, key, value func(string) string) Labels {
 		}
 		kv = append(kv, k, v)
 	}
-	sort.Sort(byKey(kv))
-	return Labels{kv: kv}
+	sortPairs(kv)
+	vals := make([]string, len(m))
+	for i := range vals {
+		vals[i] = kv[2*i+1]
+	}
+	l := Labels{keys: sharedKeys(kv), vals: vals}
+	clear(kv)
+	if cap(kv) <= 256 {
+		*sp = kv
+		pairScratch.Put(sp)
+	}
+	return l
 }
 
 // LabelsOf returns labels of the pairs key, value, key, value… (a key
@@ -71,34 +161,32 @@ func LabelsOf(pairs ...string) Labels {
 }
 
 // Len is the number of pairs.
-func (l Labels) Len() int { return len(l.kv) / 2 }
+func (l Labels) Len() int { return len(l.vals) }
+
+// key is the i-th key.
+func (l Labels) key(i int) string { return (*l.keys)[i] }
 
 // Lookup returns the value of key and whether l has it.
 func (l Labels) Lookup(key string) (string, bool) {
+	if len(l.vals) == 0 {
+		return "", false
+	}
+	keys := *l.keys
 	// A container has a handful of labels: a linear scan beats a binary
 	// search up to a dozen or so, and most lookups are for one of them.
-	if len(l.kv) <= 32 {
-		for i := 0; i < len(l.kv); i += 2 {
-			if l.kv[i] == key {
-				return l.kv[i+1], true
+	if len(keys) <= 16 {
+		for i, k := range keys {
+			if k == key {
+				return l.vals[i], true
 			}
 		}
 		return "", false
 	}
-	n := len(l.kv) / 2
-	lo, hi := 0, n
-	for lo < hi {
-		m := int(uint(lo+hi) >> 1)
-		if c := strings.Compare(l.kv[2*m], key); c < 0 {
-			lo = m + 1
-		} else {
-			hi = m
-		}
+	i, ok := slices.BinarySearch(keys, key)
+	if !ok {
+		return "", false
 	}
-	if lo < n && l.kv[2*lo] == key {
-		return l.kv[2*lo+1], true
-	}
-	return "", false
+	return l.vals[i], true
 }
 
 // Get returns the value of key, "" when l has none.
@@ -116,8 +204,8 @@ func (l Labels) Has(key string) bool {
 // All yields the pairs in key order.
 func (l Labels) All() iter.Seq2[string, string] {
 	return func(yield func(string, string) bool) {
-		for i := 0; i < len(l.kv); i += 2 {
-			if !yield(l.kv[i], l.kv[i+1]) {
+		for i, v := range l.vals {
+			if !yield(l.key(i), v) {
 				return
 			}
 		}
@@ -126,34 +214,42 @@ func (l Labels) All() iter.Seq2[string, string] {
 
 // Map returns a new map of the pairs, nil when l is empty.
 func (l Labels) Map() map[string]string {
-	if len(l.kv) == 0 {
+	if len(l.vals) == 0 {
 		return nil
 	}
-	m := make(map[string]string, len(l.kv)/2)
-	for i := 0; i < len(l.kv); i += 2 {
-		m[l.kv[i]] = l.kv[i+1]
+	m := make(map[string]string, len(l.vals))
+	for i, v := range l.vals {
+		m[l.key(i)] = v
 	}
 	return m
 }
 
 // Equal says whether l and o have the same pairs.
-func (l Labels) Equal(o Labels) bool { return slices.Equal(l.kv, o.kv) }
+func (l Labels) Equal(o Labels) bool {
+	if len(l.vals) != len(o.vals) {
+		return false
+	}
+	if len(l.vals) == 0 {
+		return true
+	}
+	return (l.keys == o.keys || slices.Equal(*l.keys, *o.keys)) && slices.Equal(l.vals, o.vals)
+}
 
 // SameAs says whether l and o are one set (copies of one Labels, or both
 // empty): what a reader can tell without comparing the pairs.
 func (l Labels) SameAs(o Labels) bool {
-	if len(l.kv) != len(o.kv) {
+	if len(l.vals) != len(o.vals) {
 		return false
 	}
-	return len(l.kv) == 0 || &l.kv[0] == &o.kv[0]
+	return len(l.vals) == 0 || &l.vals[0] == &o.vals[0]
 }
 
-// Bytes estimates what l holds in memory: its slice and its strings,
+// Bytes estimates what l holds in memory: its pairs and their strings,
 // as if none were shared.
 func (l Labels) Bytes() int {
-	n := 16 * len(l.kv)
-	for _, s := range l.kv {
-		n += len(s)
+	n := 32 * len(l.vals)
+	for i, v := range l.vals {
+		n += len(l.key(i)) + len(v)
 	}
 	return n
 }
@@ -161,13 +257,13 @@ func (l Labels) Bytes() int {
 // String formats l as k=v pairs separated by commas, in key order.
 func (l Labels) String() string {
 	var b strings.Builder
-	for i := 0; i < len(l.kv); i += 2 {
+	for i, v := range l.vals {
 		if i > 0 {
 			b.WriteByte(',')
 		}
-		b.WriteString(l.kv[i])
+		b.WriteString(l.key(i))
 		b.WriteByte('=')
-		b.WriteString(l.kv[i+1])
+		b.WriteString(v)
 	}
 	return b.String()
 }
