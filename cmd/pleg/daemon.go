@@ -73,6 +73,7 @@ func newDaemon(rf *runtimeFlags, o daemonOptions) (*daemon, error) {
 		cri.WithMetrics(d.metrics),
 		cri.WithLogger(d.log.WithName("cri")),
 		cri.WithListStreaming(rf.listStreamingMode()),
+		cri.WithDirectLists(rf.directLists),
 	}
 	if o.verbose != nil {
 		copts = append(copts, cri.WithVerboseStatuses(o.verbose))

@@ -80,6 +80,7 @@ type runtimeFlags struct {
 	fullInspection       bool
 	events               string
 	listStreaming        string
+	directLists          bool
 	budget               budgetFlags
 }
 
@@ -145,6 +146,8 @@ func (f *runtimeFlags) addFlags(fs *pflag.FlagSet) {
 	f.budget.addFlags(fs)
 	fs.Var(newEnumValue(&f.listStreaming, "auto", "auto", "on", "off"), "list-streaming",
 		"list through the runtime's streaming list RPCs (KEP-5825), in batches, so no 16 MiB message limit bounds the node: auto (when the runtime has them), on, off")
+	fs.BoolVar(&f.directLists, "direct-lists", true,
+		"read the relist's listings from a connection of their own and decode them as they arrive; false: through the gRPC connection, which holds each reply whole before decoding it")
 }
 
 // listStreamingMode is --list-streaming as the CRI client's option.
