@@ -10,6 +10,11 @@
 // *metrics.Metrics is given, and is reported to the runtime.CallTracer of
 // its context, if any.
 //
+// The relist's two unfiltered listings are read from an HTTP/2 connection
+// of their own and decoded as their bytes arrive, instead of being held
+// whole by gRPC first (listdirect.go; WithDirectLists). Every other call
+// goes through the gRPC connection.
+//
 // Dial does no I/O; the connection is made on the first call. Call Version
 // first to check that the runtime is reachable:
 //
