@@ -64,6 +64,13 @@ func WithDirectLists(on bool) Option {
 type directLister struct {
 	tr      *http.Transport
 	readers sync.Pool // *bufio.Reader of directReadBuffer bytes
+	// done ends the calls in flight when the lister is closed.
+	done   context.Context
+	cancel context.CancelFunc
+	closed atomic.Bool
+
+	mu   sync.Mutex
+	live map[*countedConn]struct{} // the connections dialed and not closed; nil once closed
 }
 
 // newDirectLister returns a lister of the runtime at the unix socket path.
@@ -72,16 +79,26 @@ type directLister struct {
 func newDirectLister(path string, conns *atomic.Uint64) *directLister {
 	var protocols http.Protocols
 	protocols.SetUnencryptedHTTP2(true)
-	return &directLister{tr: &http.Transport{
+	done, cancel := context.WithCancel(context.Background())
+	d := &directLister{done: done, cancel: cancel, live: map[*countedConn]struct{}{}}
+	d.tr = &http.Transport{
 		Protocols: &protocols,
 		DialContext: func(ctx context.Context, _, _ string) (net.Conn, error) {
-			var d net.Dialer
-			c, err := d.DialContext(ctx, "unix", path)
+			var nd net.Dialer
+			c, err := nd.DialContext(ctx, "unix", path)
 			if err != nil {
 				return nil, err
 			}
+			cc := &countedConn{Conn: c, r: bufio.NewReaderSize(c, directConnBuffer), conns: conns, owner: d}
+			d.mu.Lock()
+			defer d.mu.Unlock()
+			if d.live == nil {
+				c.Close()
+				return nil, errClosed
+			}
+			d.live[cc] = struct{}{}
 			conns.Add(1)
-			return &countedConn{Conn: c, r: bufio.NewReaderSize(c, directConnBuffer), conns: conns}, nil
+			return cc, nil
 		},
 		HTTP2: &http.HTTP2Config{
 			MaxReceiveBufferPerConnection: directWindow,
@@ -91,7 +108,8 @@ func newDirectLister(path string, conns *atomic.Uint64) *directLister {
 		MaxResponseHeaderBytes: 64 << 10,
 		DisableCompression:     true,
 		MaxIdleConnsPerHost:    1,
-	}}
+	}
+	return d
 }
 
 // countedConn moves conns once when it is closed, and reads through a
@@ -101,6 +119,7 @@ type countedConn struct {
 	net.Conn
 	r      *bufio.Reader // read by the transport's one read loop
 	conns  *atomic.Uint64
+	owner  *directLister
 	closed atomic.Bool
 }
 
@@ -109,12 +128,30 @@ func (c *countedConn) Read(p []byte) (int, error) { return c.r.Read(p) }
 func (c *countedConn) Close() error {
 	if !c.closed.Swap(true) {
 		c.conns.Add(1)
+		c.owner.mu.Lock()
+		delete(c.owner.live, c)
+		c.owner.mu.Unlock()
 	}
 	return c.Conn.Close()
 }
 
-// close closes the lister's idle connection; a call in flight fails.
-func (d *directLister) close() { d.tr.CloseIdleConnections() }
+// close ends the calls in flight (Canceled) and closes the connections;
+// later calls fail.
+func (d *directLister) close() {
+	d.closed.Store(true)
+	d.cancel()
+	d.mu.Lock()
+	live := d.live
+	d.live = nil
+	d.mu.Unlock()
+	for c := range live {
+		c.Close()
+	}
+	d.tr.CloseIdleConnections()
+}
+
+// errClosed is a call on a closed client.
+var errClosed = status.Error(codes.Canceled, "the CRI client is closed")
 
 // errNoMessage is a unary reply without its message.
 var errNoMessage = errors.New("the runtime ended the reply without a message")
@@ -128,6 +165,12 @@ var errNoMessage = errors.New("the runtime ended the reply without a message")
 // message over maxMsgSize, Internal for a reply that breaks the protocol
 // or a message decode rejects.
 func (d *directLister) call(ctx context.Context, method string, req proto.Message, unary bool, decode func(*streamReader) error) (int, error) {
+	if d.closed.Load() {
+		return 0, errClosed
+	}
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	defer context.AfterFunc(d.done, cancel)()
 	if err := ended(ctx); err != nil {
 		return 0, err
 	}

@@ -272,3 +272,50 @@ func TestEncodeTimeout(t *testing.T) {
 		}
 	}
 }
+
+// Closing the client ends a listing in flight (Canceled) and closes its
+// connection once the call has ended; later listings fail at once.
+func TestDirectCloseEndsCalls(t *testing.T) {
+	closed := make(chan struct{}, 4)
+	entered := make(chan struct{})
+	sock := filepath.Join(socketDir(t), "raw.sock")
+	lis, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var protocols http.Protocols
+	protocols.SetUnencryptedHTTP2(true)
+	srv := &http.Server{Protocols: &protocols,
+		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Content-Type", "application/grpc")
+			w.(http.Flusher).Flush()
+			close(entered)
+			<-r.Context().Done()
+		}),
+		ConnState: func(_ net.Conn, s http.ConnState) {
+			if s == http.StateClosed {
+				closed <- struct{}{}
+			}
+		},
+	}
+	go srv.Serve(lis)
+	t.Cleanup(func() { srv.Close() })
+	d := newDirectLister(sock, &atomic.Uint64{})
+
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	errc := make(chan error, 1)
+	go func() {
+		_, _, err := directList(ctx, d, true)
+		errc <- err
+	}()
+	<-entered
+	d.close()
+	if err := <-errc; status.Code(err) != codes.Canceled || ctx.Err() != nil {
+		t.Fatalf("the call in flight: %v; want Canceled by the close, before its deadline", err)
+	}
+	<-closed // the connection; a lister that kept it would hang here until the test's timeout
+	if _, _, err := directList(ctx, d, true); status.Code(err) != codes.Canceled {
+		t.Errorf("a call after the close: %v, want Canceled", err)
+	}
+}
