@@ -25,6 +25,15 @@ import (
 // send, to see what the direct listings make of them.
 func rawRuntime(t *testing.T, h http.HandlerFunc) *directLister {
 	t.Helper()
+	d := newDirectLister(serveRaw(t, &http.Server{Handler: h}), &atomic.Uint64{})
+	t.Cleanup(d.close)
+	return d
+}
+
+// serveRaw serves srv, HTTP/2 without TLS, on a unix socket of t's, and
+// returns the socket's path.
+func serveRaw(t *testing.T, srv *http.Server) string {
+	t.Helper()
 	sock := filepath.Join(socketDir(t), "raw.sock")
 	lis, err := net.Listen("unix", sock)
 	if err != nil {
@@ -32,12 +41,10 @@ func rawRuntime(t *testing.T, h http.HandlerFunc) *directLister {
 	}
 	var protocols http.Protocols
 	protocols.SetUnencryptedHTTP2(true)
-	srv := &http.Server{Handler: h, Protocols: &protocols}
+	srv.Protocols = &protocols
 	go srv.Serve(lis)
 	t.Cleanup(func() { srv.Close() })
-	d := newDirectLister(sock, &atomic.Uint64{})
-	t.Cleanup(d.close)
-	return d
+	return sock
 }
 
 // grpcMessage is m with gRPC's 5-byte prefix.
@@ -278,14 +285,7 @@ func TestEncodeTimeout(t *testing.T) {
 func TestDirectCloseEndsCalls(t *testing.T) {
 	closed := make(chan struct{}, 4)
 	entered := make(chan struct{})
-	sock := filepath.Join(socketDir(t), "raw.sock")
-	lis, err := net.Listen("unix", sock)
-	if err != nil {
-		t.Fatal(err)
-	}
-	var protocols http.Protocols
-	protocols.SetUnencryptedHTTP2(true)
-	srv := &http.Server{Protocols: &protocols,
+	sock := serveRaw(t, &http.Server{
 		Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 			w.Header().Set("Content-Type", "application/grpc")
 			w.(http.Flusher).Flush()
@@ -297,9 +297,7 @@ func TestDirectCloseEndsCalls(t *testing.T) {
 				closed <- struct{}{}
 			}
 		},
-	}
-	go srv.Serve(lis)
-	t.Cleanup(func() { srv.Close() })
+	})
 	d := newDirectLister(sock, &atomic.Uint64{})
 
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
