@@ -40,9 +40,12 @@ var keySets struct {
 	buf  []byte               // scratch: the content key
 }
 
+// The table is never emptied, so its bounds are what it may keep for
+// good: at most about 2 MiB (each set's content key and its keys), where
+// a node has a few dozen key sets.
 const (
-	maxKeySets     = 4096
-	maxKeySetBytes = 4096
+	maxKeySets     = 1024
+	maxKeySetBytes = 1024
 )
 
 // pairScratch holds the pairs of a set being made.

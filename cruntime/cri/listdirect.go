@@ -64,10 +64,10 @@ func WithDirectLists(on bool) Option {
 type directLister struct {
 	tr      *http.Transport
 	readers sync.Pool // *bufio.Reader of directReadBuffer bytes
-	// done ends the calls in flight when the lister is closed.
+	// done ends the calls in flight when the lister is closed, and
+	// says that it is.
 	done   context.Context
 	cancel context.CancelFunc
-	closed atomic.Bool
 
 	mu   sync.Mutex
 	live map[*countedConn]struct{} // the connections dialed and not closed; nil once closed
@@ -138,7 +138,6 @@ func (c *countedConn) Close() error {
 // close ends the calls in flight (Canceled) and closes the connections;
 // later calls fail.
 func (d *directLister) close() {
-	d.closed.Store(true)
 	d.cancel()
 	d.mu.Lock()
 	live := d.live
@@ -165,7 +164,7 @@ var errNoMessage = errors.New("the runtime ended the reply without a message")
 // message over maxMsgSize, Internal for a reply that breaks the protocol
 // or a message decode rejects.
 func (d *directLister) call(ctx context.Context, method string, req proto.Message, unary bool, decode func(*streamReader) error) (int, error) {
-	if d.closed.Load() {
+	if d.done.Err() != nil {
 		return 0, errClosed
 	}
 	ctx, cancel := context.WithCancel(ctx)
