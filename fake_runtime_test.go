@@ -22,6 +22,7 @@ type fakeRuntime struct {
 	statuses map[types.UID]*cruntime.PodStatus // overrides
 	hang     map[types.UID]chan struct{}       // PodStatus blocks until closed or ctx done
 	hangList map[types.UID]chan struct{}       // ListPod blocks until closed or ctx done
+	hangAll  chan struct{}                     // ListPods blocks until closed or ctx done
 	nilPods  bool                              // ListPods answers a nil pod
 	ips      map[types.UID][]string
 	calls    map[string]int
@@ -47,8 +48,14 @@ func (f *fakeRuntime) count(name string) int {
 
 func (f *fakeRuntime) ListPods(ctx context.Context) ([]*cruntime.Pod, error) {
 	f.mu.Lock()
-	defer f.mu.Unlock()
 	f.calls["ListPods"]++
+	hang := f.hangAll
+	f.mu.Unlock()
+	if err := hangOn(ctx, hang, "list_podsandbox", ""); err != nil {
+		return nil, err
+	}
+	f.mu.Lock()
+	defer f.mu.Unlock()
 	if f.listErr != nil {
 		return nil, f.listErr
 	}

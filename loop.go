@@ -93,6 +93,7 @@ func (g *Generator) step(in input) {
 	if r := rd.Runtime; r != nil {
 		g.journal.Append(journal.Entry{Kind: journal.KindRuntime, Time: now, Runtime: r})
 	}
+	g.observe(rd, now)
 	for _, n := range rd.Notes {
 		g.report(n)
 	}

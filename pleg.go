@@ -10,6 +10,7 @@ import (
 
 	"github.com/go-logr/logr"
 	"github.com/podlifecycle/pleg/cruntime"
+	"github.com/podlifecycle/pleg/forecast"
 	"github.com/podlifecycle/pleg/journal"
 	"github.com/podlifecycle/pleg/metrics"
 	"github.com/podlifecycle/pleg/podcache"
@@ -107,6 +108,10 @@ type Options struct {
 	// EventSource is the event stream; the Runtime when it implements
 	// cruntime.EventSource and this is nil.
 	EventSource cruntime.EventSource
+	// KubeletRequestTimeout is the kubelet's --runtime-request-timeout,
+	// what one hanging call costs its relist in the forecast of the
+	// kubelet's PLEG (Generator.Forecast, docs/forecast.md). Default 2m.
+	KubeletRequestTimeout time.Duration
 }
 
 func (o *Options) setDefaults() {
@@ -137,6 +142,7 @@ func (o *Options) setDefaults() {
 	def(&o.PodInspectionTimeout, DefaultPodInspectionTimeout)
 	def(&o.PodRelistSpacing, DefaultPodRelistSpacing)
 	def(&o.EarlyRelistGap, DefaultEarlyRelistGap)
+	def(&o.KubeletRequestTimeout, forecast.DefaultRequestTimeout)
 	defInt(&o.ChannelCapacity, DefaultChannelCapacity)
 	defInt(&o.MaxParallelInspections, DefaultMaxParallelInspections)
 	defInt(&o.PodRelistQueue, DefaultPodRelistQueue)
@@ -172,6 +178,8 @@ func (o *Options) validate() error {
 		return fmt.Errorf("pleg: PodRelistBurst %d is outside 1..%d", o.PodRelistBurst, MaxQueue)
 	case o.PodRelistRate > 1e6 || o.PodRelistRate != o.PodRelistRate:
 		return fmt.Errorf("pleg: PodRelistRate %v is not a rate (at most 1e6 a second; negative: unlimited)", o.PodRelistRate)
+	case o.KubeletRequestTimeout < 0:
+		return fmt.Errorf("pleg: KubeletRequestTimeout %v is negative", o.KubeletRequestTimeout)
 	case o.Events != EventsAuto && o.Events != EventsOn && o.Events != EventsOff:
 		return fmt.Errorf("pleg: unknown Events mode %q (want auto, on or off)", o.Events)
 	}
@@ -222,6 +230,7 @@ type Generator struct {
 	deliver            *hub
 	journal            *journal.Journal
 	stream             eventStream
+	forecast           *forecast.Tracker
 
 	inbox *inbox
 
@@ -264,6 +273,8 @@ func New(opts Options) (*Generator, error) {
 	jo.OnIdentityWanted = g.SetIdentityWanted
 	g.journal = journal.New(jo)
 	g.m.TrackRelistProgress(g.RelistRunningFor)
+	g.forecast = newForecast(opts)
+	g.m.TrackForecast(g.forecastGauges)
 	return g, nil
 }
 

@@ -68,7 +68,36 @@ type Metrics struct {
 	EventStreamUp         prometheus.Gauge
 	StatusItems           *prometheus.CounterVec
 
+	// The forecast of the kubelet's PLEG (TrackForecast).
+	KubeletRelistForecast  prometheus.GaugeFunc
+	KubeletPLEGAtRisk      prometheus.GaugeFunc
+	KubeletPLEGUnhealthyAt prometheus.GaugeFunc
+
 	progress atomic.Pointer[func() time.Duration]
+	forecast atomic.Pointer[func() Forecast]
+}
+
+// Forecast is what the forecast gauges report.
+type Forecast struct {
+	// RelistSeconds is the kubelet's relist as forecast; +Inf when its
+	// listing does not answer.
+	RelistSeconds float64
+	AtRisk        bool
+	// UnhealthyAt is the earliest time the kubelet's PLEG reports not
+	// healthy when at risk (zero: not at risk, or unknown).
+	UnhealthyAt time.Time
+}
+
+// TrackForecast makes the forecast gauges report f().
+func (m *Metrics) TrackForecast(f func() Forecast) {
+	m.forecast.Store(&f)
+}
+
+func (m *Metrics) forecastNow() Forecast {
+	if f := m.forecast.Load(); f != nil {
+		return (*f)()
+	}
+	return Forecast{}
 }
 
 // TrackRelistProgress makes pleg_relist_in_progress_seconds report f(): how
@@ -221,6 +250,28 @@ func New(reg prometheus.Registerer) *Metrics {
 		}
 		return 0
 	})
+	m.KubeletRelistForecast = prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "pleg_kubelet_relist_forecast_seconds",
+		Help: "How long the kubelet's PLEG (v1.37) would take to relist this node now, in seconds, from what pleg's relists observe (docs/forecast.md); +Inf when the runtime does not answer its listing.",
+	}, func() float64 { return m.forecastNow().RelistSeconds })
+	m.KubeletPLEGAtRisk = prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "pleg_kubelet_pleg_at_risk",
+		Help: "1 when the kubelet's PLEG will report \"PLEG is not healthy\" (or does now) unless what is wrong ends first, else 0 (docs/forecast.md).",
+	}, func() float64 {
+		if m.forecastNow().AtRisk {
+			return 1
+		}
+		return 0
+	})
+	m.KubeletPLEGUnhealthyAt = prometheus.NewGaugeFunc(prometheus.GaugeOpts{
+		Name: "pleg_kubelet_pleg_unhealthy_at_seconds",
+		Help: "When at risk, the Unix time at which the kubelet's PLEG reports not healthy at the earliest; 0 when not at risk or unknown.",
+	}, func() float64 {
+		if t := m.forecastNow().UnhealthyAt; !t.IsZero() {
+			return float64(t.UnixNano()) / 1e9
+		}
+		return 0
+	})
 	if reg != nil {
 		reg.MustRegister(m.collectors()...)
 	}
@@ -237,6 +288,7 @@ func (m *Metrics) collectors() []prometheus.Collector {
 		m.SubscriberResyncs, m.EventsDelivered, m.EventDeliveryLatency, m.RuntimeEvents,
 		m.PodRelistQueueDropped, m.HintsInboxDropped, m.PodRelistSkipped, m.PodRelistDeferred, m.PodRelistFailures,
 		m.EarlyRelists, m.LogLinesSuppressed, m.IdentityFailures, m.EventStreamUp, m.StatusItems,
+		m.KubeletRelistForecast, m.KubeletPLEGAtRisk, m.KubeletPLEGUnhealthyAt,
 	}
 }
 

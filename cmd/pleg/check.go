@@ -30,9 +30,10 @@ const (
 )
 
 type checkOptions struct {
-	url     string
-	runtime bool
-	timeout time.Duration
+	url      string
+	runtime  bool
+	forecast bool
+	timeout  time.Duration
 }
 
 // defaultDaemonURL is where `pleg run` serves with its default
@@ -60,6 +61,16 @@ A daemon that cannot be reached, or answers something else than a Ready
 condition, is "unknown" (2). --url may also name /healthz (200 "ok" is
 healthy, 500 is a problem).
 
+With --forecast it prints the daemon's forecast of the kubelet's PLEG
+instead (docs/forecast.md): 1 when the kubelet's PLEG will report "PLEG is
+not healthy", e.g.
+
+  the kubelet's PLEG will report not healthy in ~2m40s: ContainerStatus for pod default/db-0 hangs (2m0s request timeout, once per relist), and 1 more pod hangs: default/db-1; relist ~4m0s, threshold 3m0s   (1)
+  the kubelet's PLEG is not at risk: its relist would take ~35ms (threshold 3m0s)   (0)
+
+and 2 when it cannot tell (the daemon cannot be reached, or gives no
+forecast). Its /readyz status code (pleg's own health) does not matter then.
+
 With --runtime it checks the container runtime directly instead: CRI
 Version, Status (RuntimeReady and NetworkReady) and one listing of every pod
 and container, all within --timeout; a runtime that cannot be reached, is not
@@ -74,6 +85,7 @@ configuration.`,
 	f.StringVar(&o.url, "url", defaultDaemonURL("/readyz"),
 		"the daemon's /readyz (or /healthz) URL; a URL without a path gets /readyz")
 	f.BoolVar(&o.runtime, "runtime", false, "check the container runtime at --container-runtime-endpoint instead of the daemon")
+	f.BoolVar(&o.forecast, "forecast", false, "check the daemon's forecast of the kubelet's PLEG (is it about to report not healthy?) instead of pleg's own condition")
 	durationVar(f, &o.timeout, "timeout", 10*time.Second, minClientTimeout, time.Hour, "give up after this long (unknown for the daemon, a problem for the runtime)")
 	rf.addFlags(f)
 	// Only the endpoint matters, and only with --runtime.
@@ -92,6 +104,9 @@ func runCheck(cmd *cobra.Command, rf *runtimeFlags, o *checkOptions) error {
 
 	var code int
 	var msg string
+	if o.runtime && o.forecast {
+		return usageErrorf("--forecast and --runtime exclude each other: the forecast comes from the daemon")
+	}
 	if o.runtime {
 		if err := rf.validate(); err != nil {
 			return err
@@ -102,7 +117,7 @@ func runCheck(cmd *cobra.Command, rf *runtimeFlags, o *checkOptions) error {
 		if err != nil {
 			return err
 		}
-		code, msg = checkDaemon(ctx, u, o.timeout)
+		code, msg = checkDaemon(ctx, u, o.timeout, o.forecast)
 	}
 	if _, err := fmt.Fprintln(cmd.OutOrStdout(), oneLine(msg)); err != nil {
 		return exitCodeError{code: checkUnknown, err: err}
@@ -129,8 +144,8 @@ func checkURL(raw, path string) (string, error) {
 	return u.String(), nil
 }
 
-// checkDaemon asks the daemon at u for its condition.
-func checkDaemon(ctx context.Context, u string, timeout time.Duration) (int, string) {
+// checkDaemon asks the daemon at u for its condition, or its forecast.
+func checkDaemon(ctx context.Context, u string, timeout time.Duration, forecast bool) (int, string) {
 	resp, err := daemonGet(ctx, u, "application/json, text/plain", timeout)
 	if err != nil {
 		return checkUnknown, err.Error()
@@ -144,6 +159,26 @@ func checkDaemon(ctx context.Context, u string, timeout time.Duration) (int, str
 		return checkUnknown, fmt.Sprintf("unexpected answer from pleg at %s: HTTP %d, %s", u, resp.StatusCode, why)
 	}
 	mt, _, _ := mime.ParseMediaType(resp.Header.Get("Content-Type"))
+	if forecast {
+		if mt != "application/json" {
+			return bad(fmt.Sprintf("content type %q: --forecast needs the daemon's /readyz", resp.Header.Get("Content-Type")))
+		}
+		var r struct {
+			Forecast *struct {
+				AtRisk  bool   `json:"atRisk"`
+				Message string `json:"message"`
+			} `json:"forecast"`
+		}
+		switch err := json.Unmarshal(body, &r); {
+		case err != nil:
+			return bad("not a Ready condition: " + err.Error())
+		case r.Forecast == nil || r.Forecast.Message == "":
+			return bad("no forecast (a pleg older than the forecast, or not /readyz)")
+		case r.Forecast.AtRisk:
+			return checkProblem, r.Forecast.Message
+		}
+		return checkOK, r.Forecast.Message
+	}
 	switch mt {
 	case "application/json":
 		// The node Ready condition (pleg.Condition) of /readyz.

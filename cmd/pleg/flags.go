@@ -13,6 +13,7 @@ import (
 
 	"github.com/podlifecycle/pleg"
 	"github.com/podlifecycle/pleg/cruntime/cri"
+	"github.com/podlifecycle/pleg/forecast"
 	"github.com/podlifecycle/pleg/internal/httpapi"
 )
 
@@ -77,11 +78,14 @@ type runtimeFlags struct {
 	relistThreshold      time.Duration
 	maxParallel          int
 	podInspectionTimeout time.Duration
-	fullInspection       bool
-	events               string
-	listStreaming        string
-	directLists          bool
-	budget               budgetFlags
+	// kubeletRequestTimeout is the kubelet's --runtime-request-timeout,
+	// for the forecast of its PLEG.
+	kubeletRequestTimeout time.Duration
+	fullInspection        bool
+	events                string
+	listStreaming         string
+	directLists           bool
+	budget                budgetFlags
 }
 
 // budgetFlags are the hint budget's flags (docs/semantics.md, "Hints and
@@ -130,6 +134,8 @@ func (f *runtimeFlags) addFlags(fs *pflag.FlagSet) {
 		"alias of --container-runtime-endpoint (crictl's name)")
 	durationVar(fs, &f.requestTimeout, "runtime-request-timeout", defaultRequestTimeout, 100*time.Millisecond, time.Hour,
 		"timeout of each unary CRI call")
+	durationVar(fs, &f.kubeletRequestTimeout, "kubelet-runtime-request-timeout", forecast.DefaultRequestTimeout, time.Second, time.Hour,
+		"the kubelet's --runtime-request-timeout: what one hanging call costs its relist in the forecast of its PLEG (docs/forecast.md)")
 	durationVar(fs, &f.relistPeriod, "relist-period", pleg.DefaultRelistPeriod, minRelistPeriod, 10*time.Minute,
 		"period between the end of a relist and the start of the next")
 	durationVar(fs, &f.relistThreshold, "relist-threshold", pleg.DefaultRelistThreshold, time.Second, time.Hour,
@@ -224,6 +230,7 @@ func (f *runtimeFlags) generatorOptions() pleg.Options {
 		PodInspectionTimeout:   f.podInspectionTimeout,
 		FullInspection:         f.fullInspection,
 		Events:                 pleg.EventsMode(f.events),
+		KubeletRequestTimeout:  f.kubeletRequestTimeout,
 	}
 	o.PodRelistRate, o.PodRelistBurst, o.PodRelistSpacing, o.EarlyRelistGap = f.budget.options()
 	// The library reads 0 as "default"; on the command line it is "none".

@@ -50,6 +50,10 @@ func (e *CallError) Error() string {
 
 func (e *CallError) Unwrap() error { return e.Err }
 
+// RuntimeCall returns the CRI method that failed and the sandbox or
+// container it was about.
+func (e *CallError) RuntimeCall() (method, id string) { return e.Method, e.ID }
+
 func (e *CallError) Is(target error) bool {
 	switch e.Code {
 	case codes.DeadlineExceeded:

@@ -10,6 +10,7 @@ import (
 
 	"github.com/podlifecycle/pleg"
 	"github.com/podlifecycle/pleg/cruntime"
+	"github.com/podlifecycle/pleg/forecast"
 	"github.com/podlifecycle/pleg/internal/outbox"
 	"github.com/podlifecycle/pleg/podcache"
 )
@@ -42,6 +43,58 @@ type ReadyzBody struct {
 	// rather than year 1, before the runtime first reported ready.
 	LastRuntimeStatus string       `json:"lastRuntimeStatus,omitempty"`
 	Details           ReadyDetails `json:"details"`
+	// Forecast is the forecast of the kubelet's PLEG: a verdict beside
+	// pleg's own health (docs/forecast.md).
+	Forecast Forecast `json:"forecast"`
+}
+
+// Forecast is forecast.Verdict for people and programs: whether the
+// kubelet's PLEG will report "PLEG is not healthy", when, and because of
+// which pod and call.
+type Forecast struct {
+	AtRisk bool `json:"atRisk"`
+	// Message is one sentence (what `pleg check --forecast` prints).
+	Message string `json:"message"`
+	// RuntimeDown is true when the runtime does not answer its listing.
+	RuntimeDown bool `json:"runtimeDown"`
+	// RelistSeconds is the kubelet's relist as forecast (absent when the
+	// runtime does not answer its listing).
+	RelistSeconds    *float64 `json:"relistSeconds,omitempty"`
+	ThresholdSeconds float64  `json:"thresholdSeconds"`
+	// RequestTimeoutSeconds is the kubelet's --runtime-request-timeout the
+	// forecast assumes.
+	RequestTimeoutSeconds float64 `json:"requestTimeoutSeconds"`
+	// Since is when the trouble began; UnhealthyAt the earliest time the
+	// kubelet reports not healthy (both absent when not at risk).
+	Since       string `json:"since,omitempty"`
+	UnhealthyAt string `json:"unhealthyAt,omitempty"`
+	// Pod, PodUID, Call and ID name the call to blame (absent when none).
+	Pod    string `json:"pod,omitempty"`
+	PodUID string `json:"podUID,omitempty"`
+	Call   string `json:"call,omitempty"`
+	ID     string `json:"id,omitempty"`
+	// HungPods and FailingPods are the pods whose inspection hangs and
+	// fails (hung included), the costliest first.
+	HungPods    []string `json:"hungPods,omitempty"`
+	FailingPods []string `json:"failingPods,omitempty"`
+}
+
+// forecastOf turns a verdict into its JSON form.
+func forecastOf(v forecast.Verdict) Forecast {
+	f := Forecast{AtRisk: v.AtRisk, Message: v.Message(), RuntimeDown: v.RuntimeDown,
+		ThresholdSeconds: v.Settings.Threshold.Seconds(), RequestTimeoutSeconds: v.Settings.RequestTimeout.Seconds(),
+		HungPods: v.HungPods, FailingPods: v.FailingPods}
+	if !v.RuntimeDown {
+		s := v.Estimate.Relist.Seconds()
+		f.RelistSeconds = &s
+	}
+	if v.AtRisk {
+		f.Since, f.UnhealthyAt = formatTime(v.Since), formatTime(v.UnhealthyAt)
+	}
+	if c := v.Estimate.Cause; c != nil && !v.RuntimeDown && c.Call.Failed {
+		f.Pod, f.PodUID, f.Call, f.ID = c.Pod, c.PodUID, c.Call.Method, c.Call.ID
+	}
+	return f
 }
 
 // ReadyDetails tells when the generator last relisted successfully and
@@ -82,7 +135,7 @@ func (s *Server) readyz(w http.ResponseWriter, _ *http.Request) {
 	body := ReadyzBody{Condition: c, LastRuntimeStatus: formatTime(c.LastRuntimeStatus), Details: ReadyDetails{
 		RelistRunningSeconds: s.cfg.Generator.RelistRunningFor().Seconds(),
 		EventStream:          eventStream(s.cfg.Generator.EventStream()),
-	}}
+	}, Forecast: forecastOf(s.cfg.Generator.Forecast())}
 	if t := s.cfg.Generator.LastRelist(); !t.IsZero() {
 		body.Details.LastRelist = formatTime(t)
 	}

@@ -21,6 +21,7 @@ import (
 	"github.com/prometheus/client_golang/prometheus/promhttp"
 
 	"github.com/podlifecycle/pleg"
+	"github.com/podlifecycle/pleg/forecast"
 	"github.com/podlifecycle/pleg/internal/entrycache"
 	"github.com/podlifecycle/pleg/journal"
 	"github.com/podlifecycle/pleg/podcache"
@@ -108,6 +109,7 @@ type Generator interface {
 	EventStream() pleg.EventStreamStatus
 	RecentRelists() []pleg.RelistStat
 	RelistThreshold() time.Duration
+	Forecast() forecast.Verdict
 }
 
 // ReadyConditioner reports the node Ready condition, like *pleg.Readiness.
