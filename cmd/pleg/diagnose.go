@@ -29,14 +29,14 @@ func newDiagnoseCmd() *cobra.Command {
 		Short: "Tell how long the kubelet's PLEG would take to relist this node, and which pod and call make it slow",
 		Long: `diagnose makes, once, every runtime call a kubelet relist makes and reports how
 long each took: the list calls (ListPodSandbox, ListContainers) and, for every
-pod, the calls of its inspection (the pod's filtered ListPodSandbox and
-ListContainers, PodSandboxStatus per sandbox, ContainerStatus per container),
+pod, the calls of its inspection (PodSandboxStatus per sandbox, then
+ContainerStatus per container, up to the first that fails),
 with the slowest call of each pod and the pods whose calls fail or hang.
 
-It then estimates the relist time of the kubelet's PLEG, which makes these
-calls one after another: the list calls plus every pod's inspection, plus a
-second inspection of every pod whose inspection fails (the kubelet inspects
-such a pod again for its pending change and for its reinspection). A call
+It then estimates the relist time of the kubelet's PLEG (v1.37), which makes
+these calls one after another: the list calls plus every pod's inspection; a
+pod whose inspection fails is inspected again, once, in every relist (the
+model ` + "`pleg run`" + ` forecasts with: docs/forecast.md). A call
 that does not answer within --probe-timeout is reported as hanging and costs
 the estimate the full --runtime-request-timeout, as it costs the kubelet. The
 estimate plus --relist-period is compared with --relist-threshold, and the
@@ -45,7 +45,7 @@ last line is a plain verdict, for example:
   relist would take ~35ms (threshold 3m0s): healthy
   relist would take ~4m0s (threshold 3m0s) because ContainerStatus for pod
   default/db-0 hangs (the kubelet waits the 2m0s runtime request timeout for
-  it, twice per relist)
+  it, once per relist); 1 more pod hangs: default/db-1
 
 Pods are probed in parallel (--max-parallel-inspections at once), so the
 report takes seconds even when calls hang.

@@ -12,23 +12,23 @@
 //
 // # The kubelet's relist, as estimated
 //
-// One relist lists every sandbox and every container (ListPodSandbox and
-// ListContainers), then inspects each changed pod with GetPodStatus: a
-// ListPodSandbox and a ListContainers filtered by the pod's UID, one
-// PodSandboxStatus per sandbox and one ContainerStatus per container, in
-// that order, stopping at the first call that fails. The estimate assumes
-// every pod is inspected (as in the first relist after a kubelet restart,
-// or when every pod changed). A pod whose inspection fails is inspected
-// twice in every later relist: once because its change is still pending
-// (the kubelet does not advance its record) and once more because it is
-// flagged for reinspection. So
+// The estimate is package forecast's model of the kubelet v1.37's relist,
+// the one `pleg run` forecasts with: one relist lists every sandbox and
+// every container (ListPodSandbox and ListContainers), then inspects each
+// changed pod with GetPodStatus: one PodSandboxStatus per sandbox and one
+// ContainerStatus per container, with the listing's IDs, in that order,
+// stopping at the first call that fails. The estimate assumes every pod is
+// inspected (as in the first relist after a kubelet restart, or when every
+// pod changed). A pod whose inspection fails is flagged and inspected again
+// in every later relist, once each (older kubelets inspected it twice). So
 //
-//	estimate = list calls + Σ pods (their calls) + Σ failing pods (their calls again)
+//	estimate = list calls + Σ pods (their calls, up to the first failure)
 //
 // where a hanging call costs the runtime request timeout (the kubelet's
 // --runtime-request-timeout, 2m by default) each time it is made. The
 // kubelet's PLEG turns unhealthy when the time between two relist starts
-// (the relist plus the relist period) exceeds the threshold (3m).
+// (the relist plus the relist period) exceeds the threshold (3m): with the
+// default timeout, one hanging pod leaves it healthy (2m1s), two do not.
 //
 // # The shim probe
 //
@@ -246,8 +246,9 @@ type PodReport struct {
 	// Result is "ok", "error", "hung" or "skipped".
 	Result string `json:"result"`
 	// InspectionSeconds is how long the pod's probe took here;
-	// KubeletSeconds what one inspection of it costs the kubelet;
-	// KubeletInspections how often a relist inspects it (2 when it fails).
+	// KubeletSeconds what one inspection of it costs the kubelet (its calls
+	// up to the first that failed); KubeletInspections how often a relist
+	// inspects it: 1 (0 when not probed).
 	InspectionSeconds  float64 `json:"inspectionSeconds"`
 	KubeletSeconds     float64 `json:"kubeletSeconds"`
 	KubeletInspections int     `json:"kubeletInspections"`
@@ -270,13 +271,12 @@ func (p PodReport) Ref() string {
 
 // Estimate is the kubelet's relist time, as estimated.
 type Estimate struct {
-	// RelistSeconds = ListSeconds + InspectionSeconds + ReinspectionSeconds.
+	// RelistSeconds = ListSeconds + InspectionSeconds.
 	RelistSeconds float64 `json:"relistSeconds"`
 	// Relist is RelistSeconds as a Go duration, rounded ("4m0s", "35ms").
-	Relist              string  `json:"relist"`
-	ListSeconds         float64 `json:"listSeconds"`
-	InspectionSeconds   float64 `json:"inspectionSeconds"`
-	ReinspectionSeconds float64 `json:"reinspectionSeconds"`
+	Relist            string  `json:"relist"`
+	ListSeconds       float64 `json:"listSeconds"`
+	InspectionSeconds float64 `json:"inspectionSeconds"`
 	// HungCalls counts the hanging calls one relist makes, each costing
 	// the runtime request timeout.
 	HungCalls int `json:"hungCalls"`
@@ -478,25 +478,23 @@ func (d *diagnoser) inspectAll(ctx context.Context, pods []*cruntime.Pod) []PodR
 	wg.Wait()
 	slices.SortStableFunc(out, func(a, b PodReport) int {
 		return cmp.Or(
-			cmp.Compare(b.KubeletSeconds*float64(b.KubeletInspections), a.KubeletSeconds*float64(a.KubeletInspections)),
+			cmp.Compare(b.KubeletSeconds, a.KubeletSeconds),
 			cmp.Compare(a.Namespace, b.Namespace), cmp.Compare(a.Name, b.Name), cmp.Compare(a.UID, b.UID))
 	})
 	return out
 }
 
 // inspect probes one pod the way the kubelet's GetPodStatus does: the
-// filtered list calls, then the status of every sandbox and container.
+// status of every sandbox, then of every container, stopping at the first
+// call that fails.
 func (d *diagnoser) inspect(ctx context.Context, pod *cruntime.Pod, pr *PodReport) {
 	if ctx.Err() != nil {
 		return
 	}
 	tr := &tracer{}
 	start := time.Now()
-	calls := 2 + len(pod.Sandboxes) + len(pod.Containers)
+	calls := len(pod.Sandboxes) + len(pod.Containers)
 	_, err := bounded(ctx, tr, calls, d.opts.ProbeTimeout, func(ctx context.Context) (*cruntime.PodStatus, error) {
-		if _, err := d.rt.ListPod(ctx, pod.UID); err != nil {
-			return nil, err
-		}
 		return cruntime.FetchPodStatus(ctx, d.rt, pod)
 	})
 	pr.InspectionSeconds = time.Since(start).Seconds()
@@ -520,7 +518,6 @@ func (d *diagnoser) inspect(ctx context.Context, pod *cruntime.Pod, pr *PodRepor
 		if pr.Result != ResultSkipped {
 			pr.Error = err.Error()
 			pr.Result = ResultError
-			pr.KubeletInspections = 2
 		}
 	}
 	for _, c := range pr.Calls {

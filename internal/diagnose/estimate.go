@@ -5,41 +5,46 @@ import (
 	"strings"
 	"time"
 
+	"github.com/podlifecycle/pleg/forecast"
 	"github.com/podlifecycle/pleg/internal/textfmt"
 )
 
-// estimate fills in the estimate, the health, the cause and the verdict.
+// estimate fills in the estimate, the health, the cause and the verdict,
+// from the kubelet's relist model (package forecast) fed with the calls
+// made: the listing's, and every probed pod's up to its first failure.
 func (d *diagnoser) estimate(r *Report) {
-	e := &r.Estimate
-	e.ThresholdSeconds = d.opts.Threshold.Seconds()
-	for _, c := range r.List.Calls {
-		e.ListSeconds += c.KubeletSeconds
-		if c.Hung {
-			e.HungCalls++
-		}
+	settings := forecast.Settings{RequestTimeout: d.opts.RequestTimeout, Threshold: d.opts.Threshold, Period: d.opts.RelistPeriod}
+	relist := forecast.Relist{List: modelCalls(r.List.Calls)}
+	if r.List.Error != "" && len(relist.List) > 0 && lastFailed(r.List.Calls) == nil {
+		// The listing failed outside a traced call.
+		relist.List = append(relist.List, forecast.Call{Method: "ListPods", Failed: true})
 	}
-	e.ListFails = r.List.Error != ""
 	for _, p := range r.Pods {
 		if p.Result == ResultSkipped {
 			continue
 		}
-		e.InspectionSeconds += p.KubeletSeconds
-		if p.KubeletInspections > 1 {
-			e.ReinspectionSeconds += p.KubeletSeconds * float64(p.KubeletInspections-1)
-			e.FailingPods++
-		}
-		for _, c := range p.Calls {
-			if c.Hung {
-				e.HungCalls += p.KubeletInspections
-			}
-		}
+		relist.Pods = append(relist.Pods, forecast.Pod{Ref: p.Ref(), UID: p.UID, Calls: modelCalls(p.Calls)})
 	}
-	e.RelistSeconds = e.ListSeconds + e.InspectionSeconds + e.ReinspectionSeconds
-	relist := seconds(e.RelistSeconds)
-	e.Relist = Round(relist).String()
-	e.ExceedsThreshold = e.ListFails || relist+d.opts.RelistPeriod > d.opts.Threshold
+	est := settings.Estimate(relist)
+	e := &r.Estimate
+	e.ThresholdSeconds = d.opts.Threshold.Seconds()
+	e.ListSeconds, e.InspectionSeconds = est.List.Seconds(), est.Inspection.Seconds()
+	e.RelistSeconds = est.Relist.Seconds()
+	e.Relist = Round(est.Relist).String()
+	e.HungCalls, e.FailingPods = est.HungCalls, est.FailingPods
+	e.ListFails = est.ListFails || r.List.Error != ""
+	e.ExceedsThreshold = e.ListFails || est.Exceeds
 	r.Healthy = !e.ExceedsThreshold
 	r.Cause, r.Verdict = d.verdict(r)
+}
+
+// modelCalls turns report calls into the model's.
+func modelCalls(calls []Call) []forecast.Call {
+	out := make([]forecast.Call, len(calls))
+	for i, c := range calls {
+		out[i] = forecast.Call{Method: c.Call, ID: c.ID, Took: seconds(c.Seconds), Hung: c.Hung, Failed: c.Hung || c.Error != ""}
+	}
+	return out
 }
 
 // verdict returns the cause to blame and one plain sentence: the relist's
@@ -106,7 +111,7 @@ func (d *diagnoser) relistVerdict(r *Report) (*Cause, string) {
 	case len(hungPods) > 0:
 		p := hungPods[0] // the most expensive first
 		c := p.FailedCall
-		msg := fmt.Sprintf("%s for pod %s hangs (the kubelet waits the %v runtime request timeout for it, twice per relist)",
+		msg := fmt.Sprintf("%s for pod %s hangs (the kubelet waits the %v runtime request timeout for it, once per relist)",
 			c.Call, p.Ref(), d.opts.RequestTimeout)
 		if n := len(hungPods) - 1; n > 0 {
 			msg += fmt.Sprintf("; %d more %s: %s", n, textfmt.Plural(n, "pod hangs", "pods hang"), podList(hungPods[1:]))
@@ -179,19 +184,6 @@ func podList(pods []PodReport) string {
 
 func seconds(s float64) time.Duration { return time.Duration(s * float64(time.Second)) }
 
-// Round rounds d for people: to the microsecond below a millisecond, to
-// the millisecond below a second, to 10ms below 10s, to 100ms below a
-// minute, else to the second ("35ms", "2.35s", "40.1s", "4m0s").
-func Round(d time.Duration) time.Duration {
-	switch {
-	case d < time.Millisecond:
-		return d.Round(time.Microsecond)
-	case d < time.Second:
-		return d.Round(time.Millisecond)
-	case d < 10*time.Second:
-		return d.Round(10 * time.Millisecond)
-	case d < time.Minute:
-		return d.Round(100 * time.Millisecond)
-	}
-	return d.Round(time.Second)
-}
+// Round rounds d for people (forecast.Round): "35ms", "2.35s", "40.1s",
+// "4m0s".
+func Round(d time.Duration) time.Duration { return forecast.Round(d) }

@@ -95,7 +95,7 @@ func WriteText(w io.Writer, r *Report, o TextOptions) error {
 			}
 			fmt.Fprintf(tw, "%s\t%d\t%v\t%v\t%s\t%s\n", p.Ref(), p.Containers,
 				Round(seconds(p.InspectionSeconds)),
-				Round(seconds(p.KubeletSeconds*float64(max(p.KubeletInspections, 1)))), slow, p.Result)
+				Round(seconds(p.KubeletSeconds)), slow, p.Result)
 		}
 		if err := tw.Flush(); err != nil {
 			return err
@@ -155,8 +155,7 @@ func WriteText(w io.Writer, r *Report, o TextOptions) error {
 		}
 		fmt.Fprintf(tw, "  inspection of %d %s\t%v\n", n, textfmt.Plural(n, "pod", "pods"), Round(seconds(e.InspectionSeconds)))
 		if e.FailingPods > 0 {
-			fmt.Fprintf(tw, "  reinspection of %d failing %s\t%v\n", e.FailingPods, textfmt.Plural(e.FailingPods, "pod", "pods"),
-				Round(seconds(e.ReinspectionSeconds)))
+			fmt.Fprintf(tw, "  of which %d failing %s\t(inspected again in every relist)\n", e.FailingPods, textfmt.Plural(e.FailingPods, "pod", "pods"))
 		}
 	}
 	fmt.Fprintf(tw, "  relist\t~%s\t(+ %v relist period; threshold %v)\n", e.Relist,

@@ -41,8 +41,8 @@ func conmonOf(t testing.TB, e *env, id string) int {
 //     ContainerStatus and the pod's PodSandboxStatus hang (CRI-O waits for
 //     the exit conmon has not reported), while the lists, side's status
 //     and the other pods' statuses answer. The kubelet would wait its
-//     runtime request timeout for them, twice a relist. `pleg diagnose`
-//     exits 0 (relist ~1m, under the 3m threshold, with a 30s request
+//     runtime request timeout for them, once a relist. `pleg diagnose`
+//     exits 0 (relist ~30s, under the 3m threshold, with a 30s request
 //     timeout) and names the pod and the call that hangs; `pleg run`
 //     (pod inspection timeout 1s) keeps relisting and stays healthy.
 //  3. conmon continued: the calls answer again and web's death is
