@@ -96,7 +96,7 @@ func promtool(t *testing.T, args ...string) string {
 
 func TestPromtoolCheckRules(t *testing.T) {
 	out := promtool(t, "check", "rules", "pleg-rules.yaml")
-	if !strings.Contains(out, "SUCCESS: 9 rules found") {
+	if !strings.Contains(out, "SUCCESS: 10 rules found") {
 		t.Errorf("promtool check rules:\n%s", out)
 	}
 }
@@ -268,8 +268,8 @@ scrape_configs:
 			}
 		}
 	}
-	if n != 9 {
-		t.Errorf("%d rules loaded, want 9", n)
+	if n != 10 {
+		t.Errorf("%d rules loaded, want 10", n)
 	}
 	// A healthy node fires no alert.
 	if r := query(`ALERTS{alertstate="firing"}`); len(r) != 0 {

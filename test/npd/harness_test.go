@@ -324,22 +324,37 @@ func shippedConfig(t *testing.T) map[string]any {
 	return c
 }
 
-// ruleArgs returns the shipped config's one rule and its args.
+// rules returns the shipped config's rules: pleg's own condition's
+// (PLEGUnhealthy, pleg check) and the forecast's (KubeletPLEGAtRisk, pleg
+// check --forecast).
+func rules(t *testing.T, c map[string]any) map[string]map[string]any {
+	t.Helper()
+	rs, _ := c["rules"].([]any)
+	out := map[string]map[string]any{}
+	for _, r := range rs {
+		rule, _ := r.(map[string]any)
+		cond, _ := rule["condition"].(string)
+		out[cond] = rule
+	}
+	if len(out) != 2 || out["PLEGUnhealthy"] == nil || out["KubeletPLEGAtRisk"] == nil {
+		t.Fatalf("deploy/npd/pleg-plugin-monitor.json: rules for %v, want one for PLEGUnhealthy and one for KubeletPLEGAtRisk", out)
+	}
+	return out
+}
+
+// ruleArgs returns the shipped config's rule for pleg's own condition and
+// its args.
 func ruleArgs(t *testing.T, c map[string]any) (map[string]any, []any) {
 	t.Helper()
-	rules, _ := c["rules"].([]any)
-	if len(rules) != 1 {
-		t.Fatalf("deploy/npd/pleg-plugin-monitor.json: %d rules, want the one that runs pleg check", len(rules))
-	}
-	rule, _ := rules[0].(map[string]any)
+	rule := rules(t, c)["PLEGUnhealthy"]
 	args, _ := rule["args"].([]any)
 	return rule, args
 }
 
 // testConfig writes the shipped plugin config with only what a test must
-// change: the pleg binary the rule runs (the argument before "check"),
+// change: the pleg binary each rule runs (the argument before "check"),
 // the port of its --url (pleg run's) and a 1 s invoke_interval instead of
-// 30 s. Everything else (the rule's shell wrapper, condition, reason,
+// 30 s. Everything else (the rules' shell wrapper, conditions, reasons,
 // timeouts, pleg check's flags) runs as shipped.
 func testConfig(t *testing.T, dir, plegBin, plegAddr string) string {
 	t.Helper()
@@ -349,32 +364,34 @@ func testConfig(t *testing.T, dir, plegBin, plegAddr string) string {
 		t.Fatal("deploy/npd/pleg-plugin-monitor.json: no pluginConfig")
 	}
 	pc["invoke_interval"] = "1s"
-	_, args := ruleArgs(t, c)
-	check := -1
-	for i, a := range args {
-		if a == "check" {
-			check = i
-		}
-	}
-	if check < 1 {
-		t.Fatalf("deploy/npd/pleg-plugin-monitor.json: the rule's args %v do not run <pleg> check", args)
-	}
-	args[check-1] = plegBin
-	urls := 0
-	for i, a := range args {
-		s, _ := a.(string)
-		if v, ok := strings.CutPrefix(s, "--url="); ok {
-			u, err := url.Parse(v)
-			if err != nil {
-				t.Fatalf("the rule's %s: %v", s, err)
+	for cond, rule := range rules(t, c) {
+		args, _ := rule["args"].([]any)
+		check := -1
+		for i, a := range args {
+			if a == "check" {
+				check = i
 			}
-			u.Host = plegAddr
-			args[i] = "--url=" + u.String()
-			urls++
 		}
-	}
-	if urls != 1 {
-		t.Fatalf("the rule's args %v: %d --url flags, want 1", args, urls)
+		if check < 1 {
+			t.Fatalf("deploy/npd/pleg-plugin-monitor.json: the %s rule's args %v do not run <pleg> check", cond, args)
+		}
+		args[check-1] = plegBin
+		urls := 0
+		for i, a := range args {
+			s, _ := a.(string)
+			if v, ok := strings.CutPrefix(s, "--url="); ok {
+				u, err := url.Parse(v)
+				if err != nil {
+					t.Fatalf("the %s rule's %s: %v", cond, s, err)
+				}
+				u.Host = plegAddr
+				args[i] = "--url=" + u.String()
+				urls++
+			}
+		}
+		if urls != 1 {
+			t.Fatalf("the %s rule's args %v: %d --url flags, want 1", cond, args, urls)
+		}
 	}
 	path := filepath.Join(dir, "pleg-plugin-monitor.json")
 	writeJSON(t, path, c)
@@ -470,6 +487,25 @@ var (
 	condRE   = regexp.MustCompile(`\{Type:PLEGUnhealthy Status:(\w+) Transition:.*? Reason:(\w*) Message:(.*?)\}\]`)
 	resultRE = regexp.MustCompile(`Add check result \{Rule:\S+ ExitStatus:(\d+) Message:(.*)\} for rule`)
 )
+
+// forecastRE matches the forecast's condition, KubeletPLEGAtRisk, which
+// NPD logs before PLEGUnhealthy.
+var forecastRE = regexp.MustCompile(`\{Type:KubeletPLEGAtRisk Status:(\w+) Transition:.*? Reason:(\w*) Message:(.*?)\} \{Type:PLEGUnhealthy `)
+
+// forecastCondition returns NPD's current KubeletPLEGAtRisk condition (the
+// last it logged).
+func (n *npd) forecastCondition() condition {
+	var c condition
+	for _, l := range n.log.snapshot() {
+		if !strings.Contains(l, "Initialized conditions for") && !strings.Contains(l, "New status generated:") {
+			continue
+		}
+		if m := forecastRE.FindStringSubmatch(l); m != nil {
+			c = condition{Status: m[1], Reason: m[2], Message: m[3]}
+		}
+	}
+	return c
+}
 
 // condition returns NPD's current PLEGUnhealthy condition (the last it
 // logged) and how many times it logged one.

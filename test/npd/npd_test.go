@@ -83,12 +83,29 @@ func TestNPDReportsPlegVerdicts(t *testing.T) {
 	start := time.Now()
 	r, seen := checked("a healthy check by NPD", 0, "0", "kubelet is posting ready status")
 	took := expect("NPD's condition on a healthy node", "False", "PLEGIsHealthy", 0, 0, "PLEG is relisting within its threshold")
+	if c := n.forecastCondition(); c.Status != "False" || c.Reason != "KubeletPLEGNotAtRisk" {
+		t.Errorf("NPD's forecast condition on a healthy node: %+v", c)
+	}
 	t.Logf("healthy: NPD's first check result %+v %v after NPD started; condition False, problem_gauge 0, problem_counter 0 (%v more)",
 		r, time.Since(start).Round(100*time.Millisecond), took.Round(100*time.Millisecond))
 
 	// 2. The runtime hangs: every call to it times out (1 s), no relist
 	// succeeds, pleg's 3 s threshold passes.
 	node.sim.signal(t, syscall.SIGSTOP)
+	// The forecast's condition says what the kubelet's PLEG will do: the
+	// runtime does not answer its listing (pleg's own bound on it, 1 s).
+	forecast := func(what, status, reason, msg string) time.Duration {
+		t.Helper()
+		return waitFor(t, patience, what, func() error {
+			if c := n.forecastCondition(); c.Status != status || c.Reason != reason || !strings.Contains(c.Message, msg) {
+				return fmt.Errorf("KubeletPLEGAtRisk %+v, want status %s, reason %s, message with %q", c, status, reason, msg)
+			}
+			return nil
+		})
+	}
+	took = forecast("NPD's forecast condition with the runtime hung", "True", "KubeletPLEGWillReportNotHealthy",
+		"the kubelet's PLEG will report not healthy in ~")
+	t.Logf("hung runtime: KubeletPLEGAtRisk True (%q) %v after SIGSTOP", n.forecastCondition().Message, took.Round(100*time.Millisecond))
 	took = expect("NPD's condition with the runtime hung", "True", "PLEGIsNotHealthy", 1, 1, "PLEG is not healthy: pleg was last seen active")
 	c, _ := n.condition()
 	t.Logf("hung runtime: condition True (%s: %q), problem_gauge 1, problem_counter 1, %v after SIGSTOP (pleg's threshold 3 s, NPD's interval 1 s)",
@@ -97,6 +114,7 @@ func TestNPDReportsPlegVerdicts(t *testing.T) {
 	// 3. The runtime is back.
 	node.sim.signal(t, syscall.SIGCONT)
 	took = expect("NPD's condition after the runtime recovered", "False", "PLEGIsHealthy", 0, 1, "PLEG is relisting within its threshold")
+	forecast("NPD's forecast condition after the runtime recovered", "False", "KubeletPLEGNotAtRisk", "the kubelet's PLEG is not about to report not healthy")
 	t.Logf("recovered: condition False, problem_gauge 0, problem_counter 1, %v after SIGCONT", took.Round(100*time.Millisecond))
 
 	// 4. The pleg daemon is down: pleg check cannot reach it (exit 2).
