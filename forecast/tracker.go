@@ -2,6 +2,8 @@ package forecast
 
 import (
 	"cmp"
+	"context"
+	"errors"
 	"slices"
 	"sync"
 	"time"
@@ -79,7 +81,10 @@ func (t *Tracker) ListFailed(now time.Time, err error) {
 		t.downSince = cmp.Or(t.listing, now)
 	}
 	t.listing = time.Time{}
-	if err != nil {
+	// A listing that ran out of time did not answer: say that, not the
+	// deadline's error.
+	t.listErr = ""
+	if err != nil && !errors.Is(err, context.DeadlineExceeded) {
 		t.listErr = err.Error()
 	}
 }
