@@ -142,6 +142,52 @@ func TestCheckAgainstFakeDaemons(t *testing.T) {
 	}
 }
 
+// check --forecast reads /readyz's forecast whatever pleg's own status:
+// at risk is a problem (1) even on a 200, not at risk is fine (0) even on a
+// 503, and no forecast cannot tell (2).
+func TestCheckForecast(t *testing.T) {
+	serve := func(code int, body string) string {
+		srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			w.Header().Set("Content-Type", "application/json")
+			w.WriteHeader(code)
+			fmt.Fprint(w, body)
+		}))
+		t.Cleanup(srv.Close)
+		return srv.URL + "/readyz"
+	}
+	atRisk := "the kubelet's PLEG will report not healthy in ~2m50s: ContainerStatus for pod default/db-0 hangs (2m0s request timeout, once per relist), and 1 more pod hangs: default/db-1; relist ~4m0s, threshold 3m0s"
+	calm := "the kubelet's PLEG is not at risk: its relist would take ~35ms (threshold 3m0s)"
+	ready := `"type":"Ready","status":"True","message":"kubelet is posting ready status"`
+	for _, c := range []struct {
+		name     string
+		url      string
+		wantCode int
+		wantLine string
+	}{
+		{"at risk, pleg healthy", serve(200, `{`+ready+`,"forecast":{"atRisk":true,"message":"`+atRisk+`"}}`), 1, atRisk},
+		{"not at risk, pleg unhealthy", serve(503, `{"type":"Ready","status":"False","message":"PLEG is not healthy: x","forecast":{"atRisk":false,"message":"`+calm+`"}}`), 0, calm},
+		{"no forecast", serve(200, `{`+ready+`}`), 2, ""},
+		{"not JSON", serve(200, `nope`), 2, ""},
+	} {
+		t.Run(c.name, func(t *testing.T) {
+			stdout, stderr, code := runTool(t, "check", "--forecast", "--url", c.url, "--timeout", patience.String())
+			line := checkLine(t, stdout)
+			if code != c.wantCode {
+				t.Errorf("exit code %d, want %d (stdout %q, stderr %q)", code, c.wantCode, stdout, stderr)
+			}
+			if c.wantLine != "" && line != c.wantLine {
+				t.Errorf("line = %q, want %q", line, c.wantLine)
+			}
+			if c.wantCode == 2 && !strings.HasPrefix(line, "unexpected answer from pleg at ") {
+				t.Errorf("line = %q", line)
+			}
+		})
+	}
+	if _, stderr, code := runTool(t, "check", "--forecast", "--runtime"); code != 2 || !strings.Contains(stderr, "exclude each other") {
+		t.Errorf("--forecast --runtime: exit code %d, stderr %q", code, stderr)
+	}
+}
+
 func TestCheckBadFlags(t *testing.T) {
 	for _, args := range [][]string{
 		{"check", "--url", "ftp://x/readyz"},
@@ -173,6 +219,10 @@ func TestToolkitAgainstDaemon(t *testing.T) {
 	stdout, _, code := runTool(t, "check", "--url", base+"/readyz")
 	if line := checkLine(t, stdout); code != 0 || line != "kubelet is posting ready status" {
 		t.Errorf("check: %q, exit code %d", line, code)
+	}
+	stdout, _, code = runTool(t, "check", "--forecast", "--url", base+"/readyz")
+	if line := checkLine(t, stdout); code != 0 || !strings.HasPrefix(line, "the kubelet's PLEG is not at risk: its relist would take ~") {
+		t.Errorf("check --forecast: %q, exit code %d", line, code)
 	}
 
 	// The table. Ready says the daemon has listed the pods, not that it
@@ -451,8 +501,17 @@ func TestDeployArgsAreRealFlags(t *testing.T) {
 		}
 		args := r.Args[3:]
 		parse("the NPD plugin", args)
-		if u, ok := strings.CutPrefix(args[1], "--url="); !ok || u != defaultDaemonURL("/readyz") {
-			t.Errorf("the NPD plugin checks %q, want the daemon's default %s", args[1], defaultDaemonURL("/readyz"))
+		urls := 0
+		for _, a := range args {
+			if u, ok := strings.CutPrefix(a, "--url="); ok {
+				urls++
+				if u != defaultDaemonURL("/readyz") {
+					t.Errorf("the NPD plugin checks %q, want the daemon's default %s", a, defaultDaemonURL("/readyz"))
+				}
+			}
+		}
+		if urls != 1 {
+			t.Errorf("the NPD plugin's args %q: %d --url flags, want 1", args, urls)
 		}
 	}
 }
