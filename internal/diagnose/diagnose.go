@@ -59,16 +59,17 @@ import (
 	"time"
 
 	"github.com/podlifecycle/pleg/cruntime"
+	"github.com/podlifecycle/pleg/forecast"
 	"github.com/podlifecycle/pleg/internal/textfmt"
 	"github.com/podlifecycle/pleg/metrics"
 )
 
 // Defaults, the kubelet's where it has one.
 const (
-	DefaultRequestTimeout = 2 * time.Minute
+	DefaultRequestTimeout = forecast.DefaultRequestTimeout
 	DefaultProbeTimeout   = 5 * time.Second
-	DefaultThreshold      = 3 * time.Minute
-	DefaultRelistPeriod   = time.Second
+	DefaultThreshold      = forecast.DefaultThreshold
+	DefaultRelistPeriod   = forecast.DefaultPeriod
 	DefaultMaxParallel    = 8
 )
 
@@ -103,19 +104,10 @@ type Options struct {
 }
 
 func (o *Options) setDefaults() {
-	if o.RequestTimeout <= 0 {
-		o.RequestTimeout = DefaultRequestTimeout
-	}
+	k := forecast.Settings{RequestTimeout: o.RequestTimeout, Threshold: o.Threshold, Period: o.RelistPeriod}.WithDefaults()
+	o.RequestTimeout, o.Threshold, o.RelistPeriod = k.RequestTimeout, k.Threshold, k.Period
 	if o.ProbeTimeout <= 0 {
 		o.ProbeTimeout = DefaultProbeTimeout
-	}
-	if o.Threshold <= 0 {
-		o.Threshold = DefaultThreshold
-	}
-	if o.RelistPeriod < 0 {
-		o.RelistPeriod = 0
-	} else if o.RelistPeriod == 0 {
-		o.RelistPeriod = DefaultRelistPeriod
 	}
 	if o.MaxParallel <= 0 {
 		o.MaxParallel = DefaultMaxParallel
