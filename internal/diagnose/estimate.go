@@ -2,6 +2,7 @@ package diagnose
 
 import (
 	"fmt"
+	"math"
 	"strings"
 	"time"
 
@@ -182,7 +183,9 @@ func podList(pods []PodReport) string {
 	return strings.Join(names, ", ")
 }
 
-func seconds(s float64) time.Duration { return time.Duration(s * float64(time.Second)) }
+// seconds turns seconds back into a duration, exactly for those that came
+// from one (d.Seconds()).
+func seconds(s float64) time.Duration { return time.Duration(math.Round(s * float64(time.Second))) }
 
 // Round rounds d for people (forecast.Round): "35ms", "2.35s", "40.1s",
 // "4m0s".
