@@ -90,3 +90,8 @@ func (g *Generator) forecastGauges() metrics.Forecast {
 	}
 	return m
 }
+
+// BlameForecast names the suspect of the runtime not answering its
+// listing since since (Forecast().Since), as a diagnosis found it; it
+// holds until a listing answers.
+func (g *Generator) BlameForecast(since time.Time, s forecast.Suspect) { g.forecast.Blame(since, s) }

@@ -75,3 +75,33 @@ func ExampleTracker() {
 	// the kubelet's PLEG will report not healthy in ~2m42s: ContainerStatus for pod default/db-0 hangs (2m0s request timeout, once per relist), and 1 more pod hangs: default/db-1; relist ~4m0s, threshold 3m0s
 	// the kubelet's PLEG is not at risk: its relist would take ~2m0s (threshold 3m0s); ContainerStatus for pod default/db-0 hangs (2m0s request timeout, once per relist)
 }
+
+// A diagnosis's suspect is named while the episode it was made for lasts:
+// not for another, not once a listing answers.
+func TestBlame(t *testing.T) {
+	t0 := time.Date(2026, 11, 29, 5, 0, 0, 0, time.UTC)
+	tr := forecast.NewTracker(forecast.Settings{}, 10*time.Second)
+	tr.ListStarted(t0)
+	tr.Listed(t0, t0.Add(time.Millisecond))
+	tr.ListStarted(t0.Add(time.Second)) // does not answer
+	v := tr.Verdict(t0.Add(15 * time.Second))
+	if !v.RuntimeDown || !v.Since.Equal(t0.Add(time.Second)) || v.Suspect != nil {
+		t.Fatalf("down: %+v", v)
+	}
+	s := forecast.Suspect{Pod: "default/db-0", PodUID: "u", Call: "a verbose PodSandboxStatus", ID: "sb"}
+	tr.Blame(t0, s) // another episode
+	if v := tr.Verdict(t0.Add(16 * time.Second)); v.Suspect != nil {
+		t.Fatalf("blamed for another episode: %+v", v.Suspect)
+	}
+	tr.Blame(v.Since, s)
+	v = tr.Verdict(t0.Add(20 * time.Second))
+	want := "the kubelet's PLEG will report not healthy in ~2m40s: the container runtime does not answer its listing (ListPodSandbox, ListContainers) for 19s; the shim of pod default/db-0 does not answer (a verbose PodSandboxStatus hangs): a call waiting on it holds a container's lock"
+	if v.Suspect == nil || *v.Suspect != s || v.Message() != want {
+		t.Fatalf("blamed: %+v\n got %q\nwant %q", v.Suspect, v.Message(), want)
+	}
+	tr.Listed(t0.Add(21*time.Second), t0.Add(22*time.Second))
+	tr.ListStarted(t0.Add(23 * time.Second))
+	if v := tr.Verdict(t0.Add(40 * time.Second)); !v.RuntimeDown || v.Suspect != nil {
+		t.Fatalf("a new episode after a listing answered: %+v", v)
+	}
+}

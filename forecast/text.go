@@ -30,6 +30,9 @@ func (v Verdict) Message() string {
 		if v.UnhealthyAt.IsZero() {
 			what += ", and no listing has succeeded yet"
 		}
+		if s := v.Suspect; s != nil {
+			what += fmt.Sprintf("; the shim of pod %s does not answer (%s hangs): a call waiting on it holds a container's lock", s.Pod, s.Call)
+		}
 		return head + ": " + what
 	}
 	return fmt.Sprintf("%s: %s; relist ~%v, threshold %v", head, v.podsClause(), Round(v.Estimate.Relist), s.Threshold)

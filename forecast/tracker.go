@@ -39,7 +39,22 @@ type Tracker struct {
 	// last success (zero: the last one succeeded); listErr its error.
 	downSince time.Time
 	listErr   string
-	failing   map[string]*failure
+	// suspect is who a diagnosis blamed for the runtime not answering
+	// since suspectFor (the downSince or listing start it was made for).
+	suspect    *Suspect
+	suspectFor time.Time
+	failing    map[string]*failure
+}
+
+// Suspect is a pod a diagnosis blames for the runtime not answering its
+// listing: on containerd, a call waiting on the pod's stuck shim holds a
+// container's lock, and the node-wide ListContainers waits for it (pleg
+// diagnose's shim probe finds the shim).
+type Suspect struct {
+	Pod, PodUID string
+	// Call is the call that found it (e.g. a verbose PodSandboxStatus that
+	// hangs), ID what it was about.
+	Call, ID string
 }
 
 type failure struct {
@@ -71,6 +86,16 @@ func (t *Tracker) Listed(start, now time.Time) {
 	defer t.mu.Unlock()
 	t.lastOK, t.listTook = start, now.Sub(start)
 	t.listing, t.downSince, t.listErr = time.Time{}, time.Time{}, ""
+	t.suspect, t.suspectFor = nil, time.Time{}
+}
+
+// Blame names the suspect of the runtime not answering since since (a
+// Verdict's Since); it holds until a listing answers, and only for that
+// episode.
+func (t *Tracker) Blame(since time.Time, s Suspect) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	t.suspect, t.suspectFor = &s, since
 }
 
 // ListFailed: the listing outstanding failed at now with err.
@@ -136,6 +161,9 @@ type Verdict struct {
 	HungPods, FailingPods []string
 	// ListError is the listing's error when it fails.
 	ListError string
+	// Suspect is who a diagnosis blamed for the runtime not answering
+	// (only with RuntimeDown).
+	Suspect *Suspect
 	// Now is the time of the verdict.
 	Now time.Time
 }
@@ -181,6 +209,10 @@ func (t *Tracker) Verdict(now time.Time) Verdict {
 	}
 	if !down.IsZero() && now.Sub(down) >= t.detect {
 		v.AtRisk, v.RuntimeDown, v.Since = true, true, down
+		if t.suspect != nil && t.suspectFor.Equal(down) {
+			s := *t.suspect
+			v.Suspect = &s
+		}
 		if !t.lastOK.IsZero() {
 			v.UnhealthyAt = t.lastOK.Add(s.Threshold)
 		}

@@ -176,6 +176,7 @@ func runDaemon(cmd *cobra.Command, rf *runtimeFlags, lf *listenFlags, cf *lifecy
 
 	d.start(ctx)
 	d.spawn(func() { d.logRuntimeVersion(ctx, rf.dialTimeout()) })
+	d.spawn(func() { d.probeStuckRuntime(ctx, rf.endpoint) })
 	if lapi != nil {
 		lapi.serve(ctx, d, cancel)
 	}

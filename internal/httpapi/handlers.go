@@ -94,6 +94,9 @@ func forecastOf(v forecast.Verdict) Forecast {
 	if c := v.Estimate.Cause; c != nil && !v.RuntimeDown && c.Call.Failed {
 		f.Pod, f.PodUID, f.Call, f.ID = c.Pod, c.PodUID, c.Call.Method, c.Call.ID
 	}
+	if s := v.Suspect; s != nil {
+		f.Pod, f.PodUID, f.Call, f.ID = s.Pod, s.PodUID, s.Call, s.ID
+	}
 	return f
 }
 
