@@ -125,6 +125,14 @@ func TestReadyz(t *testing.T) {
 				t.Fatalf("no details object: %s", body)
 			}
 			delete(got, "details")
+			// The forecast, a verdict beside the condition, whatever it is.
+			fc, _ := got["forecast"].(map[string]any)
+			if msg, _ := fc["message"].(string); fc["atRisk"] != false || fc["runtimeDown"] != false ||
+				fc["thresholdSeconds"] != 180.0 || fc["requestTimeoutSeconds"] != 120.0 ||
+				!strings.HasPrefix(msg, "the kubelet's PLEG is not at risk: its relist would take ~") {
+				t.Errorf("forecast = %v", got["forecast"])
+			}
+			delete(got, "forecast")
 			if !reflect.DeepEqual(got, tc.want) {
 				t.Errorf("body = %v\nwant  %v", got, tc.want)
 			}
