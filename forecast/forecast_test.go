@@ -13,7 +13,9 @@ import (
 // listing is fatal whatever it cost; the period counts.
 func TestEstimate(t *testing.T) {
 	s := forecast.Settings{}.WithDefaults()
-	hung := func(m string) forecast.Call { return forecast.Call{Method: m, Hung: true, Failed: true, Took: 10 * time.Second} }
+	hung := func(m string) forecast.Call {
+		return forecast.Call{Method: m, Hung: true, Failed: true, Took: 10 * time.Second}
+	}
 	ok := func(m string, d time.Duration) forecast.Call { return forecast.Call{Method: m, Took: d} }
 	list := []forecast.Call{ok("ListPodSandbox", 2*time.Millisecond), ok("ListContainers", 3*time.Millisecond)}
 	for _, c := range []struct {
