@@ -132,7 +132,7 @@ func (r *runtimeServer) GetContainerEvents(_ *runtimeapi.GetEventsRequest, strea
 		Cut:          errCut,
 		Senders:      &s.senders,
 	})
-	defer ob.Stop()
+	defer ob.Close()
 	for {
 		m, err := jw.Next(ctx)
 		if err != nil {

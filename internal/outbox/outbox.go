@@ -60,6 +60,10 @@ func (e *DropError) Error() string {
 	return fmt.Sprintf("client cut off: it took nothing for %v (%d queued)", e.StallTimeout, e.Queued)
 }
 
+// DefaultStallTimeout is the stall timeout of pleg's streams by default
+// (the lifecycle Watch, the CRI endpoint's GetContainerEvents).
+const DefaultStallTimeout = 10 * time.Second
+
 // SenderLinger is how long a sender goroutine waits for the next message
 // once the queue is empty before it returns; the next Push starts another.
 // A busy client keeps its goroutine, an idle one holds none.
@@ -230,8 +234,8 @@ func (o *Outbox[T]) Queued() int {
 }
 
 // Stop stops the outbox without waiting for its sender: messages not sent
-// yet are dropped and a Send in progress is aborted. A gRPC handler stops
-// its outbox as it returns (its blocked SendMsg returns only after it has).
+// yet are dropped and a Send in progress is aborted. A gRPC handler closes
+// its GRPC outbox as it returns (GRPC.Close), which stops it.
 func (o *Outbox[T]) Stop() { o.stop(false) }
 
 // stop stops the outbox; a Send in progress is aborted at once, or, with

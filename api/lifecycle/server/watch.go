@@ -133,7 +133,7 @@ func (s *Server) Watch(req *lifecyclev1.WatchRequest, stream grpc.ServerStreamin
 		Cut:     errCut,
 		Senders: &s.senders,
 	})
-	defer ob.Stop()
+	defer ob.Close()
 
 	for {
 		m, err := jw.Next(ctx)
