@@ -160,17 +160,53 @@ type VerboseStore struct {
 	// pruned.
 	pruned uint64
 	items  map[string]*storedVerbose // by verboseItem
+	// age holds items in the order they were kept, the oldest first: an
+	// eviction takes its head, a pruning walks its prefix.
+	age verboseList
+	// visited counts the answers an eviction or a pruning looked at
+	// (tests: the work is linear in what goes).
+	visited int
 	// live returns the IDs of the journal's current items (nil until a
 	// server using the store is made: nothing is pruned then).
 	live func() map[string]bool
 }
 
 type storedVerbose struct {
-	id    string
-	state cruntime.State
-	resp  proto.Message
-	size  int64
-	seq   uint64
+	key        string
+	id         string
+	state      cruntime.State
+	resp       proto.Message
+	size       int64
+	seq        uint64
+	prev, next *storedVerbose // in VerboseStore.age
+}
+
+// verboseList is a doubly linked list of answers in the order they were
+// kept (ascending seq): appended at the tail, removed anywhere in O(1).
+type verboseList struct{ head, tail *storedVerbose }
+
+func (l *verboseList) push(it *storedVerbose) {
+	it.prev, it.next = l.tail, nil
+	if l.tail != nil {
+		l.tail.next = it
+	} else {
+		l.head = it
+	}
+	l.tail = it
+}
+
+func (l *verboseList) remove(it *storedVerbose) {
+	if it.prev != nil {
+		it.prev.next = it.next
+	} else {
+		l.head = it.next
+	}
+	if it.next != nil {
+		it.next.prev = it.prev
+	} else {
+		l.tail = it.prev
+	}
+	it.prev, it.next = nil, nil
 }
 
 // verbosePruneEvery is how many answers the store takes between two
@@ -204,15 +240,16 @@ func (v *VerboseStore) put(method, id string, state cruntime.State, resp proto.M
 	v.mu.Lock()
 	key := verboseItem(method, id)
 	if old := v.items[key]; old != nil {
-		v.bytes -= old.size
-		delete(v.items, key)
+		v.dropLocked(old)
 	}
 	if size > v.maxBytes {
 		v.mu.Unlock()
 		return
 	}
 	v.seq++
-	v.items[key] = &storedVerbose{id: id, state: state, resp: resp, size: size, seq: v.seq}
+	it := &storedVerbose{key: key, id: id, state: state, resp: resp, size: size, seq: v.seq}
+	v.items[key] = it
+	v.age.push(it)
 	v.bytes += size
 	v.puts++
 	live, upTo := v.live, v.seq
@@ -232,17 +269,17 @@ func (v *VerboseStore) put(method, id string, state cruntime.State, resp proto.M
 	if due {
 		v.pruneLocked(ids, upTo)
 	}
-	for v.bytes > v.maxBytes {
-		var oldest *storedVerbose
-		var oldestKey string
-		for k, it := range v.items {
-			if oldest == nil || it.seq < oldest.seq {
-				oldest, oldestKey = it, k
-			}
-		}
-		v.bytes -= oldest.size
-		delete(v.items, oldestKey)
+	for v.bytes > v.maxBytes && v.age.head != nil {
+		v.visited++
+		v.dropLocked(v.age.head) // the oldest
 	}
+}
+
+// dropLocked forgets it.
+func (v *VerboseStore) dropLocked(it *storedVerbose) {
+	v.bytes -= it.size
+	delete(v.items, it.key)
+	v.age.remove(it)
 }
 
 // pruneLocked drops the answers of items not in live (the journal's,
@@ -250,11 +287,14 @@ func (v *VerboseStore) put(method, id string, state cruntime.State, resp proto.M
 // last pruning excepted (their items may be on their way to the
 // journal).
 func (v *VerboseStore) pruneLocked(live map[string]bool, upTo uint64) {
-	for k, it := range v.items {
-		if it.seq <= v.pruned && !live[it.id] {
-			v.bytes -= it.size
-			delete(v.items, k)
+	// The answers kept no later than the last pruning are age's prefix.
+	for it := v.age.head; it != nil && it.seq <= v.pruned; {
+		v.visited++
+		next := it.next
+		if !live[it.id] {
+			v.dropLocked(it)
 		}
+		it = next
 	}
 	if upTo > v.pruned {
 		v.pruned = upTo

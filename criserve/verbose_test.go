@@ -3,6 +3,7 @@ package criserve
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"strings"
 	"testing"
 
@@ -192,5 +193,41 @@ func TestVerboseStoreRules(t *testing.T) {
 	}
 	if n, _ := v.size(); n != 3 {
 		t.Errorf("%d answers kept after an oversized one replaced c3's, want 3", n)
+	}
+}
+
+// Evicting costs one visit an answer evicted, not a scan of the store:
+// filling a full store of n answers with n new ones is linear in n.
+func TestVerboseEvictionLinear(t *testing.T) {
+	const n = 2000
+	r := func(id string) *runtimeapi.ContainerStatusResponse {
+		return &runtimeapi.ContainerStatusResponse{
+			Status: &runtimeapi.ContainerStatus{Id: id, State: runtimeapi.ContainerState_CONTAINER_RUNNING},
+			Info:   map[string]string{"info": strings.Repeat("x", 100)},
+		}
+	}
+	size := int64(proto.Size(r("c0000")))
+	v := NewVerboseStore(n * size)
+	for i := range n {
+		v.ContainerVerbose(fmt.Sprintf("c%04d", i), cruntime.StateRunning, r(fmt.Sprintf("c%04d", i)))
+	}
+	if got, _ := v.size(); got != n || v.visited != 0 {
+		t.Fatalf("%d answers kept and %d visited filling the bound, want %d and 0", got, v.visited, n)
+	}
+	for i := range n {
+		v.ContainerVerbose(fmt.Sprintf("d%04d", i), cruntime.StateRunning, r(fmt.Sprintf("d%04d", i)))
+	}
+	if got, _ := v.size(); got != n {
+		t.Fatalf("%d answers kept, want %d", got, n)
+	}
+	if v.visited != n {
+		t.Errorf("%d answers visited to evict %d, want %d: eviction is not O(1)", v.visited, n, n)
+	}
+	// The oldest went, in order.
+	if _, ok := v.get("ContainerStatus", "c1999", cruntime.StateRunning); ok {
+		t.Error("an old answer outlived the eviction")
+	}
+	if _, ok := v.get("ContainerStatus", "d0000", cruntime.StateRunning); !ok {
+		t.Error("the oldest new answer was evicted")
 	}
 }
