@@ -3,6 +3,8 @@ package cruntime
 import (
 	"context"
 	"time"
+
+	"github.com/podlifecycle/pleg/internal/op"
 )
 
 // CallTracer observes the runtime calls made on behalf of one context. The
@@ -30,34 +32,18 @@ func CallTracerFrom(ctx context.Context) CallTracer {
 }
 
 // Runtime operation types: the op a CallTracer is told, and the values of
-// the operation_type label of pleg's metrics.
+// the operation_type label of pleg's metrics (defined in internal/op).
 const (
-	OpListPodSandbox     = "list_podsandbox"
-	OpListContainers     = "list_containers"
-	OpPodSandboxStatus   = "podsandbox_status"
-	OpContainerStatus    = "container_status"
-	OpGetContainerEvents = "get_container_events"
-	OpStatus             = "status"
-	OpVersion            = "version"
+	OpListPodSandbox     = op.ListPodSandbox
+	OpListContainers     = op.ListContainers
+	OpPodSandboxStatus   = op.PodSandboxStatus
+	OpContainerStatus    = op.ContainerStatus
+	OpGetContainerEvents = op.GetContainerEvents
+	OpStatus             = op.Status
+	OpVersion            = op.Version
 )
-
-// methods maps each operation type to its CRI method: the one table of it.
-var methods = map[string]string{
-	OpListPodSandbox:     "ListPodSandbox",
-	OpListContainers:     "ListContainers",
-	OpPodSandboxStatus:   "PodSandboxStatus",
-	OpContainerStatus:    "ContainerStatus",
-	OpGetContainerEvents: "GetContainerEvents",
-	OpStatus:             "Status",
-	OpVersion:            "Version",
-}
 
 // Method returns the CRI method of an operation type (the operation_type
 // label), e.g. "ContainerStatus" for "container_status"; an unknown
 // operation type is returned as is.
-func Method(op string) string {
-	if m, ok := methods[op]; ok {
-		return m
-	}
-	return op
-}
+func Method(o string) string { return op.Method(o) }

@@ -10,23 +10,23 @@ import (
 
 	"github.com/prometheus/client_golang/prometheus"
 
-	"github.com/podlifecycle/pleg/cruntime"
+	"github.com/podlifecycle/pleg/internal/op"
 )
 
 // Runtime operation types, the values of the operation_type label: the
-// runtime calls' names, defined with the call tracer (cruntime.Op*).
+// runtime calls' names (defined in internal/op, as cruntime.Op*).
 const (
-	OpListPodSandbox     = cruntime.OpListPodSandbox
-	OpListContainers     = cruntime.OpListContainers
-	OpPodSandboxStatus   = cruntime.OpPodSandboxStatus
-	OpContainerStatus    = cruntime.OpContainerStatus
-	OpGetContainerEvents = cruntime.OpGetContainerEvents
-	OpStatus             = cruntime.OpStatus
-	OpVersion            = cruntime.OpVersion
+	OpListPodSandbox     = op.ListPodSandbox
+	OpListContainers     = op.ListContainers
+	OpPodSandboxStatus   = op.PodSandboxStatus
+	OpContainerStatus    = op.ContainerStatus
+	OpGetContainerEvents = op.GetContainerEvents
+	OpStatus             = op.Status
+	OpVersion            = op.Version
 )
 
-// Method returns the CRI method of an operation type (cruntime.Method).
-func Method(op string) string { return cruntime.Method(op) }
+// Method returns the CRI method of an operation type (internal/op).
+func Method(o string) string { return op.Method(o) }
 
 // Metrics is the set of collectors one generator (and its runtime client)
 // reports to. Create it with New; the zero value is not usable.
