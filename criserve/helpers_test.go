@@ -13,10 +13,10 @@ import (
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/podlifecycle/pleg"
-	"github.com/podlifecycle/pleg/api/lifecycle/server"
 	"github.com/podlifecycle/pleg/cruntime/cri"
 	"github.com/podlifecycle/pleg/cruntime/sim"
 	"github.com/podlifecycle/pleg/internal/leakcheck"
+	"github.com/podlifecycle/pleg/internal/unixgrpc"
 	"github.com/podlifecycle/pleg/journal"
 )
 
@@ -136,7 +136,7 @@ func newRigPeriod(t testing.TB, sc sim.Config, cfg Config, period time.Duration)
 // (also run when the test ends) stops it.
 func serve(t testing.TB, srv *Server, sock string) func() {
 	t.Helper()
-	ln, err := server.ListenUnix(sock, 0o600, -1)
+	ln, err := unixgrpc.Listen(sock, 0o600, -1)
 	if err != nil {
 		t.Fatal(err)
 	}

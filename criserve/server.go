@@ -37,8 +37,9 @@ import (
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 	"k8s.io/utils/clock"
 
-	"github.com/podlifecycle/pleg/api/lifecycle/server"
 	"github.com/podlifecycle/pleg/cruntime"
+	"github.com/podlifecycle/pleg/internal/outbox"
+	"github.com/podlifecycle/pleg/internal/unixgrpc"
 	"github.com/podlifecycle/pleg/journal"
 )
 
@@ -48,7 +49,7 @@ const (
 	DefaultMaxInFlight     = 4
 	DefaultRate            = 20
 	DefaultBurst           = 40
-	DefaultStallTimeout    = server.DefaultStallTimeout
+	DefaultStallTimeout    = outbox.DefaultStallTimeout
 	DefaultQueueSize       = 64
 	DefaultMaxStreams      = 256
 	DefaultMaxConnections  = 1024
@@ -89,7 +90,7 @@ type Config struct {
 	Scope Scope
 	// Access restricts the peers of the unix socket (the lifecycle
 	// socket's rules).
-	Access server.Access
+	Access unixgrpc.Access
 	Logger logr.Logger
 	// Metrics receives the pleg_cri_* metrics (none when nil), labelled
 	// with Flag.
@@ -280,7 +281,7 @@ func (s *Server) Serve(ctx context.Context, lns ...net.Listener) error {
 			grpc.MaxRecvMsgSize(1<<20),
 			grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
 			grpc.KeepaliveParams(keepalive.ServerParameters{MaxConnectionIdle: 2 * time.Minute}),
-			grpc.Creds(server.NewPeerCredentials("CRI endpoint", s.cfg.Access, s.log, s.cfg.Metrics.rejected.WithLabelValues(s.cfg.Flag))),
+			grpc.Creds(unixgrpc.NewPeerCredentials("CRI endpoint", s.cfg.Access, s.log, s.cfg.Metrics.rejected.WithLabelValues(s.cfg.Flag))),
 			grpc.ChainUnaryInterceptor(s.countUnary),
 			grpc.ChainStreamInterceptor(s.countStream),
 		)
@@ -290,7 +291,7 @@ func (s *Server) Serve(ctx context.Context, lns ...net.Listener) error {
 	errc := make(chan error, len(lns))
 	for i, ln := range lns {
 		go func() {
-			err := servers[i].Serve(server.LimitListener(ln, s.cfg.MaxConnections))
+			err := servers[i].Serve(unixgrpc.LimitListener(ln, s.cfg.MaxConnections))
 			if err != nil {
 				err = fmt.Errorf("serving the CRI endpoint on %s: %w", ln.Addr(), err)
 			}
@@ -305,7 +306,7 @@ func (s *Server) Serve(ctx context.Context, lns ...net.Listener) error {
 		pending--
 	}
 	s.stop(errShutdown)
-	server.StopAll(servers, s.cfg.ShutdownTimeout)
+	unixgrpc.StopAll(servers, s.cfg.ShutdownTimeout)
 	for ; pending > 0; pending-- {
 		if e := <-errc; err == nil {
 			err = e
@@ -427,12 +428,12 @@ func guarded(desc grpc.ServiceDesc, served map[string]How, flag string, log logr
 
 // peerOf returns the caller's credentials, when it came over a unix
 // socket.
-func peerOf(ctx context.Context) (server.Peer, bool) {
+func peerOf(ctx context.Context) (unixgrpc.Peer, bool) {
 	p, ok := peer.FromContext(ctx)
 	if !ok {
-		return server.Peer{}, false
+		return unixgrpc.Peer{}, false
 	}
-	pi, ok := p.AuthInfo.(server.PeerInfo)
+	pi, ok := p.AuthInfo.(unixgrpc.PeerInfo)
 	return pi.Peer, ok
 }
 

@@ -41,7 +41,9 @@ import (
 
 	lifecyclev1 "github.com/podlifecycle/pleg/api/lifecycle/v1"
 	"github.com/podlifecycle/pleg/internal/entrycache"
+	"github.com/podlifecycle/pleg/internal/outbox"
 	"github.com/podlifecycle/pleg/internal/textfmt"
+	"github.com/podlifecycle/pleg/internal/unixgrpc"
 	"github.com/podlifecycle/pleg/journal"
 )
 
@@ -50,7 +52,7 @@ import (
 // beside the ~25 MiB pleg needs itself; 4,096 would pass the limit and get
 // pleg OOM-killed by a flood of connections.
 const (
-	DefaultStallTimeout    = 10 * time.Second
+	DefaultStallTimeout    = outbox.DefaultStallTimeout
 	DefaultQueueSize       = 64
 	DefaultMaxWatchers     = 1024
 	DefaultMaxConnections  = 1024
@@ -222,7 +224,7 @@ func (s *Server) Serve(ctx context.Context, lns ...net.Listener) error {
 	errc := make(chan error, len(lns))
 	for i, ln := range lns {
 		go func() {
-			err := servers[i].Serve(newLimitListener(ln, s.cfg.MaxConnections))
+			err := servers[i].Serve(unixgrpc.LimitListener(ln, s.cfg.MaxConnections))
 			if err != nil {
 				err = fmt.Errorf("serving the lifecycle API on %s: %w", ln.Addr(), err)
 			}
@@ -238,7 +240,7 @@ func (s *Server) Serve(ctx context.Context, lns ...net.Listener) error {
 	}
 	s.health.Shutdown()
 	s.stop(errShutdown)
-	StopAll(servers, s.cfg.ShutdownTimeout)
+	unixgrpc.StopAll(servers, s.cfg.ShutdownTimeout)
 	for ; pending > 0; pending-- {
 		if e := <-errc; err == nil {
 			err = e
@@ -338,29 +340,4 @@ func peerOfContext(ctx context.Context) string {
 		return pi.Peer.String()
 	}
 	return p.Addr.String()
-}
-
-// StopAll stops every server at once, each gracefully (its calls finish)
-// for at most timeout, then at once (its calls are cancelled), and returns
-// when all have stopped.
-func StopAll(servers []*grpc.Server, timeout time.Duration) {
-	var stopped sync.WaitGroup
-	for _, g := range servers {
-		stopped.Go(func() {
-			done := make(chan struct{})
-			go func() {
-				g.GracefulStop()
-				close(done)
-			}()
-			t := time.NewTimer(timeout)
-			defer t.Stop()
-			select {
-			case <-done:
-			case <-t.C:
-				g.Stop()
-				<-done
-			}
-		})
-	}
-	stopped.Wait()
 }

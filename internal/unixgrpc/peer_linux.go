@@ -1,4 +1,4 @@
-package server
+package unixgrpc
 
 import "syscall"
 
