@@ -232,6 +232,11 @@ type reinspectIn struct{ uid types.UID }
 // identityIn: whether some watcher wants containers' identities now.
 type identityIn struct{ wanted bool }
 
+// streamChanged: the runtime's event stream connected or was lost
+// (stream.go): a runtime status change for the journal, stamped and
+// appended by the loop like every other.
+type streamChanged struct{ status journal.RuntimeStatus }
+
 // identitiesFetched: an identity call returned.
 type identitiesFetched struct {
 	call callID
@@ -248,6 +253,7 @@ func (hintIn) isInput()            {}
 func (reinspectIn) isInput()       {}
 func (identityIn) isInput()        {}
 func (identitiesFetched) isInput() {}
+func (streamChanged) isInput()     {}
 
 // Ready is what a Step asks the loop to carry out, in this order: start the
 // calls, apply the cache operations in order, publish the events in order,
@@ -263,9 +269,9 @@ type Ready struct {
 	Relist        *RelistStat
 	// Healthy is the new health timestamp, when a listing succeeded.
 	Healthy time.Time
-	// Runtime is the runtime's new reachability, when it changed: a
-	// listing succeeded after none or after a failure, or failed after a
-	// success.
+	// Runtime is the runtime's new status, when it changed: a listing
+	// succeeded after none or after a failure, or failed after a
+	// success; or its event stream connected or was lost.
 	Runtime *journal.RuntimeStatus
 	// Abandoned is how many abandoned calls are out after the step.
 	Abandoned int
@@ -301,6 +307,8 @@ func (c *core) Step(now time.Time, in input) Ready {
 		c.onIdentityWanted(in.wanted)
 	case identitiesFetched:
 		c.onIdentities(in)
+	case streamChanged:
+		c.out.Runtime = &in.status
 	}
 	c.dispatch()
 	c.out.Abandoned = c.abandoned

@@ -42,12 +42,15 @@
 // # The caller's duties
 //
 //   - Call Start once and Stop when done: Stop ends every goroutine the
-//     generator started and closes the Watch channel and subscriptions.
+//     generator started, closes the Watch channel and ends every
+//     subscription (Next returns ErrStopped; its journal watcher is closed).
 //   - Read the Watch channel promptly if you use it: like the kubelet's, it
 //     drops events when full (counted in kubelet_pleg_discard_events).
 //     Prefer Subscribe, which never drops silently.
 //   - Call Next on every subscription until it returns an error, or Close
-//     it; an idle subscription costs its position in the journal.
+//     it; an idle subscription costs its position in the journal (and,
+//     before its first Next, a snapshot of every pod) until then, or until
+//     Stop.
 //   - Check Healthy (or a Readiness built on it) periodically.
 //   - Give it a clock.WithTicker in tests (k8s.io/utils/clock/testing) to
 //     drive every timing rule without sleeping.
@@ -71,10 +74,12 @@
 // results of the calls a pool makes (calls.go) and what other goroutines
 // put in the inbox (inbox.go: the event stream of stream.go, RequestRelist,
 // RequestReinspect), and carries out the effects: the pod status cache
-// (package podcache), the journal (package journal), the kubelet-compatible
-// channel (deliver.go), metrics and logs (report.go). The diff of two
-// listings is the pure function Diff. The runtime interface and its
-// contract are in package cruntime, the CRI client in cruntime/cri, a
-// simulated CRI runtime in cruntime/sim, the Prometheus collectors in
-// metrics.
+// (package podcache), the journal (package journal, whose one writer the
+// loop is: the event stream's connections and losses reach it through the
+// inbox too, and every entry is stamped with the loop's clock), the
+// kubelet-compatible channel (deliver.go), metrics and logs (report.go).
+// The diff of two listings is the pure function Diff. The runtime
+// interface and its contract are in package cruntime, the CRI client in
+// cruntime/cri, a simulated CRI runtime in cruntime/sim, the Prometheus
+// collectors in metrics.
 package pleg

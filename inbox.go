@@ -3,6 +3,7 @@ package pleg
 import (
 	"sync"
 
+	"github.com/podlifecycle/pleg/journal"
 	"k8s.io/apimachinery/pkg/types"
 )
 
@@ -10,7 +11,10 @@ import (
 // RequestRelist, RequestReinspect) to the loop, which takes them all each
 // time it wakes. Putting never blocks. Hints are bounded (a hint over the
 // bound is dropped: hints are only hints, the next global relist covers
-// the pod); reinspection requests coalesce per pod and are never dropped.
+// the pod); reinspection requests coalesce per pod and are never dropped;
+// the event stream's connections and losses are kept in order and never
+// dropped (two at most a connection attempt, which the stream's backoff
+// paces).
 //
 // The inbox's bound is on hints the loop has not taken yet (a hand-off
 // that holds one entry per event), not on pods waiting for a single-pod
@@ -22,8 +26,9 @@ type inbox struct {
 	limit     int
 	hints     []hintIn
 	reinspect map[types.UID]struct{}
-	identity  *bool         // the last identity wish, if any since the last take
-	wake      chan struct{} // capacity 1: "there is something to take"
+	identity  *bool           // the last identity wish, if any since the last take
+	stream    []streamChanged // the event stream's changes, in order
+	wake      chan struct{}   // capacity 1: "there is something to take"
 }
 
 // hint puts h in the inbox (RequestRelist, a runtime event); a hint over
@@ -61,6 +66,16 @@ func (b *inbox) reinspectPod(uid types.UID) {
 	b.signal()
 }
 
+// streamChanged puts a change of the event stream's status: the loop
+// appends it to the journal (the journal's one writer), stamped with the
+// loop's clock.
+func (b *inbox) streamChanged(s journal.RuntimeStatus) {
+	b.mu.Lock()
+	b.stream = append(b.stream, streamChanged{status: s})
+	b.mu.Unlock()
+	b.signal()
+}
+
 func (b *inbox) identityWanted(wanted bool) {
 	b.mu.Lock()
 	b.identity = &wanted
@@ -75,11 +90,17 @@ func (b *inbox) signal() {
 	}
 }
 
-// take returns everything put since the last take, reinspection requests
-// first, then hints in the order they came. into is reused.
+// take returns everything put since the last take: the event stream's
+// changes in the order they came, reinspection requests, then hints in the
+// order they came. into is reused.
 func (b *inbox) take(into []input) []input {
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	for _, s := range b.stream {
+		into = append(into, s)
+	}
+	clear(b.stream)
+	b.stream = b.stream[:0]
 	if b.identity != nil {
 		into = append(into, identityIn{wanted: *b.identity})
 		b.identity = nil

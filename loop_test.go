@@ -425,6 +425,57 @@ func TestSubscriptionCloseWhileNextWaits(t *testing.T) {
 	})
 }
 
+// Stop ends every subscription left open: one never read (it holds a
+// journal watcher and a snapshot of every pod) and one whose Next waits on
+// another goroutine. Both Next return ErrStopped (an ErrClosed), their
+// journal watchers are closed and let go, and a subscription made after
+// Stop is ended already.
+func TestStopEndsSubscriptions(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		rt := newFakeRuntime()
+		rt.setPods(pod("a", "c1=running"), pod("b", "c2=running"))
+		g := newLoopGenerator(t, rt, nil)
+		g.Start()
+		synctest.Wait()
+		idle := g.Subscribe() // never read, never closed
+		reading := g.Subscribe()
+		ctx := context.Background()
+		if u, err := reading.Next(ctx); err != nil || !u.Resync || len(u.Pods) != 2 {
+			t.Fatalf("first update: %+v %v", u, err)
+		}
+		errc := make(chan error, 1)
+		go func() {
+			_, err := reading.Next(ctx)
+			errc <- err
+		}()
+		synctest.Wait() // Next waits for an event
+		watchers := []*journal.Watcher{idle.w, reading.w}
+		g.Stop()
+		if err := <-errc; !errors.Is(err, ErrStopped) || !errors.Is(err, ErrClosed) {
+			t.Fatalf("a waiting Next after Stop: %v, want ErrStopped", err)
+		}
+		for i, sub := range []*Subscription{idle, reading} {
+			if _, err := sub.Next(ctx); !errors.Is(err, ErrStopped) {
+				t.Errorf("subscription %d: Next after Stop: %v, want ErrStopped", i, err)
+			}
+			if sub.w != nil || sub.pending != nil {
+				t.Errorf("subscription %d still holds its watcher or events", i)
+			}
+			// A closed watcher answers ErrClosed at once: the journal let
+			// it go, with the snapshot it held.
+			if m, err := watchers[i].Next(ctx); !errors.Is(err, journal.ErrClosed) {
+				t.Errorf("subscription %d's journal watcher is open after Stop: %v %v", i, m.Type, err)
+			}
+		}
+		idle.Close() // closing an ended subscription does nothing
+		late := g.Subscribe()
+		defer late.Close()
+		if _, err := late.Next(ctx); !errors.Is(err, ErrStopped) || late.w != nil {
+			t.Fatalf("a subscription made after Stop: %v, watcher %v; want ErrStopped and none", err, late.w)
+		}
+	})
+}
+
 // Stop does not wait for a Relist's runtime calls: it ends them. Here the
 // listing hangs until its context ends (a runtime that never answers
 // before the request timeout): Stop returns at once and the Relist

@@ -229,6 +229,7 @@ type Generator struct {
 	stats              statsRing
 	deliver            *hub
 	journal            *journal.Journal
+	subs               subscriptions
 	stream             eventStream
 	forecast           *forecast.Tracker
 
@@ -308,7 +309,8 @@ func (g *Generator) Start() {
 }
 
 // Stop stops relisting, waits for every goroutine of the generator to end
-// and closes the Watch channel and every subscription. It is idempotent.
+// and closes the Watch channel; it ends every subscription (their Next
+// returns ErrStopped) and closes their journal watchers. It is idempotent.
 func (g *Generator) Stop() {
 	// Cancel first, without the lock: a Relist running ends at once
 	// (its calls and its wait end with the generator's context). Then
@@ -319,6 +321,7 @@ func (g *Generator) Stop() {
 	g.lifecycle.Unlock() // an empty critical section: see above
 	g.wg.Wait()
 	g.deliver.close()
+	g.endSubscriptions()
 }
 
 // Watch returns the kubelet-compatible event channel (capacity

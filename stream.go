@@ -151,7 +151,7 @@ func (g *Generator) watchEvents(ctx context.Context, src cruntime.EventSource) {
 				s.State, s.Connects, s.ConnectedAt, s.LastError = StreamConnected, s.Connects+1, connectedAt, ""
 			})
 			g.log.V(2).Info("Connected to the runtime's container event stream")
-			g.journal.Append(journal.Entry{Kind: journal.KindRuntime, Runtime: &journal.RuntimeStatus{State: journal.RuntimeEventStreamConnected}})
+			g.inbox.streamChanged(journal.RuntimeStatus{State: journal.RuntimeEventStreamConnected})
 		}, func(e cruntime.Event) {
 			events++
 			g.onRuntimeEvent(e)
@@ -165,7 +165,7 @@ func (g *Generator) watchEvents(ctx context.Context, src cruntime.EventSource) {
 			if err != nil {
 				msg = err.Error()
 			}
-			g.journal.Append(journal.Entry{Kind: journal.KindRuntime, Runtime: &journal.RuntimeStatus{State: journal.RuntimeEventStreamLost, Message: msg}})
+			g.inbox.streamChanged(journal.RuntimeStatus{State: journal.RuntimeEventStreamLost, Message: msg})
 		}
 		if events > 0 || (!connectedAt.IsZero() && g.clock.Since(start) >= streamClosesAtOnce) {
 			hasStream = true

@@ -334,26 +334,28 @@ func TestJournalPodSharesStatuses(t *testing.T) {
 	for _, c := range p.Containers {
 		byID[c.ID] = c
 	}
-	if byID["c1"].ContainerStatus != st.ContainerStatuses[0] || byID["c2"].ContainerStatus != st.ContainerStatuses[1] {
+	if !byID["c1"].Shares(st.ContainerStatuses[0]) || !byID["c2"].Shares(st.ContainerStatuses[1]) {
 		t.Error("the pod's state copied the statuses it was given")
 	}
-	if c := byID["c1"]; c.ExitCode == nil || *c.ExitCode != 3 || c.Reason != "Error" || c.Labels.Get("io.kubernetes.container.name") != "c1" {
+	if c := byID["c1"]; c.Reason() != "Error" || c.Labels().Get("io.kubernetes.container.name") != "c1" {
 		t.Errorf("c1 reads %+v", c)
 	}
-	if c := byID["c2"]; c.ExitCode != nil || !c.StartedAt.Equal(time.Unix(50, 0)) {
-		t.Errorf("c2 reads exit code %v, started %v", c.ExitCode, c.StartedAt)
+	if code, ok := byID["c1"].ExitCode(); !ok || code != 3 {
+		t.Errorf("c1 reads exit code %d (%v), want 3", code, ok)
 	}
-	if c := byID["c3"]; c.ContainerStatus != nil {
-		t.Errorf("c3, with no status, has %+v", c.ContainerStatus)
+	if c := byID["c2"]; !c.StartedAt().Equal(time.Unix(50, 0)) {
+		t.Errorf("c2 reads started %v", c.StartedAt())
 	}
-	// The journal gives it an empty one: a reader of its state reads it
-	// as empty, not through a nil pointer.
+	if code, ok := byID["c2"].ExitCode(); ok {
+		t.Errorf("c2, running, reads exit code %d", code)
+	}
+	// A container without a status reads as empty, in the journal too.
 	j := journal.New(journal.Options{Epoch: "e"})
 	j.Append(journal.Entry{Kind: journal.KindPod, Pod: p, Source: journal.SourceRelist})
 	got, _ := j.Pod("a")
 	for _, c := range got.Containers {
-		if c.ID == "c3" && (c.ContainerStatus == nil || c.Reason != "" || !c.StartedAt.IsZero() || c.Labels.Len() != 0) {
-			t.Errorf("c3 in the journal reads %+v", c.ContainerStatus)
+		if _, exited := c.ExitCode(); c.ID == "c3" && (!c.Shares(nil) || exited || c.Reason() != "" || !c.StartedAt().IsZero() || c.Labels().Len() != 0) {
+			t.Errorf("c3 in the journal reads %+v", c)
 		}
 	}
 }
@@ -436,4 +438,71 @@ func TestRuntimeEventsCountedAndLogged(t *testing.T) {
 			})
 		})
 	}
+}
+
+// The event stream's goroutine writes nothing to the journal: it hands
+// its connections and losses to the loop, which appends them stamped with
+// its own clock. The loop is the journal's one writer, so entry times
+// follow sequence numbers.
+func TestStreamStatusAppendedByTheLoop(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		src := &fakeEvents{live: make(chan cruntime.Event), sessions: []fakeSession{
+			{end: errors.New("connection reset")}, // up, then lost
+			{},                                    // the immediate retry: stays up
+		}}
+		rt := newFakeRuntime()
+		rt.setPods(pod("a", "c1=running"))
+		g := newLoopGenerator(t, rt, nil) // driven by hand: Relist steps the loop
+		ctx, cancel := context.WithCancel(context.Background())
+		done := make(chan struct{})
+		go func() {
+			defer close(done)
+			g.watchEvents(ctx, src)
+		}()
+		defer func() { cancel(); <-done }()
+		synctest.Wait()
+		if src.count() != 2 {
+			t.Fatalf("%d connection attempts, want 2", src.count())
+		}
+		if h := g.Journal().Head(); h.Seq != 0 {
+			t.Fatalf("the stream's goroutine appended %d entries to the journal; the loop is its one writer", h.Seq)
+		}
+		time.Sleep(time.Second)
+		stepped := time.Now()
+		if err := g.Relist(context.Background()); err != nil {
+			t.Fatal(err)
+		}
+		w, err := g.Journal().Watch(journal.Cursor{Epoch: g.Journal().Epoch()}.String(), nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer w.Close()
+		var got []string
+		var last time.Time
+		for range g.Journal().Head().Seq {
+			m, err := w.Next(context.Background())
+			if err != nil {
+				t.Fatal(err)
+			}
+			if m.Time.Before(last) {
+				t.Errorf("entry %d at %v, before the entry ahead of it at %v", m.Cursor.Seq, m.Time, last)
+			}
+			last = m.Time
+			if m.Type != journal.Runtime || m.Runtime.State == journal.RuntimeReachable {
+				continue
+			}
+			got = append(got, fmt.Sprintf("%d %s", m.Runtime.State, m.Runtime.Message))
+			if !m.Time.Equal(stepped) {
+				t.Errorf("stream status %v stamped %v, want the loop's step at %v", m.Runtime, m.Time, stepped)
+			}
+		}
+		want := []string{
+			fmt.Sprintf("%d ", journal.RuntimeEventStreamConnected),
+			fmt.Sprintf("%d connection reset", journal.RuntimeEventStreamLost),
+			fmt.Sprintf("%d ", journal.RuntimeEventStreamConnected),
+		}
+		if !reflect.DeepEqual(got, want) {
+			t.Fatalf("stream statuses %q, want %q", got, want)
+		}
+	})
 }

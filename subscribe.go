@@ -3,7 +3,10 @@ package pleg
 import (
 	"cmp"
 	"context"
+	"errors"
+	"fmt"
 	"slices"
+	"sync"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -13,42 +16,82 @@ import (
 	"k8s.io/apimachinery/pkg/types"
 )
 
+// ErrStopped is returned by Subscription.Next once its generator stopped
+// (Generator.Stop ends every subscription). It is an ErrClosed.
+var ErrStopped = fmt.Errorf("%w: the generator stopped", ErrClosed)
+
 // Subscription receives every lifecycle event of a generator, in order,
 // from the generator's journal: first a resync with the state of every
 // pod, then the events. A subscriber that falls behind the journal's
 // retention gets a resync instead of the events it missed; nothing is lost
 // silently, and a subscriber never holds up the generator.
 type Subscription struct {
+	g *Generator
 	j *journal.Journal
-	// ctx is done when the subscription is closed or the generator
-	// stops: it ends a Next waiting on another goroutine.
+	// ctx is done when the subscription is closed (cause ErrClosed) or
+	// the generator stops: it ends a Next waiting on another goroutine.
 	ctx    context.Context
-	cancel context.CancelFunc
+	cancel context.CancelCauseFunc
 	m      *metrics.Metrics
 	log    logr.Logger
 
-	// turn is held (a value in it) by the one Next or Close that reads
-	// or changes w, pending and closed: a Next waits for its turn only
+	// turn is held (a value in it) by the one Next or end that reads or
+	// changes w, pending, closed and err: a Next waits for its turn only
 	// as long as its context lets it, never on a lock held across
 	// another Next's wait.
 	turn    chan struct{}
-	w       *journal.Watcher
-	pending []Event // the rest of the last entry's events
+	w       *journal.Watcher // nil once closed
+	pending []Event          // the rest of the last entry's events
 	closed  bool
+	err     error // once closed: ErrClosed or ErrStopped
+}
+
+// subscriptions are a generator's open subscriptions, which Stop ends.
+type subscriptions struct {
+	mu    sync.Mutex
+	open  map[*Subscription]struct{}
+	ended bool // Stop ended them: no more open
 }
 
 // Subscribe returns a subscription that receives every event, in order per
 // pod. Its first update is a resync with the state of every pod; a
 // subscription that falls behind the journal's retention (Options.Journal)
-// gets a resync instead of the events it missed. Close it when done.
+// gets a resync instead of the events it missed. Close it when done, or
+// Stop the generator: Stop ends every subscription (Next then returns
+// ErrStopped), and a subscription made after Stop is ended already.
 func (g *Generator) Subscribe() *Subscription {
-	w, _ := g.journal.Watch("", nil) // no cursor: cannot fail
-	ctx, cancel := context.WithCancel(g.rootCtx)
-	return &Subscription{j: g.journal, ctx: ctx, cancel: cancel, m: g.m, log: g.log, w: w, turn: make(chan struct{}, 1)}
+	ctx, cancel := context.WithCancelCause(g.rootCtx)
+	s := &Subscription{g: g, j: g.journal, ctx: ctx, cancel: cancel, m: g.m, log: g.log, turn: make(chan struct{}, 1)}
+	g.subs.mu.Lock()
+	defer g.subs.mu.Unlock()
+	if g.subs.ended {
+		s.closed, s.err = true, ErrStopped
+		cancel(ErrStopped)
+		return s
+	}
+	s.w, _ = g.journal.Watch("", nil) // no cursor: cannot fail
+	if g.subs.open == nil {
+		g.subs.open = make(map[*Subscription]struct{})
+	}
+	g.subs.open[s] = struct{}{}
+	return s
+}
+
+// endSubscriptions ends every open subscription (Stop): their Next
+// returns ErrStopped, and their journal watchers are closed.
+func (g *Generator) endSubscriptions() {
+	g.subs.mu.Lock()
+	open := g.subs.open
+	g.subs.open, g.subs.ended = nil, true
+	g.subs.mu.Unlock()
+	for s := range open {
+		s.end(ErrStopped)
+	}
 }
 
 // Next returns the next update, blocking until there is one, the context
-// ends, or the subscription or its generator is closed (ErrClosed).
+// ends, or the subscription is closed (ErrClosed) or its generator
+// stopped (ErrStopped).
 func (s *Subscription) Next(ctx context.Context) (Update, error) {
 	select {
 	case s.turn <- struct{}{}:
@@ -59,7 +102,7 @@ func (s *Subscription) Next(ctx context.Context) (Update, error) {
 	}
 	defer func() { <-s.turn }()
 	if s.closed {
-		return Update{}, ErrClosed
+		return Update{}, s.err
 	}
 	if len(s.pending) > 0 {
 		e := s.pending[0]
@@ -76,7 +119,7 @@ func (s *Subscription) Next(ctx context.Context) (Update, error) {
 		m, err := s.w.Next(wctx)
 		if err != nil {
 			if ctx.Err() == nil && s.ctx.Err() != nil {
-				return Update{}, ErrClosed
+				return Update{}, s.endedErr()
 			}
 			return Update{}, err
 		}
@@ -105,6 +148,15 @@ func (s *Subscription) Next(ctx context.Context) (Update, error) {
 	}
 }
 
+// endedErr is the error of a subscription whose ctx is done: ErrClosed if
+// Close ended it, ErrStopped if its generator stopped.
+func (s *Subscription) endedErr() error {
+	if c := context.Cause(s.ctx); errors.Is(c, ErrClosed) && !errors.Is(c, ErrStopped) {
+		return ErrClosed
+	}
+	return ErrStopped // the generator's context, or Stop
+}
+
 // waitTurn waits for the turn while ctx lets it and the subscription is
 // open.
 func (s *Subscription) waitTurn(ctx context.Context) error {
@@ -115,20 +167,34 @@ func (s *Subscription) waitTurn(ctx context.Context) error {
 		return ctx.Err()
 	case <-s.ctx.Done():
 		if ctx.Err() == nil {
-			return ErrClosed
+			return s.endedErr()
 		}
 		return ctx.Err()
 	}
 }
 
 // Close ends the subscription; Next then returns ErrClosed, also a Next
-// waiting on another goroutine.
+// waiting on another goroutine. Closing a subscription its generator's
+// Stop ended does nothing.
 func (s *Subscription) Close() {
-	s.cancel() // before the turn: a waiting Next holds it, and returns
+	s.g.subs.mu.Lock()
+	delete(s.g.subs.open, s)
+	s.g.subs.mu.Unlock()
+	s.end(ErrClosed)
+}
+
+// end closes the subscription with err (unless it is closed already):
+// its journal watcher is closed and what it holds let go.
+func (s *Subscription) end(err error) {
+	s.cancel(err) // before the turn: a waiting Next holds it, and returns
 	s.turn <- struct{}{}
 	defer func() { <-s.turn }()
-	s.closed = true
+	if s.closed {
+		return
+	}
+	s.closed, s.err = true, err
 	s.w.Close()
+	s.w, s.pending = nil, nil
 }
 
 // podState is the subscription's view of a journal pod.
@@ -215,10 +281,7 @@ func journalPod(uid types.UID, last, listing *cruntime.Pod, status *cruntime.Pod
 		if st := cts[c.ID]; st != nil {
 			// The cache's status, shared: statuses are not changed once
 			// made.
-			jc.ContainerStatus = st
-			if st.State == cruntime.StateExited {
-				jc.ExitCode = &st.ExitCode
-			}
+			*jc = jc.WithStatus(st)
 			if st.Image != "" {
 				jc.Image = st.Image
 			}

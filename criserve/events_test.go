@@ -94,8 +94,8 @@ func journalPod(uid string, pad int) *journal.Pod {
 	labels := cruntime.LabelsOf(cruntime.LabelPodUID, uid, "pad", strings.Repeat("x", pad))
 	return &journal.Pod{UID: types.UID(uid), Name: "p-" + uid, Namespace: "default", ObservedAt: t0,
 		Sandboxes: []*journal.Sandbox{{ID: uid + "-sb", Name: "p-" + uid, State: cruntime.StateRunning, CreatedAt: t0, Labels: labels}},
-		Containers: []*journal.Container{{ID: uid + "-c", Name: "c", State: cruntime.StateRunning,
-			ContainerStatus: &cruntime.ContainerStatus{CreatedAt: t0, StartedAt: t0, Labels: labels}}}}
+		Containers: []*journal.Container{new(journal.Container{ID: uid + "-c", Name: "c", State: cruntime.StateRunning}.WithStatus(
+			&cruntime.ContainerStatus{CreatedAt: t0, StartedAt: t0, Labels: labels}))}}
 }
 
 func started(j *journal.Journal, p *journal.Pod) {

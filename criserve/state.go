@@ -97,7 +97,7 @@ func sandboxOf(p *journal.Pod, c *journal.Container) *journal.Sandbox {
 		if newest == nil || sb.CreatedAt.After(newest.CreatedAt) {
 			newest = sb
 		}
-		if !sb.CreatedAt.After(c.CreatedAt) && (best == nil || sb.CreatedAt.After(best.CreatedAt)) {
+		if !sb.CreatedAt.After(c.CreatedAt()) && (best == nil || sb.CreatedAt.After(best.CreatedAt)) {
 			best = sb
 		}
 	}
@@ -119,23 +119,23 @@ func sandboxID(p *journal.Pod, c *journal.Container) string {
 func container(p *journal.Pod, c *journal.Container) *runtimeapi.Container {
 	created := c.ListCreatedAt
 	if created == 0 {
-		created = nanos(c.CreatedAt)
+		created = nanos(c.CreatedAt())
 	}
 	return &runtimeapi.Container{Id: c.ID, PodSandboxId: sandboxID(p, c),
 		Metadata: &runtimeapi.ContainerMetadata{Name: c.Name, Attempt: c.Attempt},
-		Image:    &runtimeapi.ImageSpec{Image: c.Image}, ImageRef: c.ImageRef,
-		State: containerState(c.State), CreatedAt: created, Labels: c.Labels.Map(), Annotations: c.Annotations.Map()}
+		Image:    &runtimeapi.ImageSpec{Image: c.Image}, ImageRef: c.ImageRef(),
+		State: containerState(c.State), CreatedAt: created, Labels: c.Labels().Map(), Annotations: c.Annotations().Map()}
 }
 
 // containerStatus is a container as a non-verbose ContainerStatus gives
 // it.
 func containerStatus(c *journal.Container) *runtimeapi.ContainerStatus {
 	st := &runtimeapi.ContainerStatus{Id: c.ID, Metadata: &runtimeapi.ContainerMetadata{Name: c.Name, Attempt: c.Attempt},
-		State: containerState(c.State), CreatedAt: nanos(c.CreatedAt), StartedAt: nanos(c.StartedAt), FinishedAt: nanos(c.FinishedAt),
-		Image: &runtimeapi.ImageSpec{Image: c.Image}, ImageRef: c.ImageRef,
-		Reason: c.Reason, Message: c.Message, Labels: c.Labels.Map(), Annotations: c.Annotations.Map()}
-	if c.ExitCode != nil {
-		st.ExitCode = *c.ExitCode
+		State: containerState(c.State), CreatedAt: nanos(c.CreatedAt()), StartedAt: nanos(c.StartedAt()), FinishedAt: nanos(c.FinishedAt()),
+		Image: &runtimeapi.ImageSpec{Image: c.Image}, ImageRef: c.ImageRef(),
+		Reason: c.Reason(), Message: c.Message(), Labels: c.Labels().Map(), Annotations: c.Annotations().Map()}
+	if code, ok := c.ExitCode(); ok {
+		st.ExitCode = code
 	}
 	return st
 }
@@ -236,7 +236,7 @@ func (s *Server) listContainers(ctx context.Context, f *runtimeapi.ContainerFilt
 		for i := range p.Containers {
 			c := p.Containers[i]
 			if !ids.match(c.ID) || f.GetState() != nil && f.GetState().GetState() != containerState(c.State) ||
-				!labelsMatch(c.Labels, f.GetLabelSelector()) {
+				!labelsMatch(c.Labels(), f.GetLabelSelector()) {
 				continue
 			}
 			item := container(p, c)

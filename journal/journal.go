@@ -56,7 +56,8 @@ type Options struct {
 	// BookmarkInterval is how long a watcher waits for a message before
 	// it gets a bookmark (default DefaultBookmarkInterval).
 	BookmarkInterval time.Duration
-	// Clock stamps entries and drives bookmarks; the real clock when nil.
+	// Clock stamps entries appended without a time and drives bookmarks;
+	// the real clock when nil.
 	Clock clock.WithTicker
 	// Epoch names this journal in cursors; random when empty.
 	Epoch string
@@ -92,6 +93,7 @@ type Journal struct {
 	gone    []string              // removed's keys in removal order
 	dead    int                   // the tombstones' estimated size
 	changed chan struct{}         // closed and replaced on every Append
+	last    time.Time             // the last entry's time: no entry is earlier
 	watches map[*Watcher]struct{}
 	// identities counts the open watchers that asked for identities;
 	// onIdentity is told when it leaves or reaches zero.
@@ -264,32 +266,108 @@ type Sandbox struct {
 
 // Container is one container: as listed, and its status as pleg last
 // inspected it.
+//
+// The status is shared with pleg's status cache, not copied (one status a
+// container for both: docs/performance.md), and read only through the
+// methods below, which return values: nothing written through a Container
+// reaches the cache. WithStatus gives a container its status.
 type Container struct {
-	ID      string
-	Name    string
+	ID   string
+	Name string
+	// State is the listing's.
 	State   cruntime.State
 	Attempt uint32
-	Image   string
+	// Image is the status's, or the listing's when the status has none.
+	Image string
 	// ListCreatedAt is the creation time the runtime's listing gives
 	// (nanoseconds), which may differ from its status's CreatedAt: CRI-O
 	// lists the time it began creating the container and reports, in the
 	// status, the time the container was created, tens of milliseconds
 	// later.
 	ListCreatedAt int64
-	// ExitCode is the status's exit code once the container has exited.
-	ExitCode *int32
-	Identity *Identity
-	// ContainerStatus is the container's status (ImageRef, CreatedAt,
-	// StartedAt, FinishedAt, Reason, Message, Labels and Annotations are
-	// read through it), shared with pleg's status cache: read-only, never
-	// written through. Nil when pleg has none, until Append gives such a
-	// container an empty status: never nil in a pod the journal holds.
-	*cruntime.ContainerStatus
+	Identity      *Identity
+
+	status *cruntime.ContainerStatus // shared, read-only; nil: none
 }
 
-// noStatus is the status Append gives a container pleg has none of
-// (shared, read-only).
-var noStatus = &cruntime.ContainerStatus{}
+// WithStatus returns c reading status st (nil: none), which it shares:
+// st is never changed afterwards (cruntime.Runtime's contract: statuses
+// are read-only values).
+func (c Container) WithStatus(st *cruntime.ContainerStatus) Container {
+	c.status = st
+	return c
+}
+
+// Shares reports whether c reads status st itself, not a copy of it.
+func (c *Container) Shares(st *cruntime.ContainerStatus) bool { return c.status == st }
+
+// ExitCode is the status's exit code, once the status says the container
+// exited (ok false before, or without a status).
+func (c *Container) ExitCode() (code int32, ok bool) {
+	if c.status == nil || c.status.State != cruntime.StateExited {
+		return 0, false
+	}
+	return c.status.ExitCode, true
+}
+
+// The status's fields; zero without a status.
+
+func (c *Container) ImageRef() string {
+	if c.status == nil {
+		return ""
+	}
+	return c.status.ImageRef
+}
+
+func (c *Container) CreatedAt() time.Time {
+	if c.status == nil {
+		return time.Time{}
+	}
+	return c.status.CreatedAt
+}
+
+func (c *Container) StartedAt() time.Time {
+	if c.status == nil {
+		return time.Time{}
+	}
+	return c.status.StartedAt
+}
+
+func (c *Container) FinishedAt() time.Time {
+	if c.status == nil {
+		return time.Time{}
+	}
+	return c.status.FinishedAt
+}
+
+func (c *Container) Reason() string {
+	if c.status == nil {
+		return ""
+	}
+	return c.status.Reason
+}
+
+func (c *Container) Message() string {
+	if c.status == nil {
+		return ""
+	}
+	return c.status.Message
+}
+
+// Labels are the container's (immutable values).
+func (c *Container) Labels() cruntime.Labels {
+	if c.status == nil {
+		return cruntime.Labels{}
+	}
+	return c.status.Labels
+}
+
+func (c *Container) Annotations() cruntime.Labels {
+	if c.status == nil {
+		return cruntime.Labels{}
+	}
+	return c.status.Annotations
+}
 
 // Identity ties a container to what the kernel sees.
 type Identity struct {
@@ -305,24 +383,22 @@ type Tombstone struct {
 	size int // what it is charged in Journal.dead
 }
 
-// Append adds e (its Seq is given, and its Time when zero) and wakes the
-// watchers. It never blocks on a watcher. A pod entry's sandboxes and
-// containers equal to those of the pod's current state are replaced by
-// them (Pod), and a container without a status gets an empty one: e.Pod,
-// its slices and its containers' status pointers may be modified; the
-// journal owns them from then on.
+// Append adds e and wakes the watchers; it returns e's sequence number.
+// It never blocks on a watcher. e's Seq is given; its Time is the clock's
+// when zero, and never earlier than the last entry's (a time before it is
+// raised to it): entry times never run backwards against sequence
+// numbers, as the expiry of the oldest first requires. A pod entry's
+// sandboxes and containers equal to those of the pod's current state are
+// replaced by them (Pod) in a copy of e.Pod: Append changes nothing it is
+// given, and the journal holds e.Pod, its sandboxes and its containers
+// from then on (they must not be changed).
 func (j *Journal) Append(e Entry) uint64 {
 	j.mu.Lock()
 	defer j.mu.Unlock()
 	var prev *Pod
 	if e.Kind == KindPod && e.Pod != nil {
-		for _, c := range e.Pod.Containers {
-			if c.ContainerStatus == nil {
-				c.ContainerStatus = noStatus
-			}
-		}
 		prev = j.pods[e.Pod.UID]
-		share(e.Pod, prev)
+		e.Pod = share(e.Pod, prev)
 	}
 	e.size = entrySize(&e, prev)
 	j.head++
@@ -330,6 +406,10 @@ func (j *Journal) Append(e Entry) uint64 {
 	if e.Time.IsZero() {
 		e.Time = j.clock.Now()
 	}
+	if e.Time.Before(j.last) {
+		e.Time = j.last
+	}
+	j.last = e.Time
 	ep := &e
 	if j.n == j.size {
 		j.dropOldestLocked()
@@ -445,46 +525,64 @@ func entrySize(e *Entry, prev *Pod) int {
 	return n
 }
 
-// share replaces the sandboxes and containers of p equal to those of prev
-// (same ID, equal content) by prev's. When it replaced any, the others get
-// an allocation each: the caller may have put them in one array (as
-// journalPod does), which the entry would otherwise keep whole for them.
-func share(p, prev *Pod) {
+// share returns p with its sandboxes and containers equal to those of
+// prev (same ID, equal content) replaced by prev's: p itself when there
+// are none, a copy of p otherwise (p is not changed). In a copy, the
+// others get an allocation each: the caller may have put them in one
+// array (as journalPod does), which the entry would otherwise keep whole
+// for them.
+func share(p, prev *Pod) *Pod {
 	if prev == nil || p == prev {
-		return
+		return p
 	}
-	shared := false
+	var sbs []*Sandbox // nil until one is shared
 	for i, s := range p.Sandboxes {
 		for _, o := range prev.Sandboxes {
 			if o.ID == s.ID && o != s && sandboxEqual(o, s) {
-				p.Sandboxes[i], shared = o, true
+				if sbs == nil {
+					sbs = slices.Clone(p.Sandboxes)
+				}
+				sbs[i] = o
 				break
 			}
 		}
 	}
+	var cts []*Container
 	for i, c := range p.Containers {
 		for _, o := range prev.Containers {
 			if o.ID == c.ID && o != c && containerEqual(o, c) {
-				p.Containers[i], shared = o, true
+				if cts == nil {
+					cts = slices.Clone(p.Containers)
+				}
+				cts[i] = o
 				break
 			}
 		}
 	}
-	if !shared {
-		return
+	if sbs == nil && cts == nil {
+		return p
 	}
-	for i, s := range p.Sandboxes {
+	if sbs == nil {
+		sbs = slices.Clone(p.Sandboxes)
+	}
+	if cts == nil {
+		cts = slices.Clone(p.Containers)
+	}
+	for i, s := range sbs {
 		if !slicesContains(prev.Sandboxes, s) {
 			own := *s
-			p.Sandboxes[i] = &own
+			sbs[i] = &own
 		}
 	}
-	for i, c := range p.Containers {
+	for i, c := range cts {
 		if !slicesContains(prev.Containers, c) {
 			own := *c
-			p.Containers[i] = &own
+			cts[i] = &own
 		}
 	}
+	q := *p
+	q.Sandboxes, q.Containers = sbs, cts
+	return &q
 }
 
 func slicesContains[T any](s []*T, x *T) bool {
@@ -504,16 +602,17 @@ func sandboxEqual(a, b *Sandbox) bool {
 func containerEqual(a, b *Container) bool {
 	return a.ID == b.ID && a.Name == b.Name && a.State == b.State && a.Attempt == b.Attempt && a.Image == b.Image &&
 		a.ListCreatedAt == b.ListCreatedAt &&
-		(a.ExitCode == nil) == (b.ExitCode == nil) && (a.ExitCode == nil || *a.ExitCode == *b.ExitCode) &&
 		(a.Identity == nil) == (b.Identity == nil) && (a.Identity == nil || *a.Identity == *b.Identity) &&
-		(a.ContainerStatus == b.ContainerStatus || statusEqual(a.ContainerStatus, b.ContainerStatus))
+		(a.status == b.status || statusEqual(a, b))
 }
 
-// statusEqual compares what a journal's container reads of its status.
-func statusEqual(a, b *cruntime.ContainerStatus) bool {
-	return a.ImageRef == b.ImageRef && a.CreatedAt.Equal(b.CreatedAt) && a.StartedAt.Equal(b.StartedAt) &&
-		a.FinishedAt.Equal(b.FinishedAt) && a.Reason == b.Reason && a.Message == b.Message &&
-		a.Labels.Equal(b.Labels) && a.Annotations.Equal(b.Annotations)
+// statusEqual compares what a and b read of their statuses.
+func statusEqual(a, b *Container) bool {
+	ac, aok := a.ExitCode()
+	bc, bok := b.ExitCode()
+	return ac == bc && aok == bok && a.ImageRef() == b.ImageRef() && a.CreatedAt().Equal(b.CreatedAt()) &&
+		a.StartedAt().Equal(b.StartedAt()) && a.FinishedAt().Equal(b.FinishedAt()) && a.Reason() == b.Reason() &&
+		a.Message() == b.Message() && a.Labels().Equal(b.Labels()) && a.Annotations().Equal(b.Annotations())
 }
 
 // The structs' sizes, as entrySize charges them.
@@ -554,7 +653,7 @@ func podSizeBeside(p, prev *Pod) int {
 			n += containerStructSize + len(c.ID) + len(c.Name) + len(c.Image)
 			// The status is shared with the status cache while the pod
 			// lives; the journal may be its last holder after.
-			if st := c.ContainerStatus; st != nil && st != noStatus {
+			if st := c.status; st != nil {
 				n += statusStructSize + len(st.ImageRef) + len(st.Reason) + len(st.Message) + st.Labels.Bytes() + st.Annotations.Bytes()
 			}
 		}

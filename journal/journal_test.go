@@ -5,7 +5,6 @@ import (
 	"errors"
 	"fmt"
 	"math/rand/v2"
-	"os"
 	"reflect"
 	"slices"
 	"strings"
@@ -524,7 +523,7 @@ func TestEntriesShareUnchangedContainers(t *testing.T) {
 		p := pod("a", "prod", labels, states...)
 		p.Sandboxes = []*Sandbox{{ID: "sb", State: cruntime.StateRunning, Labels: cruntime.NewLabels(labels)}}
 		for _, c := range p.Containers {
-			c.ContainerStatus = &cruntime.ContainerStatus{Labels: cruntime.LabelsOf("io.kubernetes.container.name", c.ID)} // equal, not the same status
+			*c = c.WithStatus(&cruntime.ContainerStatus{Labels: cruntime.LabelsOf("io.kubernetes.container.name", c.ID)}) // equal, not the same status
 		}
 		return p
 	}
@@ -539,19 +538,23 @@ func TestEntriesShareUnchangedContainers(t *testing.T) {
 		second.Containers[i] = &arr[i]
 	}
 	j.Append(podEntry(second, "ContainerDied"))
-	if second.Containers[1] == &arr[1] {
+	if second.Containers[1] != &arr[1] || second.Sandboxes[0] == first.Sandboxes[0] {
+		t.Error("Append changed the pod it was given")
+	}
+	held, _ := j.Pod("a")
+	if held.Containers[1] == &arr[1] {
 		t.Error("the changed container left in the appender's array: the entry keeps the whole array")
 	}
-	for i, c := range second.Containers {
+	for i, c := range held.Containers {
 		if shared := c == first.Containers[i]; shared != (i != 1) {
 			t.Errorf("container %s shared with the last state: %v", c.ID, shared)
 		}
 	}
-	if second.Sandboxes[0] != first.Sandboxes[0] {
+	if held.Sandboxes[0] != first.Sandboxes[0] {
 		t.Error("unchanged sandbox not shared")
 	}
-	if second.Containers[1].State != cruntime.StateExited || first.Containers[1].State != cruntime.StateRunning {
-		t.Errorf("states mixed up: %v then %v", first.Containers[1].State, second.Containers[1].State)
+	if held.Containers[1].State != cruntime.StateExited || first.Containers[1].State != cruntime.StateRunning {
+		t.Errorf("states mixed up: %v then %v", first.Containers[1].State, held.Containers[1].State)
 	}
 	j.mu.Lock()
 	firstSize, secondSize := j.entryLocked(1).size, j.entryLocked(2).size
@@ -573,18 +576,6 @@ func TestEntriesShareUnchangedContainers(t *testing.T) {
 	}
 }
 
-// TestMain checks, after every test, that nothing wrote through the empty
-// status the journal gives containers without one: every such container
-// shares it.
-func TestMain(m *testing.M) {
-	code := m.Run()
-	if !reflect.DeepEqual(*noStatus, cruntime.ContainerStatus{}) {
-		fmt.Fprintf(os.Stderr, "the journal's shared empty status was written: %+v\n", *noStatus)
-		code = 1
-	}
-	os.Exit(code)
-}
-
 // An entry is charged at least the structs it holds: its pod, sandboxes,
 // containers and the statuses it may be the last holder of (a
 // container's status is the status cache's while the pod lives).
@@ -597,7 +588,7 @@ func TestEntryChargedForItsStructs(t *testing.T) {
 	p := pod("a", "p", nil, items...)
 	p.Sandboxes = []*Sandbox{{ID: "sb"}}
 	for _, c := range p.Containers {
-		c.ContainerStatus = &cruntime.ContainerStatus{ID: c.ID}
+		*c = c.WithStatus(&cruntime.ContainerStatus{ID: c.ID})
 	}
 	j := New(Options{Epoch: "e"})
 	j.Append(podEntry(p, "ContainerStarted"))
@@ -608,4 +599,95 @@ func TestEntryChargedForItsStructs(t *testing.T) {
 	if got < min {
 		t.Errorf("charged %d bytes, its structs alone are %d", got, min)
 	}
+}
+
+// A container's status is the status cache's, shared: nothing of it can
+// be written through a Container. No field is promoted from it (none
+// shadows another, none writes through), and no exported field points
+// into it or is a status.
+func TestContainerStatusNotWritable(t *testing.T) {
+	status := reflect.TypeFor[cruntime.ContainerStatus]()
+	for f := range reflect.TypeFor[Container]().Fields() {
+		if f.Anonymous {
+			t.Errorf("Container embeds %s: its fields are promoted, writable and shadowed", f.Type)
+			continue
+		}
+		if !f.IsExported() {
+			continue
+		}
+		if ty := f.Type; ty == status || (ty.Kind() == reflect.Pointer && (ty.Elem() == status || ty.Elem().Kind() != reflect.Struct)) {
+			t.Errorf("Container.%s (%s) may point into the shared status", f.Name, ty)
+		}
+	}
+	st := &cruntime.ContainerStatus{State: cruntime.StateExited, ExitCode: 3, Reason: "Error"}
+	c := Container{ID: "c"}.WithStatus(st)
+	if code, ok := c.ExitCode(); !ok || code != 3 || c.Reason() != "Error" || !c.Shares(st) {
+		t.Errorf("the container reads exit code %d (%v), reason %q", code, ok, c.Reason())
+	}
+	none := Container{ID: "d"}
+	if _, ok := none.ExitCode(); ok || none.Reason() != "" || !none.StartedAt().IsZero() || none.Labels().Len() != 0 {
+		t.Error("a container without a status does not read as empty")
+	}
+}
+
+// Append changes nothing it is given: not a container without a status
+// (it reads as empty without being given one), not the pod's slices when
+// its unchanged containers and sandboxes are shared with the last state.
+func TestAppendLeavesItsInput(t *testing.T) {
+	j := New(Options{Epoch: "e"})
+	j.Append(podEntry(pod("a", "ns", nil, "c0=running", "c1=running"), "ContainerStarted"))
+	p := pod("a", "ns", nil, "c0=running", "c1=exited") // c0 unchanged: shared
+	p.Sandboxes = []*Sandbox{{ID: "sb"}}
+	type copied struct {
+		pod        Pod
+		containers []*Container
+		values     []Container
+		sandboxes  []*Sandbox
+	}
+	snap := func() copied {
+		c := copied{pod: *p, containers: slices.Clone(p.Containers), sandboxes: slices.Clone(p.Sandboxes)}
+		for _, ct := range p.Containers {
+			c.values = append(c.values, *ct)
+		}
+		return c
+	}
+	before := snap()
+	j.Append(podEntry(p, "ContainerDied"))
+	if after := snap(); !reflect.DeepEqual(before, after) {
+		t.Errorf("Append changed the pod it was given:\nbefore %+v\nafter  %+v", before, after)
+	}
+	held, _ := j.Pod("a")
+	if held.Containers[1].State != cruntime.StateExited || held.Containers[0].Reason() != "" {
+		t.Errorf("the journal holds %+v", held.Containers)
+	}
+}
+
+// Entry times never run backwards against sequence numbers, however the
+// appenders stamp them: an entry stamped before the last one (as the
+// event stream's goroutine and the loop once did, each with its own
+// reading of the clock) is given the last one's time: expiry, which drops
+// the oldest first, may take the first entry for the oldest.
+func TestEntryTimesNeverRunBackwards(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		j := New(Options{Epoch: "e", MaxAge: time.Minute})
+		loopNow := time.Now() // the loop read the clock, then ...
+		time.Sleep(time.Millisecond)
+		j.Append(Entry{Kind: KindRuntime, Runtime: &RuntimeStatus{State: RuntimeEventStreamConnected}}) // ... another writer, stamped by the journal's clock
+		j.Append(Entry{Kind: KindRuntime, Time: loopNow, Runtime: &RuntimeStatus{State: RuntimeReachable}})
+		j.Append(podEntry(pod("a", "ns", nil, "c=running"), "ContainerStarted"))
+		w, err := j.Watch("e-0", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer w.Close()
+		msgs := collect(t, w)
+		if len(msgs) != 3 {
+			t.Fatalf("%d messages, want 3", len(msgs))
+		}
+		for i := 1; i < len(msgs); i++ {
+			if msgs[i].Time.Before(msgs[i-1].Time) {
+				t.Errorf("entry %d at %v, before entry %d at %v", msgs[i].Cursor.Seq, msgs[i].Time, msgs[i-1].Cursor.Seq, msgs[i-1].Time)
+			}
+		}
+	})
 }

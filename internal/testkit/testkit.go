@@ -124,10 +124,11 @@ func KubeletPod(i int) *journal.Pod {
 		Sandboxes: []*journal.Sandbox{{ID: fmt.Sprintf("%064d", i), Name: labels.Get("io.kubernetes.pod.name"), State: cruntime.StateRunning,
 			CreatedAt: now, IPs: []string{"10.88.0.7"}, Labels: labels, Annotations: ann}}}
 	for _, n := range []string{"app", "sidecar", "proxy"} {
-		p.Containers = append(p.Containers, &journal.Container{ID: fmt.Sprintf("%060d%-4.4s", i, n), Name: n, State: cruntime.StateRunning,
-			Image: "registry.example/" + n + ":1.2.3", ContainerStatus: &cruntime.ContainerStatus{
-				ImageRef:  "registry.example/" + n + "@sha256:0123456789abcdef",
-				CreatedAt: now, StartedAt: now, Labels: cruntime.LabelsOf("io.kubernetes.container.name", n), Annotations: ann}})
+		c := journal.Container{ID: fmt.Sprintf("%060d%-4.4s", i, n), Name: n, State: cruntime.StateRunning,
+			Image: "registry.example/" + n + ":1.2.3"}.WithStatus(&cruntime.ContainerStatus{
+			ImageRef:  "registry.example/" + n + "@sha256:0123456789abcdef",
+			CreatedAt: now, StartedAt: now, Labels: cruntime.LabelsOf("io.kubernetes.container.name", n), Annotations: ann})
+		p.Containers = append(p.Containers, &c)
 	}
 	return p
 }

@@ -132,9 +132,12 @@ func sandbox(s *journal.Sandbox) *lifecyclev1.Sandbox {
 
 func container(c *journal.Container, identity bool) *lifecyclev1.Container {
 	out := &lifecyclev1.Container{Id: c.ID, Name: c.Name, State: state(c.State), Attempt: c.Attempt,
-		Image: c.Image, ImageRef: c.ImageRef, CreatedAt: timestamp(c.CreatedAt), StartedAt: timestamp(c.StartedAt),
-		FinishedAt: timestamp(c.FinishedAt), ExitCode: c.ExitCode, Reason: c.Reason, Message: c.Message,
-		Labels: c.Labels.Map(), Annotations: c.Annotations.Map()}
+		Image: c.Image, ImageRef: c.ImageRef(), CreatedAt: timestamp(c.CreatedAt()), StartedAt: timestamp(c.StartedAt()),
+		FinishedAt: timestamp(c.FinishedAt()), Reason: c.Reason(), Message: c.Message(),
+		Labels: c.Labels().Map(), Annotations: c.Annotations().Map()}
+	if code, ok := c.ExitCode(); ok {
+		out.ExitCode = &code
+	}
 	if identity && c.Identity != nil {
 		out.Identity = &lifecyclev1.Identity{Pid: c.Identity.PID, CgroupPath: c.Identity.CgroupPath}
 	}

@@ -175,11 +175,12 @@ func fanoutPod(i int) *journal.Pod {
 			CreatedAt: now, IPs: []string{"10.244.1.17"}, Labels: labels}},
 		ObservedAt: now}
 	for _, n := range []string{"app", "istio-proxy", "log-shipper"} {
-		p.Containers = append(p.Containers, &journal.Container{ID: fmt.Sprintf("%s%058d", n[:3]+"abc", i), Name: n, State: cruntime.StateRunning,
-			Image: "registry.example/shop/" + n + ":1.4.2", ContainerStatus: &cruntime.ContainerStatus{
-				ImageRef:  "registry.example/shop/" + n + "@sha256:" + fmt.Sprintf("%064d", i%7),
-				CreatedAt: now, StartedAt: now, Labels: cruntime.LabelsOf("io.kubernetes.container.name", n, "io.kubernetes.pod.uid", uid),
-				Annotations: cruntime.LabelsOf("io.kubernetes.container.restartCount", "0", "io.kubernetes.container.terminationMessagePath", "/dev/termination-log")}})
+		c := journal.Container{ID: fmt.Sprintf("%s%058d", n[:3]+"abc", i), Name: n, State: cruntime.StateRunning,
+			Image: "registry.example/shop/" + n + ":1.4.2"}.WithStatus(&cruntime.ContainerStatus{
+			ImageRef:  "registry.example/shop/" + n + "@sha256:" + fmt.Sprintf("%064d", i%7),
+			CreatedAt: now, StartedAt: now, Labels: cruntime.LabelsOf("io.kubernetes.container.name", n, "io.kubernetes.pod.uid", uid),
+			Annotations: cruntime.LabelsOf("io.kubernetes.container.restartCount", "0", "io.kubernetes.container.terminationMessagePath", "/dev/termination-log")})
+		p.Containers = append(p.Containers, &c)
 	}
 	return p
 }

@@ -221,8 +221,8 @@ func pod(uid, ns string, labels map[string]string, names ...string) *journal.Pod
 		Sandboxes:  []*journal.Sandbox{{ID: uid + "-sb", Name: "pod-" + uid, State: cruntime.StateRunning, CreatedAt: epoch}},
 		ObservedAt: epoch}
 	for _, n := range names {
-		p.Containers = append(p.Containers, &journal.Container{ID: uid + "-" + n, Name: n, State: cruntime.StateRunning,
-			Image: "img", ContainerStatus: &cruntime.ContainerStatus{StartedAt: epoch}})
+		p.Containers = append(p.Containers, new(journal.Container{ID: uid + "-" + n, Name: n, State: cruntime.StateRunning,
+			Image: "img"}.WithStatus(&cruntime.ContainerStatus{StartedAt: epoch})))
 	}
 	return p
 }

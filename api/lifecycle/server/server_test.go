@@ -53,7 +53,8 @@ func TestWatchSnapshotThenEventsThenResume(t *testing.T) {
 
 	code := int32(3)
 	died := pod("a", "prod", nil, "c")
-	died.Containers[0].State, died.Containers[0].ExitCode = cruntime.StateExited, &code
+	died.Containers[0].State = cruntime.StateExited
+	*died.Containers[0] = died.Containers[0].WithStatus(&cruntime.ContainerStatus{State: cruntime.StateExited, ExitCode: code, StartedAt: epoch})
 	seq := h.j.Append(journal.Entry{Kind: journal.KindPod, Pod: died, Source: journal.SourceHint,
 		Transitions: []journal.Transition{{Type: "ContainerDied", ContainerID: "a-c", ContainerName: "c", ExitCode: &code}}})
 	h.j.Append(journal.Entry{Kind: journal.KindRuntime, Runtime: &journal.RuntimeStatus{State: journal.RuntimeUnreachable, Message: "down"}})
