@@ -24,7 +24,9 @@ import (
 // The files core_*.go hold its rules by concern: core_relist.go the global
 // relist, core_pod.go one pod's inspection and its outcome,
 // core_calls.go the calls out and their timeouts, core_hints.go hints, their
-// coverage and their budget, core_identity.go containers' identities.
+// coverage and their budget, core_identity.go containers' identities,
+// core_adapt.go the adaptive period and the cache's freshness between
+// global relists.
 type core struct {
 	cfg coreConfig
 
@@ -41,6 +43,7 @@ type core struct {
 	abandoned int
 
 	relist relistState
+	adapt  adaptState // the adaptive period and the cache's freshness (core_adapt.go)
 	// gen counts successful global listings; lastRelist is the start of
 	// the last one: the health timestamp, and the time before which a hint
 	// is covered (its listing already shows what the hint says).
@@ -68,10 +71,13 @@ type core struct {
 
 // coreConfig is what the core needs of Options.
 type coreConfig struct {
-	period  time.Duration // sliding period between global relists
-	manual  bool          // global relists start only on relistNow (Generator.Relist)
-	slots   int           // calls out at once (MaxParallelInspections)
-	timeout time.Duration // bound of each per-pod call (the pod inspection timeout)
+	period time.Duration // sliding period between global relists
+	// maxPeriod: the adaptive relist's longest period (core_adapt.go);
+	// not above period: the period never adapts.
+	maxPeriod time.Duration
+	manual    bool          // global relists start only on relistNow (Generator.Relist)
+	slots     int           // calls out at once (MaxParallelInspections)
+	timeout   time.Duration // bound of each per-pod call (the pod inspection timeout)
 	// statusTimeout is the bound of the global relist's status calls: 0
 	// when Options.PodInspectionTimeout is negative (no bound but the
 	// runtime request timeout, as the kubelet); single-pod relists'
@@ -133,6 +139,9 @@ type record struct {
 	// observed: the states fresh runtime events said containers reached,
 	// until the pod's next outcome (core_hints.go, observe).
 	observed map[string]cruntime.State
+	// announced: a hint for the pod came since its record last settled
+	// (core_adapt.go).
+	announced bool
 }
 
 // pod returns the most recent listing of the record.
@@ -309,8 +318,14 @@ func (c *core) Step(now time.Time, in input) Ready {
 		c.onIdentities(in)
 	case streamChanged:
 		c.out.Runtime = &in.status
+		c.onStream(in.status)
+	case taken:
+		c.adapt.taken = in.at
+	case hintsLost:
+		c.toBase()
 	}
 	c.dispatch()
+	c.freshen()
 	c.out.Abandoned = c.abandoned
 	if c.cfg.check {
 		c.out.Broken = c.invariants()
@@ -338,6 +353,7 @@ func (c *core) Wake() time.Time {
 		}
 	}
 	earlier(c.hintWake())
+	earlier(c.freshWake())
 	return w
 }
 

@@ -66,6 +66,7 @@ const (
 	noteHintDeferred                      // uid, reason: a hint waits for the budget
 	noteHintLatency                       // d: from a runtime event to its delivered event
 	noteIdentityFailed                    // uid, pod, err: an identity call failed
+	noteUnannounced                       // uid, reason (its kind): a global relist found a change no event announced
 )
 
 // Reasons of noteHintSkipped and noteHintDeferred, the label values of

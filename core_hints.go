@@ -96,6 +96,7 @@ func covered(t, last time.Time) bool { return !last.IsZero() && t.Before(last) }
 
 // onHint steps a hint.
 func (c *core) onHint(in hintIn) {
+	delete(c.adapt.found, in.uid) // whatever it says, the pod's change was announced
 	at := in.at
 	if at.IsZero() {
 		at = c.stepNow
@@ -196,10 +197,14 @@ func (c *core) addHint(uid types.UID, h pendingHint) {
 		r.hint.merge(h)
 	case len(c.hints.order) >= c.cfg.budget.queue:
 		c.note(note{kind: noteHintDropped, uid: uid})
+		c.toBase()
 	default:
 		r = c.record(uid)
 		r.hint.merge(h)
 		c.queueHint(uid, r)
+	}
+	if r != nil {
+		r.announced = true
 	}
 }
 
@@ -213,6 +218,7 @@ func (c *core) queueHint(uid types.UID, r *record) {
 	c.refill()
 	if c.cfg.budget.rate > 0 && c.hints.tokens < 1 {
 		c.note(note{kind: noteHintDeferred, uid: uid, reason: DeferBudget})
+		c.toBase()
 		c.foldHints()
 	} else if c.spaced(r) {
 		c.note(note{kind: noteHintDeferred, uid: uid, reason: DeferSpacing})

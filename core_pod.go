@@ -40,6 +40,7 @@ func (c *core) onPodListed(in podListed) {
 		switch {
 		case !r.needsInspection():
 			r.idleRelist = c.stepNow
+			settle(r)
 			c.out.Cache = append(c.out.Cache, cacheOp{kind: cacheObserved, uid: uid, at: k.started})
 			c.note(note{kind: notePodRelistDone, d: c.stepNow.Sub(k.started)})
 			r.hint.clearLatency()
@@ -62,6 +63,7 @@ func (c *core) inspectOwed(uid types.UID, r *record) {
 	}
 	if r.current == nil || !r.needsInspection() {
 		r.owed = false
+		settle(r)
 		c.out.Cache = append(c.out.Cache, cacheOp{kind: cacheObserved, uid: uid, at: r.currentAt})
 		return
 	}
@@ -86,6 +88,7 @@ func (c *core) afterCall(uid types.UID) {
 		case len(c.hints.order) >= c.cfg.budget.queue:
 			r.hint = pendingHint{}
 			c.note(note{kind: noteHintDropped, uid: uid})
+			c.toBase()
 		default:
 			c.queueHint(uid, r)
 		}
@@ -181,6 +184,7 @@ func (c *core) apply(uid types.UID, r *record, forRelist bool, reqSeq uint64, st
 	}
 	reinspected := r.flagged || r.requested != 0
 	r.flagged = false
+	settle(r)
 	if r.requested == reqSeq {
 		r.requested = 0
 	}

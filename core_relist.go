@@ -13,8 +13,8 @@ import (
 // The global relist (docs/semantics.md, "One relist"): list every pod, then
 // inspect those whose listing changed or that are flagged, at most
 // cfg.slots at once. One runs at a time; the next is due one period after
-// the end of the last (sliding), or earlier when hints wait for the budget
-// (core_hints.go).
+// the end of the last (sliding; the period adapts, core_adapt.go), or
+// earlier when hints wait for the budget (core_hints.go).
 //
 // A global relist never waits for a single-pod relist's call: a pod that
 // has a call out when the listing comes is handed over (owed) and inspected
@@ -89,7 +89,7 @@ func (c *core) onListed(in listed) {
 		c.reachable = 1
 		c.out.Runtime = &journal.RuntimeStatus{State: journal.RuntimeReachable}
 	}
-	start := c.relist.start
+	start, prev := c.relist.start, c.lastRelist
 	c.gen++
 	c.lastRelist = start
 	c.out.Healthy = start
@@ -111,6 +111,7 @@ func (c *core) onListed(in listed) {
 			r.current = nil // not in this listing: gone
 		}
 		if r.needsInspection() {
+			c.unannounced(uid, r, prev)
 			todo = append(todo, uid)
 			continue
 		}
@@ -153,7 +154,7 @@ func (c *core) onListed(in listed) {
 // done.
 func (c *core) maybeEndRelist() {
 	if c.relist.phase == relistInspecting && len(c.relist.todo) == 0 && c.relist.out == 0 {
-		c.out.Cache = append(c.out.Cache, cacheOp{kind: cacheTime, at: c.relist.start, held: c.relist.held})
+		c.setCacheTime(c.relist.start, c.relist.held)
 		c.endRelist()
 	}
 }
@@ -165,7 +166,8 @@ func (c *core) endRelist() {
 	stat := c.relist.stat
 	stat.Duration = now.Sub(c.relist.start)
 	c.out.Relist = &stat
-	c.relist = relistState{end: now, due: now.Add(c.cfg.period)}
+	c.adaptAfterRelist(stat.err == nil)
+	c.relist = relistState{end: now, due: now.Add(c.period())}
 	c.foldHints()
 }
 

@@ -28,6 +28,7 @@ type inbox struct {
 	reinspect map[types.UID]struct{}
 	identity  *bool           // the last identity wish, if any since the last take
 	stream    []streamChanged // the event stream's changes, in order
+	lost      bool            // hints were dropped since the last take
 	wake      chan struct{}   // capacity 1: "there is something to take"
 }
 
@@ -50,6 +51,7 @@ func newInbox(limit int) *inbox {
 func (b *inbox) hint(h hintIn) bool {
 	b.mu.Lock()
 	if len(b.hints) >= b.limit {
+		b.lost = true
 		b.mu.Unlock()
 		return false
 	}
@@ -91,13 +93,18 @@ func (b *inbox) signal() {
 }
 
 // take returns everything put since the last take: the event stream's
-// changes in the order they came, reinspection requests, then hints in the
-// order they came. into is reused.
+// changes in the order they came, hintsLost if hints were dropped,
+// reinspection requests, then hints in the order they came. into is
+// reused.
 func (b *inbox) take(into []input) []input {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	for _, s := range b.stream {
 		into = append(into, s)
+	}
+	if b.lost {
+		into = append(into, hintsLost{})
+		b.lost = false
 	}
 	clear(b.stream)
 	b.stream = b.stream[:0]

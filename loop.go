@@ -52,15 +52,30 @@ func (g *Generator) next(ctx context.Context, into []input) []input {
 		into, _ = g.pool.collect(into, false)
 		return into
 	case <-g.inbox.wake:
-		return g.inbox.take(into)
+		return g.take(into)
 	}
 }
 
 // tick returns the results collected so far, then a tick with the
-// progress of the calls still out.
+// progress of the calls still out. With the adaptive relist on, what the
+// inbox holds comes first, so that the core knows how far it is caught up
+// (taken).
 func (g *Generator) tick(into []input) []input {
 	into, waiting := g.pool.collect(into, true)
+	if g.opts.adaptive() {
+		into = g.take(into)
+	}
 	return append(into, tick{waiting: waiting})
+}
+
+// take returns what the inbox holds; with the adaptive relist on, then a
+// taken input stamped before the take.
+func (g *Generator) take(into []input) []input {
+	if !g.opts.adaptive() {
+		return g.inbox.take(into)
+	}
+	at := g.clock.Now()
+	return append(g.inbox.take(into), taken{at: at})
 }
 
 // step steps the core with in at the clock's time and carries out the

@@ -39,6 +39,7 @@ const (
 // exhaust the node.
 const (
 	MinRelistPeriod           = 10 * time.Millisecond
+	MaxMaxRelistPeriod        = time.Minute
 	MaxMaxParallelInspections = 1024
 	MaxQueue                  = 1 << 20 // ChannelCapacity, PodRelistQueue, Journal.Size
 )
@@ -60,6 +61,14 @@ type Options struct {
 	// RelistPeriod is the sliding period between the end of a relist and
 	// the start of the next. Default 1s; at least MinRelistPeriod.
 	RelistPeriod time.Duration
+	// MaxRelistPeriod turns the adaptive global relist on when above
+	// RelistPeriod: while the runtime's event stream is connected and
+	// global relists find nothing no event announced, the period doubles
+	// after each relist, up to this (docs/semantics.md, "Relisting when
+	// there is something to find"). 0 (the default) or RelistPeriod: off,
+	// the period is RelistPeriod always. At most MaxMaxRelistPeriod and
+	// below half of RelistThreshold.
+	MaxRelistPeriod time.Duration
 	// RelistThreshold is how long without a successful relist makes the
 	// generator unhealthy. Default 3m; above RelistPeriod.
 	RelistThreshold time.Duration
@@ -166,6 +175,9 @@ func (o *Options) validate() error {
 		return fmt.Errorf("pleg: RelistPeriod %v is below %v", o.RelistPeriod, MinRelistPeriod)
 	case o.RelistThreshold <= o.RelistPeriod:
 		return fmt.Errorf("pleg: RelistThreshold %v is not above RelistPeriod (%v): the generator would be unhealthy between relists", o.RelistThreshold, o.RelistPeriod)
+	case o.MaxRelistPeriod != 0 && (o.MaxRelistPeriod < o.RelistPeriod || o.MaxRelistPeriod > MaxMaxRelistPeriod || 2*o.MaxRelistPeriod >= o.RelistThreshold):
+		return fmt.Errorf("pleg: MaxRelistPeriod %v is outside RelistPeriod (%v) .. %v, or not below half of RelistThreshold (%v)",
+			o.MaxRelistPeriod, o.RelistPeriod, MaxMaxRelistPeriod, o.RelistThreshold)
 	case o.ChannelCapacity < 0 || o.ChannelCapacity > MaxQueue:
 		return fmt.Errorf("pleg: ChannelCapacity %d is outside 0..%d", o.ChannelCapacity, MaxQueue)
 	case o.MaxParallelInspections < 0 || o.MaxParallelInspections > MaxMaxParallelInspections:
@@ -186,9 +198,12 @@ func (o *Options) validate() error {
 	return nil
 }
 
+// adaptive reports whether the adaptive global relist is on.
+func (o *Options) adaptive() bool { return o.MaxRelistPeriod > o.RelistPeriod }
+
 // coreConfig is the core's part of the options.
 func (o *Options) coreConfig() coreConfig {
-	cfg := coreConfig{period: o.RelistPeriod, manual: true, slots: o.MaxParallelInspections,
+	cfg := coreConfig{period: o.RelistPeriod, maxPeriod: o.MaxRelistPeriod, manual: true, slots: o.MaxParallelInspections,
 		timeout: o.PodInspectionTimeout, statusTimeout: o.PodInspectionTimeout, full: o.FullInspection,
 		budget: hintBudget{rate: o.PodRelistRate, burst: o.PodRelistBurst, spacing: o.PodRelistSpacing,
 			early: o.EarlyRelistGap, queue: o.PodRelistQueue}}

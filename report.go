@@ -70,6 +70,11 @@ func (g *Generator) report(n note) {
 		g.counter(g.m.PodRelistDeferred, n.reason).Inc()
 	case noteHintLatency:
 		g.m.EventDeliveryLatency.Observe(n.d.Seconds())
+	case noteUnannounced:
+		g.counter(g.m.UnannouncedChanges, n.reason).Inc()
+		if l := g.log.V(4); l.Enabled() {
+			l.Info("Global relist found a change no runtime event announced", "podUID", n.uid, "kind", n.reason)
+		}
 	case noteIdentityFailed:
 		g.m.IdentityFailures.Inc()
 		if g.logs.allow(logIdentity, n.uid) {

@@ -69,6 +69,16 @@ var update = flag.Bool("update", false, "rewrite the expected output of testdata
 //	                    started generator); before, only relist and
 //	                    start-relist start them.
 //	identity on|off     whether a watcher wants containers' identities.
+//	adaptive max=DUR    the adaptive relist on, up to period DUR; global
+//	                    relists start on their own once due, as with auto.
+//	stream connected|lost
+//	                    the runtime's event stream connected or was lost.
+//	taken               the loop took its inbox now (everything before was
+//	                    stepped).
+//	inbox-lost          the loop's inbox dropped hints.
+//	due                 output: when the next global relist starts.
+//	cache-time          output: the cache's global timestamp, since the
+//	                    clock's start.
 //	budget rate=R burst=B spacing=DUR early=DUR queue=N slots=N
 //	                    the hint budget and the call slots (defaults: none).
 //	calls               output: the calls out.
@@ -104,6 +114,7 @@ type harness struct {
 	c     *core
 	cache *podcache.Cache
 	now   time.Time
+	start time.Time                   // the clock's start, for cache-time
 	pods  map[types.UID]*cruntime.Pod // what the runtime lists
 	ips   map[types.UID][]string
 	exit  map[string]int32 // container ID -> exit code in statuses
@@ -172,7 +183,8 @@ func parseScript(t *testing.T, file string) (blocks []block, preamble []string) 
 func newHarness(t *testing.T) *harness {
 	cfg := coreConfig{period: time.Second, manual: true, slots: 16, timeout: scriptTimeout, statusTimeout: scriptTimeout,
 		budget: hintBudget{queue: 4096}, check: true}
-	return &harness{t: t, c: newCore(cfg), cache: podcache.New(), now: time.Unix(1_700_000_000, 0),
+	start := time.Unix(1_700_000_000, 0)
+	return &harness{t: t, c: newCore(cfg), cache: podcache.New(), now: start, start: start,
 		pods: map[types.UID]*cruntime.Pod{}, ips: map[types.UID][]string{}, exit: map[string]int32{},
 		out: map[callID]callReq{}, hung: map[types.UID]callID{}, moved: map[string]cruntime.State{}}
 }
@@ -464,6 +476,8 @@ func noteLine(n note) string {
 		return fmt.Sprintf("status items: %d fetched, %d reused", n.n, n.reused)
 	case noteHintLatency:
 		return "hint latency " + n.d.String()
+	case noteUnannounced:
+		return "unannounced " + string(n.uid) + ": " + n.reason
 	}
 	return ""
 }
@@ -754,6 +768,27 @@ func (h *harness) exec(b block) []string {
 		return nil
 	case "identity":
 		return render(h.step(identityIn{wanted: fields[1] == "on"}))
+	case "adaptive":
+		d, err := time.ParseDuration(args["max"])
+		if err != nil {
+			t.Fatalf("line %d: %v", b.lineNo, err)
+		}
+		h.c.cfg.maxPeriod, h.c.cfg.manual = d, false
+		return nil
+	case "stream":
+		st := map[string]journal.RuntimeState{"connected": journal.RuntimeEventStreamConnected, "lost": journal.RuntimeEventStreamLost}[fields[1]]
+		return render(h.step(streamChanged{status: journal.RuntimeStatus{State: st}}))
+	case "taken":
+		return render(h.step(taken{at: h.now}))
+	case "inbox-lost":
+		return render(h.step(hintsLost{}))
+	case "due":
+		if h.c.relist.phase != relistIdle {
+			return []string{"relist running"}
+		}
+		return []string{"next relist in " + h.c.relist.due.Sub(h.now).String()}
+	case "cache-time":
+		return []string{"cache time: " + h.cache.Timestamp().Sub(h.start).String()}
 	case "budget":
 		bu := &h.c.cfg.budget
 		for k, v := range args {

@@ -67,6 +67,7 @@ type Metrics struct {
 	IdentityFailures      prometheus.Counter
 	EventStreamUp         prometheus.Gauge
 	StatusItems           *prometheus.CounterVec
+	UnannouncedChanges    *prometheus.CounterVec
 
 	// The forecast of the kubelet's PLEG (TrackForecast).
 	KubeletRelistForecast  prometheus.GaugeFunc
@@ -240,6 +241,10 @@ func New(reg prometheus.Registerer) *Metrics {
 			Name: "pleg_pod_status_items_total",
 			Help: "Sandbox and container statuses that went into inspected pods' statuses, by source: fetched (a runtime call) or reused (the item's listing had not changed since its last status, so its cached status was kept).",
 		}, []string{"source"}),
+		UnannouncedChanges: prometheus.NewCounterVec(prometheus.CounterOpts{
+			Name: "pleg_unannounced_changes_total",
+			Help: "Pods a global relist found changed while the runtime's event stream was connected but no event about them had come, by the first change's kind: started, died, removed, created or other. Each brings an adaptive relist period (--max-relist-period) back to the base period.",
+		}, []string{"kind"}),
 	}
 	m.RelistInProgress = prometheus.NewGaugeFunc(prometheus.GaugeOpts{
 		Name: "pleg_relist_in_progress_seconds",
@@ -287,7 +292,7 @@ func (m *Metrics) collectors() []prometheus.Collector {
 		m.RelistInProgress, m.InspectionTimeouts, m.InspectionFailures, m.InspectionsInFlight,
 		m.SubscriberResyncs, m.EventsDelivered, m.EventDeliveryLatency, m.RuntimeEvents,
 		m.PodRelistQueueDropped, m.HintsInboxDropped, m.PodRelistSkipped, m.PodRelistDeferred, m.PodRelistFailures,
-		m.EarlyRelists, m.LogLinesSuppressed, m.IdentityFailures, m.EventStreamUp, m.StatusItems,
+		m.EarlyRelists, m.LogLinesSuppressed, m.IdentityFailures, m.EventStreamUp, m.StatusItems, m.UnannouncedChanges,
 		m.KubeletRelistForecast, m.KubeletPLEGAtRisk, m.KubeletPLEGUnhealthyAt,
 	}
 }

@@ -75,6 +75,7 @@ type runtimeFlags struct {
 	endpoint             string
 	requestTimeout       time.Duration
 	relistPeriod         time.Duration
+	maxRelistPeriod      time.Duration
 	relistThreshold      time.Duration
 	maxParallel          int
 	podInspectionTimeout time.Duration
@@ -138,6 +139,9 @@ func (f *runtimeFlags) addFlags(fs *pflag.FlagSet) {
 		"the kubelet's --runtime-request-timeout: what one hanging call costs its relist in the forecast of its PLEG (docs/forecast.md)")
 	durationVar(fs, &f.relistPeriod, "relist-period", pleg.DefaultRelistPeriod, minRelistPeriod, 10*time.Minute,
 		"period between the end of a relist and the start of the next")
+	durationVar(fs, &f.maxRelistPeriod, "max-relist-period", 0, minRelistPeriod, pleg.MaxMaxRelistPeriod,
+		"adaptive relist: while the runtime's event stream is connected and relists find nothing no event announced, the period doubles after each relist up to this (at least --relist-period, below half --relist-threshold; 0: off, every --relist-period)",
+		special[time.Duration]{0, "off"})
 	durationVar(fs, &f.relistThreshold, "relist-threshold", pleg.DefaultRelistThreshold, time.Second, time.Hour,
 		"PLEG is unhealthy when no relist has succeeded for longer than this (at least twice --relist-period)")
 	intVar(fs, &f.maxParallel, "max-parallel-inspections", pleg.DefaultMaxParallelInspections, 1, maxParallelInspections,
@@ -179,6 +183,10 @@ func (f *runtimeFlags) validate() error {
 		// Relists start a period plus a relist's duration apart.
 		return usageErrorf("invalid --relist-threshold %q: must be at least twice --relist-period (%v), or a healthy node's relists report PLEG unhealthy",
 			f.relistThreshold, f.relistPeriod)
+	}
+	if m := f.maxRelistPeriod; m != 0 && (m < f.relistPeriod || 2*m >= f.relistThreshold) {
+		return usageErrorf("invalid --max-relist-period %q: must be at least --relist-period (%v) and below half --relist-threshold (%v)",
+			m, f.relistPeriod, f.relistThreshold)
 	}
 	return nil
 }
@@ -225,6 +233,7 @@ func loopbackOnly(addr string) bool {
 func (f *runtimeFlags) generatorOptions() pleg.Options {
 	o := pleg.Options{
 		RelistPeriod:           f.relistPeriod,
+		MaxRelistPeriod:        f.maxRelistPeriod,
 		RelistThreshold:        f.relistThreshold,
 		MaxParallelInspections: f.maxParallel,
 		PodInspectionTimeout:   f.podInspectionTimeout,

@@ -327,6 +327,9 @@ func TestBadFlags(t *testing.T) {
 	}{
 		{[]string{"watch", "--relist-period=-1s"}, `pleg: invalid argument "-1s" for "--relist-period" flag: must be from 10ms to 10m`},
 		{[]string{"watch", "--relist-period=1ns"}, `pleg: invalid argument "1ns" for "--relist-period" flag: must be from 10ms to 10m`},
+		{[]string{"run", "--max-relist-period=2m"}, `pleg: invalid argument "2m" for "--max-relist-period" flag: must be 0 (off) or from 10ms to 1m`},
+		{[]string{"run", "--relist-period=2s", "--max-relist-period=1s"}, `pleg: invalid --max-relist-period "1s": must be at least --relist-period (2s) and below half --relist-threshold (3m0s)`},
+		{[]string{"watch", "--relist-threshold=1m", "--max-relist-period=30s"}, `pleg: invalid --max-relist-period "30s": must be at least --relist-period (1s) and below half --relist-threshold (1m0s)`},
 		{[]string{"run", "--relist-threshold=0s"}, `pleg: invalid argument "0s" for "--relist-threshold" flag: must be from 1s to 1h`},
 		{[]string{"run", "--relist-period=1m", "--relist-threshold=90s"}, `pleg: invalid --relist-threshold "1m30s": must be at least twice --relist-period (1m0s), or a healthy node's relists report PLEG unhealthy`},
 		{[]string{"watch", "--runtime-request-timeout=-5s"}, `pleg: invalid argument "-5s" for "--runtime-request-timeout" flag: must be from 100ms to 1h`},
