@@ -2,10 +2,16 @@ package pleg
 
 import (
 	"context"
+	"reflect"
 	"testing"
+	"testing/synctest"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
+
+	"github.com/podlifecycle/pleg/cruntime"
 	"github.com/podlifecycle/pleg/journal"
+	"github.com/podlifecycle/pleg/metrics"
 )
 
 // TestAdaptiveCacheNeverFresherThanTaken: while the period is stretched, a
@@ -84,4 +90,79 @@ func TestMaxRelistPeriodRange(t *testing.T) {
 			t.Errorf("MaxRelistPeriod %v, threshold %v: err = %v, want ok %v", tc.max, tc.threshold, err, tc.ok)
 		}
 	}
+}
+
+// TestAdaptiveRelistLoop drives a started generator with its event
+// stream: on a quiet node the global relists stretch to the maximum; a
+// change no event announces (the runtime dropped it) is still delivered,
+// within the maximum period, counted as unannounced, and brings the
+// period back to the base; a change an event announces is delivered at
+// once by a single-pod relist and counted as nothing.
+func TestAdaptiveRelistLoop(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const period, maxPeriod = time.Second, 8 * time.Second
+		rt := newFakeRuntime()
+		src := &fakeEvents{live: make(chan cruntime.Event)}
+		m := metrics.New(nil)
+		g := newLoopGenerator(t, rt, func(o *Options) {
+			o.EventSource, o.Metrics, o.RelistPeriod, o.MaxRelistPeriod = src, m, period, maxPeriod
+		})
+		rt.setPods(pod("a", "c1=running"), pod("b", "c2=running"))
+		ch := g.Watch()
+		g.Start()
+		synctest.Wait()
+		drain(ch)
+
+		// Quiet: 3 base relists after the connect, then 2s, 4s, 8s, 8s...
+		time.Sleep(60 * time.Second)
+		synctest.Wait()
+		before := rt.count("ListPods")
+		time.Sleep(40 * time.Second)
+		synctest.Wait()
+		if n := rt.count("ListPods") - before; n < 4 || n > 6 {
+			t.Fatalf("%d global relists in 40s of a quiet node, want about 5 (every 8s)", n)
+		}
+
+		// A change no event announces: delivered within the maximum period.
+		rt.setPods(pod("a", "c1=exited"), pod("b", "c2=running"))
+		changed := time.Now()
+		var got []string
+		for time.Since(changed) <= maxPeriod && len(got) == 0 {
+			time.Sleep(100 * time.Millisecond)
+			synctest.Wait()
+			got = formatEvents(drain(ch))
+		}
+		if !reflect.DeepEqual(got, []string{"a ContainerDied c1 exit=0"}) || time.Since(changed) > maxPeriod {
+			t.Fatalf("unannounced change: %v after %v", got, time.Since(changed))
+		}
+		if n := testutil.ToFloat64(m.UnannouncedChanges.WithLabelValues("died")); n != 1 {
+			t.Fatalf("unannounced died = %v, want 1", n)
+		}
+		// Back to the base period.
+		before = rt.count("ListPods")
+		time.Sleep(3*period + period/2)
+		synctest.Wait()
+		if n := rt.count("ListPods") - before; n != 3 {
+			t.Fatalf("%d global relists in the 3.5s after an unannounced change, want 3 (the base period)", n)
+		}
+
+		// An announced change: a single-pod relist delivers it at once.
+		time.Sleep(30 * time.Second)
+		synctest.Wait()
+		drain(ch)
+		rt.setPods(pod("a", "c1=exited"), pod("b", "c2=exited"))
+		src.live <- cruntime.Event{ContainerID: "c2", Type: cruntime.EventStopped, PodUID: "b", CreatedAt: time.Now()}
+		synctest.Wait()
+		if got := formatEvents(drain(ch)); !reflect.DeepEqual(got, []string{"b ContainerDied c2 exit=0"}) {
+			t.Fatalf("announced change: %v", got)
+		}
+		time.Sleep(2 * maxPeriod)
+		synctest.Wait()
+		if n := testutil.CollectAndCount(m.UnannouncedChanges); n != 1 {
+			t.Fatalf("%d unannounced kinds counted, want only the died one", n)
+		}
+		if n := testutil.ToFloat64(m.UnannouncedChanges.WithLabelValues("died")); n != 1 {
+			t.Fatalf("unannounced died = %v after an announced change, want still 1", n)
+		}
+	})
 }
