@@ -1,7 +1,6 @@
 package cruntime
 
 import (
-	"encoding/binary"
 	"encoding/json"
 	"iter"
 	"slices"
@@ -15,7 +14,7 @@ import (
 // for as long as its pod lives, so it is small: the values, 16 bytes a
 // string, and a pointer to the sorted keys, which every set with the same
 // keys shares (a kubelet gives each container the same four label keys,
-// each replica of a workload the same annotation keys). A Go map of a
+// each replica of a workload the same annotation keys: see Interner). A Go map of a
 // kubelet's four container labels costs about 340 bytes before its
 // strings; these, 64 and a pointer. The zero value is empty.
 //
@@ -23,72 +22,25 @@ import (
 // k8s.io/apimachinery/pkg/labels.Labels, so a label selector matches it
 // as it is.
 type Labels struct {
-	keys *[]string // sorted, each once; shared (keySets); nil when empty
+	keys *[]string // sorted, each once; shared (Interner); nil when empty
 	vals []string  // vals[i] is the value of (*keys)[i]
 }
 
-// NewLabels returns the labels of m (nil or empty: empty labels).
-func NewLabels(m map[string]string) Labels { return NewLabelsWith(m, nil, nil) }
-
-// keySets shares the sorted keys of label sets: one slice for every set
-// with the same keys. It is bounded: past maxKeySets different key sets,
-// or for keys longer together than maxKeySetBytes, a set keeps keys of its
-// own.
-var keySets struct {
-	mu   sync.Mutex
-	sets map[string]*[]string // content key -> the shared keys
-	buf  []byte               // scratch: the content key
-}
-
-// The table is never emptied, so its bounds are what it may keep for
-// good: at most about 2 MiB (each set's content key and its keys), where
-// a node has a few dozen key sets.
-const (
-	maxKeySets     = 1024
-	maxKeySetBytes = 1024
-)
+// NewLabels returns the labels of m (nil or empty: empty labels), with
+// keys and strings of their own: a runtime client shares them between
+// the statuses it decodes through its Interner.
+func NewLabels(m map[string]string) Labels { return newLabels(m, nil) }
 
 // pairScratch holds the pairs of a set being made.
 var pairScratch = sync.Pool{New: func() any { return new([]string) }}
 
-// sharedKeys returns the shared keys equal to the even strings of kv
-// (sorted pairs), adding them if there are none and the table has room.
-func sharedKeys(kv []string) *[]string {
-	own := func() *[]string {
-		keys := make([]string, len(kv)/2)
-		for i := range keys {
-			keys[i] = kv[2*i]
-		}
-		return &keys
+// ownKeys returns keys of their own equal to the even strings of kv.
+func ownKeys(kv []string) *[]string {
+	keys := make([]string, len(kv)/2)
+	for i := range keys {
+		keys[i] = kv[2*i]
 	}
-	n := 0
-	for i := 0; i < len(kv); i += 2 {
-		n += len(kv[i]) + binary.MaxVarintLen64
-	}
-	if n > maxKeySetBytes {
-		return own()
-	}
-	t := &keySets
-	t.mu.Lock()
-	defer t.mu.Unlock()
-	t.buf = t.buf[:0]
-	for i := 0; i < len(kv); i += 2 {
-		// Keys may hold any byte: each is prefixed by its length, so
-		// that no two sets have one content key.
-		t.buf = binary.AppendUvarint(t.buf, uint64(len(kv[i])))
-		t.buf = append(t.buf, kv[i]...)
-	}
-	if keys, ok := t.sets[string(t.buf)]; ok {
-		return keys
-	}
-	keys := own()
-	if len(t.sets) < maxKeySets {
-		if t.sets == nil {
-			t.sets = make(map[string]*[]string)
-		}
-		t.sets[string(t.buf)] = keys
-	}
-	return keys
+	return &keys
 }
 
 // sortPairs sorts pairs key, value, key, value… by key: by insertion for
@@ -116,22 +68,17 @@ func (p byKey) Swap(i, j int) {
 	p[2*i+1], p[2*j+1] = p[2*j+1], p[2*i+1]
 }
 
-// NewLabelsWith returns the labels of m with every key passed through
-// key and every value through value (nil: as they are). Each must return
-// a string equal to its argument: a runtime client passes its interning
-// of the strings many containers share.
-func NewLabelsWith(m map[string]string, key, value func(string) string) Labels {
+// newLabels returns the labels of m, its strings and key set shared
+// through in (held by the caller), or its own when in is nil.
+func newLabels(m map[string]string, in *Interner) Labels {
 	if len(m) == 0 {
 		return Labels{}
 	}
 	sp := pairScratch.Get().(*[]string)
 	kv := (*sp)[:0]
 	for k, v := range m {
-		if key != nil {
-			k = key(k)
-		}
-		if value != nil {
-			v = value(v)
+		if in != nil {
+			k, v = in.str(k), in.str(v)
 		}
 		kv = append(kv, k, v)
 	}
@@ -140,7 +87,13 @@ func NewLabelsWith(m map[string]string, key, value func(string) string) Labels {
 	for i := range vals {
 		vals[i] = kv[2*i+1]
 	}
-	l := Labels{keys: sharedKeys(kv), vals: vals}
+	var keys *[]string
+	if in != nil {
+		keys = in.keySet(kv)
+	} else {
+		keys = ownKeys(kv)
+	}
+	l := Labels{keys: keys, vals: vals}
 	clear(kv)
 	if cap(kv) <= 256 {
 		*sp = kv

@@ -42,6 +42,7 @@ type simulateOptions struct {
 	replayEvents     int
 	replayEventAge   time.Duration
 	crioMux          bool
+	turnover         simTurnover // pods replaced at a rate (see simTurnover)
 }
 
 func newSimulateCmd() *cobra.Command {
@@ -99,6 +100,7 @@ func (o *simulateOptions) addFlags(f *pflag.FlagSet) {
 	intVar(f, &o.replayEvents, "replay-events", 0, 0, 1000000, "send every new event subscriber this many old events first, about the containers there are (0: none)")
 	f.BoolVar(&o.crioMux, "crio-mux", false, "serve the socket behind cmux as CRI-O does: a connection whose first request's content-type is not exactly application/grpc is closed")
 	durationVar(f, &o.replayEventAge, "replay-event-age", sim.DefaultReplayAge, time.Millisecond, 24*time.Hour, "how old the events of --replay-events are")
+	o.turnover.addFlags(f)
 }
 
 // simSocketPath turns --listen into a socket path.
@@ -170,6 +172,7 @@ func runSimulate(cmd *cobra.Command, o *simulateOptions) error {
 	if err != nil {
 		return err
 	}
+	o.turnover.apply(&cfg)
 	parent := cmd.Context()
 	if parent == nil {
 		parent = context.Background()
@@ -239,4 +242,22 @@ func announceHung(out io.Writer, r *sim.Runtime, cfg sim.Config) {
 		}
 		fmt.Fprintf(out, "hung pod %s: %s\n", uid, what)
 	}
+}
+
+// simTurnover is the node's pod turnover (issue 36, hazard 1: the CRI
+// client's interning table must let go of dead pods' values): pods
+// replaced each step, the oldest first, each sandbox with an annotation
+// of its own.
+type simTurnover struct {
+	replace         int
+	annotationBytes int
+}
+
+func (t *simTurnover) addFlags(f *pflag.FlagSet) {
+	intVar(f, &t.replace, "replace-pods", 0, 0, maxSimPods, "pods replaced each step, the oldest first, by pods of their own (0: none)")
+	intVar(f, &t.annotationBytes, "sandbox-annotation-bytes", 0, 0, 1<<20, "give every sandbox an annotation of this many bytes only its pod has, as a CNI's network status (0: none)")
+}
+
+func (t simTurnover) apply(cfg *sim.Config) {
+	cfg.ReplacePerStep, cfg.SandboxAnnotationBytes = t.replace, t.annotationBytes
 }

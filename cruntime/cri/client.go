@@ -57,12 +57,9 @@ type Client struct {
 	statusConcurrency int
 	metrics           *metrics.Metrics
 	log               logr.Logger
-	verbose           VerboseSink   // nil: status calls are not verbose
-	memo              memo          // what the last unfiltered listing keeps for the next
-	images            sharedStrings // image references
-	labelKeys         sharedStrings // label and annotation keys
-	labelValues       sharedStrings // label and annotation values
-	labelMaps         sharedMaps    // label and annotation maps
+	verbose           VerboseSink        // nil: status calls are not verbose
+	memo              memo               // what the last unfiltered listing keeps for the next
+	shared            *cruntime.Interner // the statuses' image references, labels and annotations; swept after each listing
 
 	listStreaming ListStreaming
 	direct        *directLister  // nil: unfiltered listings go through conn (WithDirectLists)
@@ -78,6 +75,7 @@ type options struct {
 	listStreaming     ListStreaming
 	grpcLists         bool
 	verbose           VerboseSink
+	intern            cruntime.InternLimits // zero: the defaults (tests set it)
 }
 
 // Option configures a Client.
@@ -210,6 +208,7 @@ func Dial(endpoint string, opts ...Option) (*Client, error) {
 		listStreaming:     o.listStreaming,
 		direct:            direct,
 		conns:             conns,
+		shared:            cruntime.NewInterner(o.intern),
 	}, nil
 }
 

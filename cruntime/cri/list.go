@@ -51,7 +51,11 @@ func (c *Client) listPods(ctx context.Context, m *memo) ([]*cruntime.Pod, error)
 		// complete listing's commit: each is what its bytes decode to.
 		return nil, err
 	}
-	return c.endListing(l), nil
+	pods := c.endListing(l)
+	// A complete listing ends a round of the statuses' sharing: what no
+	// pod used since the last sweep may go (cruntime.Interner).
+	c.shared.Round()
+	return pods, nil
 }
 
 // listing is an unfiltered listing being made: its two replies, decoded

@@ -2,7 +2,6 @@ package cri
 
 import (
 	"context"
-	"encoding/binary"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -74,7 +73,7 @@ func (c *Client) ItemStatuses(ctx context.Context, pod *cruntime.Pod, sandboxes,
 		}
 		if err == nil && s != nil {
 			ctOut[i] = convertContainer(s, ct, c.labels)
-			ctOut[i].ImageRef = c.images.intern(ctOut[i].ImageRef)
+			ctOut[i].ImageRef = c.shared.String(ctOut[i].ImageRef)
 		}
 		return err
 	})
@@ -85,9 +84,9 @@ func (c *Client) ItemStatuses(ctx context.Context, pod *cruntime.Pod, sandboxes,
 }
 
 // labels is the labels of m, their strings and equal sets shared with
-// the statuses before.
+// the statuses before (the client's Interner).
 func (c *Client) labels(m map[string]string) cruntime.Labels {
-	return c.labelValues.labels(&c.labelKeys, &c.labelMaps, m)
+	return c.shared.Labels(m)
 }
 
 // convertSandbox converts the status of the listed sandbox sb, its labels
@@ -320,121 +319,4 @@ func (c *Client) Status(ctx context.Context) ([]cruntime.Condition, error) {
 		})
 	}
 	return conds, nil
-}
-
-// sharedStrings interns strings that many statuses share, up to a bound past
-// which strings are kept as decoded: image references (a node runs many
-// containers of few images), and the keys and common values of labels and
-// annotations (the kubelet puts the same dozen on every container). The
-// cache keeps every container's status for as long as its pod lives.
-type sharedStrings struct {
-	mu   sync.Mutex
-	strs map[string]string
-}
-
-// defaultInternMax bounds a sharedStrings' table; past it, strings are
-// kept as decoded.
-const defaultInternMax = 4096
-
-// intern returns the table's copy of s, adding s if there is room.
-func (r *sharedStrings) intern(s string) string {
-	if s == "" {
-		return s
-	}
-	r.mu.Lock()
-	defer r.mu.Unlock()
-	return r.internLocked(s)
-}
-
-func (r *sharedStrings) internLocked(s string) string {
-	if v, ok := r.strs[s]; ok {
-		return v
-	}
-	if r.strs == nil {
-		r.strs = map[string]string{}
-	}
-	if len(r.strs) < defaultInternMax {
-		r.strs[s] = s
-	}
-	return s
-}
-
-// labels returns the labels of m with keys from keys and values from r,
-// the strings shorter than internMin excepted (sharing them costs more
-// than it saves); nil or empty gives empty labels. Equal labels returned
-// before are returned again instead (the annotations of a workload's
-// replicas are the same).
-func (r *sharedStrings) labels(keys *sharedStrings, shared *sharedMaps, m map[string]string) cruntime.Labels {
-	if len(m) == 0 {
-		return cruntime.Labels{}
-	}
-	l := cruntime.NewLabelsWith(m, func(k string) string {
-		if len(k) >= internMin {
-			k = keys.intern(k)
-		}
-		return k
-	}, func(v string) string {
-		if len(v) >= internMin {
-			v = r.intern(v)
-		}
-		return v
-	})
-	return shared.share(l)
-}
-
-// sharedMaps shares equal labels and annotations between statuses: a
-// node's replicas of one workload carry the same annotations on their
-// containers, and the cache keeps every container's status for as long as
-// its pod lives.
-//
-// A set that names its pod (io.kubernetes.pod.uid: the labels of a
-// container or sandbox the kubelet made) is that pod's alone and is not
-// offered to the table: on a node of 10,000 containers those sets would
-// empty it ten times over, and the annotations the replicas share with it.
-//
-// The table is bounded: when it holds maxSharedMaps sets it is emptied
-// and fills again, so what it keeps beyond what the statuses hold is at
-// most its bound, and sets that no status holds any longer go with the
-// next emptying.
-type sharedMaps struct {
-	mu   sync.Mutex
-	maps map[string]cruntime.Labels // content key -> the shared labels
-	buf  []byte                     // scratch: the content key
-}
-
-// maxSharedMaps bounds a sharedMaps' table.
-const maxSharedMaps = 1024
-
-// maxSharedMapBytes is the largest content key shared: larger labels are
-// kept as they are (no workload shares such a set often enough to pay
-// for its key).
-const maxSharedMapBytes = 4096
-
-// share returns the table's labels equal to l, adding l if there are none.
-func (s *sharedMaps) share(l cruntime.Labels) cruntime.Labels {
-	if l.Len() == 0 || l.Has(cruntime.LabelPodUID) {
-		return l
-	}
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	s.buf = s.buf[:0]
-	for k, v := range l.All() {
-		if len(s.buf)+len(k)+len(v)+2*binary.MaxVarintLen64 > maxSharedMapBytes {
-			return l // checked first: the scratch key never outgrows the bound
-		}
-		// Keys and values may hold any byte: each is prefixed by its
-		// length, so that no two sets have one key.
-		s.buf = binary.AppendUvarint(s.buf, uint64(len(k)))
-		s.buf = append(s.buf, k...)
-		s.buf = binary.AppendUvarint(s.buf, uint64(len(v)))
-		s.buf = append(s.buf, v...)
-	}
-	if old, ok := s.maps[string(s.buf)]; ok {
-		return old
-	}
-	if s.maps == nil || len(s.maps) >= maxSharedMaps {
-		s.maps = make(map[string]cruntime.Labels)
-	}
-	s.maps[string(s.buf)] = l
-	return l
 }

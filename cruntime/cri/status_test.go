@@ -3,15 +3,11 @@ package cri
 import (
 	"context"
 	"errors"
-	"fmt"
-	"maps"
 	"reflect"
 	"sort"
-	"strconv"
 	"strings"
 	"testing"
 	"time"
-	"unsafe"
 
 	"github.com/prometheus/client_golang/prometheus/testutil"
 	"google.golang.org/grpc/codes"
@@ -379,130 +375,5 @@ func TestPodStatusConcurrentError(t *testing.T) {
 	// client's timeout.
 	if time.Since(start) > 30*time.Second {
 		t.Fatal("the hung calls were not cancelled")
-	}
-}
-
-func TestImageRefsIntern(t *testing.T) {
-	var r sharedStrings
-	a := r.intern(strings.Clone("sha256:abc"))
-	b := r.intern(strings.Clone("sha256:abc"))
-	if unsafe.StringData(a) != unsafe.StringData(b) {
-		t.Error("the same reference was kept twice")
-	}
-	for i := range defaultInternMax + 10 {
-		r.intern(fmt.Sprint("ref-", i))
-	}
-	if len(r.strs) > defaultInternMax {
-		t.Errorf("%d references interned, bound %d", len(r.strs), defaultInternMax)
-	}
-	if r.intern("") != "" {
-		t.Error("empty reference")
-	}
-}
-
-// Two containers' labels with the same keys and values keep one copy of
-// each string of internMin bytes or more, and the same entries.
-func TestLabelsShareStrings(t *testing.T) {
-	var keys, values sharedStrings
-	decoded := func() map[string]string {
-		return map[string]string{
-			strings.Clone("io.kubernetes.container.terminationMessagePath"): strings.Clone("/dev/termination-log"),
-			strings.Clone("io.kubernetes.container.restartCount"):           strings.Clone("0"),
-		}
-	}
-	// Each through a table of maps of its own: the strings are shared
-	// even where the maps are not.
-	a, b := values.labels(&keys, new(sharedMaps), decoded()), values.labels(&keys, new(sharedMaps), decoded())
-	if !maps.Equal(a.Map(), b.Map()) || !maps.Equal(a.Map(), decoded()) {
-		t.Fatalf("labels changed: %v, %v", a, b)
-	}
-	if a.SameAs(b) {
-		t.Fatal("the test's two tables shared one set")
-	}
-	for k, v := range a.All() {
-		var kb, vb string
-		for k2, v2 := range b.All() {
-			if k2 == k {
-				kb, vb = k2, v2
-			}
-		}
-		if unsafe.StringData(k) != unsafe.StringData(kb) {
-			t.Errorf("key %q kept twice", k)
-		}
-		if len(v) >= internMin && unsafe.StringData(v) != unsafe.StringData(vb) {
-			t.Errorf("value %q kept twice", v)
-		}
-	}
-	if l := values.labels(&keys, new(sharedMaps), nil); l.Len() != 0 {
-		t.Errorf("nil labels became %v", l)
-	}
-}
-
-// Equal label maps are one map; maps that differ by one value, or whose
-// entries' bytes run together the same way, are not; the table stays
-// within its bound, and a map too large to share is kept as is.
-func TestLabelsShareMaps(t *testing.T) {
-	var keys, values sharedStrings
-	var shared sharedMaps
-	ann := func(restarts string) map[string]string {
-		return map[string]string{
-			strings.Clone("io.kubernetes.container.hash"):         strings.Clone("5d1e2c3b"),
-			strings.Clone("io.kubernetes.container.restartCount"): strings.Clone(restarts),
-		}
-	}
-	a, b, c := values.labels(&keys, &shared, ann("0")), values.labels(&keys, &shared, ann("0")), values.labels(&keys, &shared, ann("1"))
-	if !a.SameAs(b) {
-		t.Error("two equal sets kept twice")
-	}
-	if a.SameAs(c) || c.Get("io.kubernetes.container.restartCount") != "1" {
-		t.Errorf("maps that differ shared: %v", c)
-	}
-	// {"ab": "c"} and {"a": "bc"} run together as "abc".
-	x, y := values.labels(&keys, &shared, map[string]string{"ab": "c"}), values.labels(&keys, &shared, map[string]string{"a": "bc"})
-	if !maps.Equal(x.Map(), map[string]string{"ab": "c"}) || !maps.Equal(y.Map(), map[string]string{"a": "bc"}) {
-		t.Errorf("maps mixed up: %v, %v", x, y)
-	}
-	for i := range 3 * maxSharedMaps {
-		values.labels(&keys, &shared, map[string]string{"k": strconv.Itoa(i)})
-		if len(shared.maps) > maxSharedMaps {
-			t.Fatalf("%d maps shared, bound %d", len(shared.maps), maxSharedMaps)
-		}
-	}
-	big := func() map[string]string { return map[string]string{"k": strings.Repeat("v", maxSharedMapBytes)} }
-	if p, q := values.labels(&keys, &shared, big()), values.labels(&keys, &shared, big()); p.SameAs(q) {
-		t.Error("a map beyond maxSharedMapBytes shared")
-	}
-	// A huge annotation (a last-applied-configuration) is not copied into
-	// the table's scratch key, which would keep its size for good.
-	values.labels(&keys, &shared, map[string]string{"a": "1", "last-applied": strings.Repeat("x", 200<<10)})
-	if c := cap(shared.buf); c > 2*maxSharedMapBytes {
-		t.Errorf("the scratch key grew to %d bytes for a set it does not share", c)
-	}
-}
-
-// A set that names its pod (a container's or sandbox's labels) is that
-// pod's alone: it is not shared, and a node's worth of them does not
-// empty the table of the sets its replicas do share (a 10,000-container
-// node emptied it ten times over, and kept its annotations ten times).
-func TestLabelsNamingAPodNotShared(t *testing.T) {
-	var keys, values sharedStrings
-	var shared sharedMaps
-	ann := func() map[string]string {
-		return map[string]string{strings.Clone("io.kubernetes.container.hash"): strings.Clone("5d1e2c3b")}
-	}
-	own := func(i int) map[string]string {
-		return map[string]string{cruntime.LabelPodUID: "uid-" + strconv.Itoa(i/10), cruntime.LabelContainerName: "c" + strconv.Itoa(i%10)}
-	}
-	first := values.labels(&keys, &shared, ann())
-	for i := range 3*maxSharedMaps + 7 {
-		if l := values.labels(&keys, &shared, own(i)); l.Get(cruntime.LabelPodUID) != "uid-"+strconv.Itoa(i/10) {
-			t.Fatalf("labels %v", l)
-		}
-	}
-	if n := len(shared.maps); n != 1 {
-		t.Errorf("%d sets in the table, want 1 (the annotations): a pod's own labels were added", n)
-	}
-	if again := values.labels(&keys, &shared, ann()); !again.SameAs(first) {
-		t.Error("the replicas' annotations are kept twice: the pods' own labels emptied the table")
 	}
 }

@@ -102,6 +102,16 @@ type Config struct {
 	// annotations.
 	KubeletMetadata bool
 
+	// ReplacePerStep replaces that many pods each Step, the oldest first,
+	// as a node's pods come and go: each is removed (its sandboxes and
+	// containers) and a pod of the same workload, behaviour and number of
+	// containers, with a UID and name of its own, takes its place.
+	ReplacePerStep int
+	// SandboxAnnotationBytes, when positive, gives every sandbox an
+	// annotation of about that many bytes whose value is its pod's own
+	// (k8s.v1.cni.cncf.io/network-status, as a CNI writes one).
+	SandboxAnnotationBytes int
+
 	// CRIOMux serves the socket as CRI-O does: behind cmux, which hands a
 	// connection to the gRPC server only when its first request's
 	// content-type is exactly "application/grpc" and closes it otherwise

@@ -41,6 +41,8 @@ type Runtime struct {
 	subs       []*subscriber
 	kept       []*runtimeapi.ContainerEventResponse // events emitted while nobody subscribed (SetKeepEvents)
 	churn      int
+	replace    int // pods replaced per Step (Config.ReplacePerStep)
+	sbAnnBytes int // Config.SandboxAnnotationBytes
 	mix        Mix
 	keepExited int
 
@@ -103,6 +105,8 @@ func New(cfg Config) *Runtime {
 		containers:    map[string]*container{},
 		ipNext:        2,
 		churn:         max(cfg.ChurnPerStep, 0),
+		replace:       max(cfg.ReplacePerStep, 0),
+		sbAnnBytes:    max(cfg.SandboxAnnotationBytes, 0),
 		mix:           cfg.Mix,
 		keepExited:    cfg.KeepExitedAttempts,
 		frng:          rand.New(rand.NewPCG(cfg.Seed^0x5851f42d4c957f2d, cfg.Seed+1)),

@@ -61,7 +61,8 @@ func (r *Runtime) newWorkloadPodLocked(b Behaviour, nContainers int, app, ns str
 }
 
 // Step advances the workload by one tick: garbage collection of what was
-// superseded or stopped before this tick, then ChurnPerStep actions on
+// superseded or stopped before this tick, the replacement of the
+// ReplacePerStep oldest pods, then ChurnPerStep actions on
 // randomly chosen pods whose behaviour is not Steady. It is deterministic:
 // the same seed and the same sequence of calls give the same model (names,
 // UIDs, IDs, attempts, states, exit codes, IPs; timestamps come from the
@@ -71,6 +72,15 @@ func (r *Runtime) Step() {
 	defer r.mu.Unlock()
 	r.step++
 	r.gcLocked()
+	for range r.replace {
+		if len(r.order) == 0 {
+			break
+		}
+		p := r.order[0]
+		n, b, app, ns := max(len(p.names), 1), p.behaviour, p.app, p.namespace
+		r.removePodLocked(p)
+		r.newWorkloadPodLocked(b, n, app, ns)
+	}
 	for range r.churn {
 		var cands []*pod
 		for _, p := range r.order {
