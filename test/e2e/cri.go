@@ -441,7 +441,13 @@ func ContainerEvents(t testing.TB) <-chan *runtimeapi.ContainerEventResponse {
 // verbose status: info.pid).
 func containerPID(t testing.TB, id string) int {
 	t.Helper()
-	resp, err := RuntimeClient().ContainerStatus(criCtx(t), &runtimeapi.ContainerStatusRequest{ContainerId: id, Verbose: true})
+	return suite.containerPID(t, id)
+}
+
+// containerPID is containerPID on e's runtime.
+func (e *env) containerPID(t testing.TB, id string) int {
+	t.Helper()
+	resp, err := e.cri.rt.ContainerStatus(criCtx(t), &runtimeapi.ContainerStatusRequest{ContainerId: id, Verbose: true})
 	if err != nil {
 		t.Fatalf("ContainerStatus %s: %v", id, err)
 	}

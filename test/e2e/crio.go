@@ -15,6 +15,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -113,8 +114,16 @@ enable_nri = false
 // runtime's own, as containerd's restrict_oom_score_adj does. This machine
 // lacks CAP_SYS_RESOURCE, so runc cannot lower a process's oom_score_adj
 // ("failed to update /proc/self/oom_score_adj: Permission denied"); on a
-// node CRI-O would pass it through unchanged.
+// node CRI-O would pass it through unchanged. While <dir>/runtime-hold/<id>
+// exists, a call naming container id waits (holdRuntimeCalls): CRI-O then
+// waits for its runtime as for a runc that hangs.
 const runcOOMClamp = `#!/bin/sh
+if [ -d {{hold}} ]; then
+	for a in "$@"; do
+		case $a in */*) continue ;; esac
+		while [ -e {{hold}}/"$a" ]; do sleep 0.1; done
+	done
+fi
 prev=
 for a in "$@"; do
 	case $prev in --bundle | -b) bundle=$a ;; esac
@@ -180,7 +189,7 @@ func (e *env) writeCRIOConfig() error {
 			return err
 		}
 	}
-	clamp := strings.ReplaceAll(runcOOMClamp, "{{runc}}", q(e.runcPath))
+	clamp := strings.NewReplacer("{{runc}}", q(e.runcPath), "{{hold}}", q(e.runtimeHoldDir())).Replace(runcOOMClamp)
 	if err := os.WriteFile(filepath.Join(e.dir, "runc-oom-clamp"), []byte(clamp), 0o755); err != nil {
 		return err
 	}
@@ -304,3 +313,36 @@ func setPodEvents(t testing.TB, on bool) {
 }
 
 var errNotContainerd = errors.New("needs containerd")
+
+// runtimeHoldDir holds a file per container whose runtime calls wait
+// (holdRuntimeCalls).
+func (e *env) runtimeHoldDir() string { return filepath.Join(e.dir, "runtime-hold") }
+
+// holdRuntimeCalls makes every runtime (runc) call of CRI-O naming one of
+// ids wait until the function it returns is called (a cleanup calls it
+// too): what a hung runc does to CRI-O, which holds the container's lock
+// meanwhile.
+func (e *env) holdRuntimeCalls(t testing.TB, ids ...string) (release func()) {
+	t.Helper()
+	dir := e.runtimeHoldDir()
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	for _, id := range ids {
+		if err := os.WriteFile(filepath.Join(dir, id), nil, 0o644); err != nil {
+			t.Fatal(err)
+		}
+	}
+	var once sync.Once
+	release = func() {
+		once.Do(func() {
+			for _, id := range ids {
+				if err := os.Remove(filepath.Join(dir, id)); err != nil {
+					t.Errorf("releasing the runtime calls of %s: %v", id, err)
+				}
+			}
+		})
+	}
+	t.Cleanup(release)
+	return release
+}

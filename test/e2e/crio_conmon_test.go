@@ -4,7 +4,6 @@ import (
 	"context"
 	"fmt"
 	"net/http"
-	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -13,22 +12,6 @@ import (
 
 	"github.com/podlifecycle/pleg"
 )
-
-// conmonOf returns the pid of the conmon that monitors container id on the
-// suite's CRI-O (its command line carries -c <id> and paths in our dir).
-func conmonOf(t testing.TB, e *env, id string) int {
-	t.Helper()
-	for _, p := range ourProcesses(e.dir, e.cgroupParent, -1) {
-		if len(p.argv) == 0 || !strings.HasSuffix(p.argv[0], "/conmon") || p.state == 'Z' {
-			continue
-		}
-		if i := slices.Index(p.argv, "-c"); i > 0 && i+1 < len(p.argv) && p.argv[i+1] == id {
-			return p.pid
-		}
-	}
-	t.Fatalf("no conmon of ours with -c %s", id)
-	return 0
-}
 
 // TestDiagnoseHungConmon: on CRI-O 1.36.3, the conmon of one container
 // ("web" of pod "slow", beside "side" and two healthy pods) is SIGSTOPped.

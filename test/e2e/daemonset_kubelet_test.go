@@ -57,9 +57,6 @@ func TestDaemonSetOnKubeletCRIO(t *testing.T) {
 // crioPatchPath is the DaemonSet's patch for CRI-O nodes.
 const crioPatchPath = "deploy/kubernetes/pleg-crio-patch.yaml"
 
-// crioKubeletRuntime is the CRI-O the kubelet runs on in the CRI-O tests.
-const crioKubeletRuntime = "crio-1.36.3"
-
 func testDaemonSetOnKubelet(t *testing.T, item, patch string) {
 	requireRuntimeItem(t, item)
 	img := PlegImage(t)

@@ -20,7 +20,13 @@ import (
 
 func measure(t testing.TB, format string, args ...any) {
 	t.Helper()
-	line := fmt.Sprintf(format, args...) + fmt.Sprintf(" runtime=%s race=%t", suite.name(), raceEnabled)
+	measureOn(t, suite, format, args...)
+}
+
+// measureOn is measure naming e's runtime rather than the suite's.
+func measureOn(t testing.TB, e *env, format string, args ...any) {
+	t.Helper()
+	line := fmt.Sprintf(format, args...) + fmt.Sprintf(" runtime=%s race=%t", e.name(), raceEnabled)
 	t.Log(line)
 	fmt.Println("MEASURE " + line)
 }

@@ -117,9 +117,30 @@ func testMeasureEventStorm(t *testing.T, e *env) {
 		}
 		waitQuiet(t, pid)
 		before := counters(v)
+		// A storm on a healthy node raises no forecast of the kubelet's
+		// PLEG (docs/forecast.md): looked at every 100ms through it.
+		stop, risky := make(chan struct{}), make(chan string, 1)
+		go func() {
+			defer close(risky)
+			for {
+				if f := v.g.Forecast(); f.AtRisk {
+					risky <- f.Message()
+					return
+				}
+				select {
+				case <-stop:
+					return
+				case <-time.After(100 * time.Millisecond):
+				}
+			}
+		}()
 		c0 := threadCPU(t, pid)
 		cycles := storm(t, pods, stormWindow)
 		c1 := threadCPU(t, pid)
+		close(stop)
+		if msg, ok := <-risky; ok {
+			t.Errorf("%s: the forecast went at risk during the storm: %s", name, msg)
+		}
 		after := counters(v)
 		v.g.Stop()
 		r := result{cpu: c1.since(c0), cycles: cycles, counts: map[string]float64{}}

@@ -30,6 +30,13 @@ func testPLEG50Pods(t *testing.T, e *env) {
 	lib := startLib(t, "lib", pleg.Options{RelistPeriod: time.Second}) // the kubelet's period, events auto
 	watch := startWatch(t, "watch", "--relist-period", "100ms")
 	daemon := startDaemon(t, "daemon", "--relist-period", "100ms")
+	// A busy, healthy node raises no forecast (docs/forecast.md).
+	fw := watchForecast(t, daemon, 200*time.Millisecond)
+	t.Cleanup(func() {
+		if bad := fw.atRisk(); len(bad) > 0 {
+			t.Errorf("the forecast was at risk (or unreadable) on a busy, healthy node, %d times; first: %+v", len(bad), bad[0])
+		}
+	})
 	lib.waitFirstRelist(t)
 	if e.hasEvents() {
 		lib.waitStreamConnected(t)

@@ -409,15 +409,6 @@ type criProbe struct {
 	call func(context.Context) error
 }
 
-// timedCRI runs a CRI call bounded by timeout and returns how long it took.
-func timedCRI(timeout time.Duration, call func(context.Context) error) (time.Duration, error) {
-	ctx, cancel := context.WithTimeout(context.Background(), timeout)
-	defer cancel()
-	s := time.Now()
-	err := call(ctx)
-	return time.Since(s).Round(10 * time.Microsecond), err
-}
-
 func errOr(err error, s string) string {
 	if err != nil {
 		return err.Error()
@@ -460,50 +451,7 @@ func requireOurs(t testing.TB, pid int) {
 	}
 }
 
-func procStat(pid int) (state byte, ppid int) {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", pid))
-	if err != nil {
-		return 0, 0
-	}
-	s := string(b)
-	f := strings.Fields(s[strings.LastIndexByte(s, ')')+1:])
-	if len(f) < 2 {
-		return 0, 0
-	}
-	ppid, _ = strconv.Atoi(f[1])
-	return f[0][0], ppid
-}
-
 func procPPID(pid int) int { _, p := procStat(pid); return p }
-
-// sigstop stops pid and waits until it is stopped; a cleanup continues it
-// (so that the teardown's CRI calls find the shim answering).
-func sigstop(t testing.TB, pid int) {
-	t.Helper()
-	if err := syscall.Kill(pid, syscall.SIGSTOP); err != nil {
-		t.Fatalf("SIGSTOP %d: %v", pid, err)
-	}
-	t.Cleanup(func() { syscall.Kill(pid, syscall.SIGCONT) })
-	eventually(t, 5*time.Second, fmt.Sprintf("process %d stopped", pid), func() error {
-		if st, _ := procStat(pid); st != 'T' {
-			return fmt.Errorf("state %q", st)
-		}
-		return nil
-	})
-}
-
-func sigcont(t testing.TB, pid int) {
-	t.Helper()
-	if err := syscall.Kill(pid, syscall.SIGCONT); err != nil {
-		t.Fatalf("SIGCONT %d: %v", pid, err)
-	}
-	eventually(t, 5*time.Second, fmt.Sprintf("process %d running", pid), func() error {
-		if st, _ := procStat(pid); st == 'T' || st == 0 {
-			return fmt.Errorf("state %q", st)
-		}
-		return nil
-	})
-}
 
 // healthzWatch polls a daemon's /healthz and keeps what it answered.
 type healthzWatch struct {

@@ -793,8 +793,16 @@ type daemonView struct {
 // /api/v1/events; it returns once the stream's first resync arrived.
 func startDaemon(t testing.TB, name string, args ...string) *daemonView {
 	t.Helper()
+	return startDaemonOn(t, name, CRIEndpoint(), args...)
+}
+
+// startDaemonOn is startDaemon on the runtime at endpoint rather than the
+// suite's (for tests that run at once, each on a runtime of its own,
+// without useEnv).
+func startDaemonOn(t testing.TB, name, endpoint string, args ...string) *daemonView {
+	t.Helper()
 	// A lifecycle socket of its own (the default is /run/pleg/pleg.sock).
-	all := append([]string{"run", "-r", CRIEndpoint(), "--listen-address", "127.0.0.1:0",
+	all := append([]string{"run", "-r", endpoint, "--listen-address", "127.0.0.1:0",
 		"--lifecycle-socket", filepath.Join(t.TempDir(), "pleg.sock")}, args...)
 	d := &daemonView{plegProc: startPleg(t, name, nil, all...)}
 	select {

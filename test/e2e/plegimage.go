@@ -57,7 +57,8 @@ var plegBuild struct {
 // build stage does (the binary of the image, and a user's binary) into
 // <dir>/bin/pleg, where dir is the run's default containerd's dir, which
 // lives as long as the run (so the teardown counts a leftover pleg
-// process as ours), and returns its path.
+// process as ours), and returns its path. In a package of private
+// runtimes only (Main) dir is the run's own dir (runHome).
 func PlegBinary(t testing.TB) string {
 	t.Helper()
 	if err := buildPleg(); err != nil {
@@ -69,7 +70,7 @@ func PlegBinary(t testing.TB) string {
 func buildPleg() error {
 	plegBuild.once.Do(func() {
 		start := time.Now()
-		e := runtimes[len(runtimes)-1]
+		e := runHome()
 		plegBuild.recipe, plegBuild.err = dockerfile.Parse(filepath.Join(e.repoRoot, "deploy", "Dockerfile"))
 		if plegBuild.err != nil {
 			return
@@ -118,7 +119,7 @@ func PlegImage(t testing.TB) *plegImage {
 			return
 		}
 		start := time.Now()
-		e := runtimes[len(runtimes)-1]
+		e := runHome()
 		ds, err := loadDaemonSet(e.repoRoot)
 		if err != nil {
 			plegImg.err = err
