@@ -224,19 +224,25 @@ func testDaemonSetOnKubelet(t *testing.T, item, patch string) {
 	t.Logf("the kubelet's probes of the DaemonSet's pod: %v, %v after its manifest was written", counts, time.Since(start).Round(100*time.Millisecond))
 
 	// 7. The NPD pod: its init container copied the binary out of the
-	// image, and the plugin's command, run from the copy, found pleg
-	// healthy on the node's loopback (exit 0 in NPD's plugin protocol).
+	// image, and the plugin's commands (one a rule), run from the copy,
+	// found pleg healthy and the kubelet's PLEG not at risk on the node's
+	// loopback (exit 0 in NPD's plugin protocol).
 	k.WaitPod(t, "npd-"+kubeletNode, 30*time.Second, func(p kubePod) error {
-		cs, ok := p.container("plugin")
-		if p.Status.Phase == "Failed" && (!ok || cs.State.Terminated == nil) {
-			t.Fatalf("NPD's pod failed before its plugin container ran (did its init container copy %s?): %+v", c.Command, p.Status)
+		for cond, name := range npdRuleContainers {
+			cs, ok := p.container(name)
+			if p.Status.Phase == "Failed" && (!ok || cs.State.Terminated == nil) {
+				t.Fatalf("NPD's pod failed before its %s container ran (did its init container copy %s?): %+v", name, c.Command, p.Status)
+			}
+			if !ok || cs.State.Terminated == nil {
+				return fmt.Errorf("phase %q, %s container %+v", p.Status.Phase, name, cs)
+			}
+			if cs.State.Terminated.ExitCode != 0 {
+				t.Fatalf("NPD's %s rule exited %d (%s), pod phase %q: %s said the node has the problem, or could not run",
+					cond, cs.State.Terminated.ExitCode, cs.State.Terminated.Reason, p.Status.Phase, npdPluginPath)
+			}
 		}
-		if !ok || cs.State.Terminated == nil {
-			return fmt.Errorf("phase %q, plugin container %+v", p.Status.Phase, cs)
-		}
-		if cs.State.Terminated.ExitCode != 0 || p.Status.Phase != "Succeeded" {
-			t.Fatalf("NPD's plugin command exited %d (%s), pod phase %q: %s said the node's PLEG is not healthy, or could not run",
-				cs.State.Terminated.ExitCode, cs.State.Terminated.Reason, p.Status.Phase, npdPluginPath)
+		if p.Status.Phase != "Succeeded" {
+			return fmt.Errorf("phase %q", p.Status.Phase)
 		}
 		return nil
 	})
@@ -245,15 +251,21 @@ func testDaemonSetOnKubelet(t *testing.T, item, patch string) {
 // npdPluginPath is node-problem-detector's plugin config for pleg.
 const npdPluginPath = "deploy/npd/pleg-plugin-monitor.json"
 
+// npdRuleContainers names the NPD pod's container that runs each rule of
+// the plugin config, by the rule's condition: pleg's own health, and the
+// forecast of the kubelet's PLEG.
+var npdRuleContainers = map[string]string{"PLEGUnhealthy": "plugin", "KubeletPLEGAtRisk": "forecast"}
+
 // npdStaticPod is node-problem-detector's patch as a static pod that runs
 // the plugin's rule once, as NPD would: the patch's pod spec (host
 // network, the init container that copies pleg out of its image into the
 // pleg-bin emptyDir), with these changes:
 //
-//  1. NPD's container (NPD is not available here) becomes a container
-//     "plugin" of the same image that runs the rule of
-//     deploy/npd/pleg-plugin-monitor.json (its path and args) from the
-//     copied binary, with the patch's pleg-bin mount;
+//  1. NPD's container (NPD is not available here) becomes one container
+//     of the same image for each rule of
+//     deploy/npd/pleg-plugin-monitor.json ("plugin" for PLEGUnhealthy,
+//     "forecast" for KubeletPLEGAtRisk), running its path and args from
+//     the copied binary, with the patch's pleg-bin mount;
 //  2. the ConfigMap volume and its mount are left out: static pods may not
 //     reference ConfigMaps (the plugin's config is read here instead);
 //  3. restartPolicy Never: the rule runs once.
@@ -322,24 +334,33 @@ func npdStaticPod(repoRoot, image string) (map[string]any, error) {
 	}
 	var plugin struct {
 		Rules []struct {
-			Path string   `json:"path"`
-			Args []string `json:"args"`
+			Condition string   `json:"condition"`
+			Path      string   `json:"path"`
+			Args      []string `json:"args"`
 		} `json:"rules"`
 	}
 	if err := json.Unmarshal(b, &plugin); err != nil {
 		return nil, fmt.Errorf("%s: %w", npdPluginPath, err)
 	}
-	if len(plugin.Rules) != 1 {
-		return nil, fmt.Errorf("%s: %d rules, want the one that runs pleg", npdPluginPath, len(plugin.Rules))
+	// One container a rule, named by its condition (npdRuleContainers).
+	var containers []any
+	for _, rule := range plugin.Rules {
+		name, ok := npdRuleContainers[rule.Condition]
+		if !ok {
+			return nil, fmt.Errorf("%s: a rule for condition %q, want one for each of %v", npdPluginPath, rule.Condition, npdRuleContainers)
+		}
+		cmd := []any{rule.Path}
+		for _, a := range rule.Args {
+			cmd = append(cmd, a)
+		}
+		containers = append(containers, map[string]any{
+			"name": name, "image": image, "imagePullPolicy": "IfNotPresent", "command": cmd, "volumeMounts": mounts,
+		})
 	}
-	rule := plugin.Rules[0]
-	cmd := []any{rule.Path}
-	for _, a := range rule.Args {
-		cmd = append(cmd, a)
+	if len(containers) != len(npdRuleContainers) {
+		return nil, fmt.Errorf("%s: %d rules, want one for each of %v", npdPluginPath, len(containers), npdRuleContainers)
 	}
-	spec["containers"] = []any{map[string]any{
-		"name": "plugin", "image": image, "imagePullPolicy": "IfNotPresent", "command": cmd, "volumeMounts": mounts,
-	}}
+	spec["containers"] = containers
 	spec["restartPolicy"] = "Never"
 	return map[string]any{
 		"apiVersion": "v1", "kind": "Pod",
