@@ -1048,8 +1048,16 @@ func conmonOf(t testing.TB, e *env, id string) int {
 }
 
 // shimOf returns the pid of the containerd-shim-runc-v2 serving sandbox
-// sandboxID of e's containerd (-id <sandboxID> -address <e's socket>).
+// sandboxID of e's containerd.
 func (e *env) shimOf(t testing.TB, sandboxID string) int {
+	t.Helper()
+	return shimPID(t, sandboxID, e.sock)
+}
+
+// shimPID returns the pid of the containerd-shim-runc-v2 serving sandbox
+// sandboxID of the containerd at socket sock (its command line carries -id
+// <sandboxID> and -address <sock>).
+func shimPID(t testing.TB, sandboxID, sock string) int {
 	t.Helper()
 	for _, p := range listProcs() {
 		if len(p.argv) == 0 || filepath.Base(p.argv[0]) != "containerd-shim-runc-v2" || p.state == 'Z' {
@@ -1064,11 +1072,11 @@ func (e *env) shimOf(t testing.TB, sandboxID string) int {
 				addr = p.argv[i+1]
 			}
 		}
-		if id == sandboxID && addr == e.sock {
+		if id == sandboxID && addr == sock {
 			return p.pid
 		}
 	}
-	t.Fatalf("no containerd-shim-runc-v2 with -id %s -address %s", sandboxID, e.sock)
+	t.Fatalf("no containerd-shim-runc-v2 with -id %s -address %s", sandboxID, sock)
 	return 0
 }
 

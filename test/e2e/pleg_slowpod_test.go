@@ -27,7 +27,6 @@ import (
 	"context"
 	"fmt"
 	"os"
-	"path/filepath"
 	"regexp"
 	"strconv"
 	"strings"
@@ -417,29 +416,10 @@ func errOr(err error, s string) string {
 }
 
 // podShim returns the pid of the containerd-shim-runc-v2 serving sandbox
-// sandboxID of the suite's containerd (its command line carries -id
-// <sandboxID> and -address <the suite's socket>).
+// sandboxID of the suite's containerd.
 func podShim(t testing.TB, sandboxID string) int {
 	t.Helper()
-	for _, p := range listProcs() {
-		if len(p.argv) == 0 || filepath.Base(p.argv[0]) != "containerd-shim-runc-v2" || p.state == 'Z' {
-			continue
-		}
-		var id, addr string
-		for i := 1; i+1 < len(p.argv); i++ {
-			switch p.argv[i] {
-			case "-id":
-				id = p.argv[i+1]
-			case "-address":
-				addr = p.argv[i+1]
-			}
-		}
-		if id == sandboxID && addr == suite.sock {
-			return p.pid
-		}
-	}
-	t.Fatalf("no containerd-shim-runc-v2 with -id %s -address %s", sandboxID, suite.sock)
-	return 0
+	return shimPID(t, sandboxID, suite.sock)
 }
 
 // requireOurs fails the test unless process pid is in the suite's cgroups.
