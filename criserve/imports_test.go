@@ -1,32 +1,23 @@
-package criserve
+package criserve_test
 
 import (
-	"go/parser"
-	"go/token"
-	"path/filepath"
-	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/podlifecycle/pleg/internal/testkit"
 )
 
 // The CRI endpoint shares the unix socket's helpers with the lifecycle
 // API through internal/unixgrpc: it does not depend on the lifecycle
 // server.
 func TestImportsNoLifecycleServer(t *testing.T) {
-	files, err := filepath.Glob("*.go")
+	imports, err := testkit.Imports(".")
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, f := range files {
-		if strings.HasSuffix(f, "_test.go") {
-			continue
-		}
-		file, err := parser.ParseFile(token.NewFileSet(), f, nil, parser.ImportsOnly)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, imp := range file.Imports {
-			if p, _ := strconv.Unquote(imp.Path.Value); strings.HasPrefix(p, "github.com/podlifecycle/pleg/api/lifecycle/server") {
+	for f, paths := range imports {
+		for _, p := range paths {
+			if strings.HasPrefix(p, "github.com/podlifecycle/pleg/api/lifecycle/server") {
 				t.Errorf("%s imports %s", f, p)
 			}
 		}

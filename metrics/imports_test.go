@@ -1,31 +1,21 @@
-package metrics
+package metrics_test
 
 import (
-	"go/parser"
-	"go/token"
-	"path/filepath"
-	"strconv"
 	"strings"
 	"testing"
+
+	"github.com/podlifecycle/pleg/internal/testkit"
 )
 
 // metrics is a leaf for the runtime's packages: the runtime client reports
 // to it, so it imports none of them (the operation names are internal/op's).
 func TestImportsNoRuntime(t *testing.T) {
-	files, err := filepath.Glob("*.go")
+	imports, err := testkit.Imports(".")
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, f := range files {
-		if strings.HasSuffix(f, "_test.go") {
-			continue
-		}
-		file, err := parser.ParseFile(token.NewFileSet(), f, nil, parser.ImportsOnly)
-		if err != nil {
-			t.Fatal(err)
-		}
-		for _, imp := range file.Imports {
-			p, _ := strconv.Unquote(imp.Path.Value)
+	for f, paths := range imports {
+		for _, p := range paths {
 			if p == "github.com/podlifecycle/pleg/cruntime" || strings.HasPrefix(p, "github.com/podlifecycle/pleg/cruntime/") {
 				t.Errorf("%s imports %s", f, p)
 			}

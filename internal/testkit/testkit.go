@@ -6,8 +6,12 @@ package testkit
 
 import (
 	"fmt"
+	"go/parser"
+	"go/token"
+	"path/filepath"
 	"runtime"
 	"slices"
+	"strconv"
 	"strings"
 	"sync"
 	"syscall"
@@ -176,4 +180,32 @@ func CPUTime() time.Duration {
 	var ru syscall.Rusage
 	_ = syscall.Getrusage(syscall.RUSAGE_SELF, &ru)
 	return time.Duration(ru.Utime.Nano() + ru.Stime.Nano())
+}
+
+// Imports returns the import paths of the package in dir, non-test files
+// only, by file name: for tests that keep an arrow between packages from
+// coming back.
+func Imports(dir string) (map[string][]string, error) {
+	files, err := filepath.Glob(filepath.Join(dir, "*.go"))
+	if err != nil {
+		return nil, err
+	}
+	out := map[string][]string{}
+	for _, f := range files {
+		if strings.HasSuffix(f, "_test.go") {
+			continue
+		}
+		file, err := parser.ParseFile(token.NewFileSet(), f, nil, parser.ImportsOnly)
+		if err != nil {
+			return nil, err
+		}
+		for _, imp := range file.Imports {
+			p, err := strconv.Unquote(imp.Path.Value)
+			if err != nil {
+				return nil, fmt.Errorf("%s: import %s: %w", f, imp.Path.Value, err)
+			}
+			out[filepath.Base(f)] = append(out[filepath.Base(f)], p)
+		}
+	}
+	return out, nil
 }
