@@ -811,30 +811,19 @@ func (w *forecastWatch) atRisk() []forecastSample {
 
 func watchForecast(t testing.TB, d *daemonView, every time.Duration) *forecastWatch {
 	w := &forecastWatch{}
-	stop := make(chan struct{})
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		for {
-			s := forecastSample{}
-			s.f, s.err = d.readForecast()
-			s.at = time.Now()
-			code, b, err := d.get("/healthz")
-			s.healthz, s.healthBody = code, string(b)
-			if err != nil {
-				s.healthBody = err.Error()
-			}
-			w.mu.Lock()
-			w.samples = append(w.samples, s)
-			w.mu.Unlock()
-			select {
-			case <-stop:
-				return
-			case <-time.After(every):
-			}
+	pollEvery(t, every, func() {
+		s := forecastSample{}
+		s.f, s.err = d.readForecast()
+		s.at = time.Now()
+		code, b, err := d.get("/healthz")
+		s.healthz, s.healthBody = code, string(b)
+		if err != nil {
+			s.healthBody = err.Error()
 		}
-	}()
-	t.Cleanup(func() { close(stop); <-done })
+		w.mu.Lock()
+		w.samples = append(w.samples, s)
+		w.mu.Unlock()
+	})
 	return w
 }
 

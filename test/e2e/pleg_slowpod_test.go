@@ -451,19 +451,28 @@ func (s healthzSample) String() string {
 
 func watchHealthz(t testing.TB, d *daemonView, every time.Duration) *healthzWatch {
 	w := &healthzWatch{}
+	pollEvery(t, every, func() {
+		code, b, err := d.get("/healthz")
+		s := healthzSample{at: time.Now(), code: code, body: string(b)}
+		if err != nil {
+			s.body = err.Error()
+		}
+		w.mu.Lock()
+		w.samples = append(w.samples, s)
+		w.mu.Unlock()
+	})
+	return w
+}
+
+// pollEvery calls sample at once and then every interval, on a goroutine
+// the test's cleanup stops and waits for.
+func pollEvery(t testing.TB, every time.Duration, sample func()) {
 	stop := make(chan struct{})
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
 		for {
-			code, b, err := d.get("/healthz")
-			s := healthzSample{at: time.Now(), code: code, body: string(b)}
-			if err != nil {
-				s.body = err.Error()
-			}
-			w.mu.Lock()
-			w.samples = append(w.samples, s)
-			w.mu.Unlock()
+			sample()
 			select {
 			case <-stop:
 				return
@@ -472,7 +481,6 @@ func watchHealthz(t testing.TB, d *daemonView, every time.Duration) *healthzWatc
 		}
 	}()
 	t.Cleanup(func() { close(stop); <-done })
-	return w
 }
 
 // non200Since returns the samples taken at or after since that were not 200.
