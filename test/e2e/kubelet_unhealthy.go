@@ -809,6 +809,25 @@ func (w *forecastWatch) atRisk() []forecastSample {
 	return out
 }
 
+// pollEvery calls sample at once and then every interval, on a goroutine
+// the test's cleanup stops and waits for.
+func pollEvery(t testing.TB, every time.Duration, sample func()) {
+	stop := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		for {
+			sample()
+			select {
+			case <-stop:
+				return
+			case <-time.After(every):
+			}
+		}
+	}()
+	t.Cleanup(func() { close(stop); <-done })
+}
+
 func watchForecast(t testing.TB, d *daemonView, every time.Duration) *forecastWatch {
 	w := &forecastWatch{}
 	pollEvery(t, every, func() {

@@ -464,25 +464,6 @@ func watchHealthz(t testing.TB, d *daemonView, every time.Duration) *healthzWatc
 	return w
 }
 
-// pollEvery calls sample at once and then every interval, on a goroutine
-// the test's cleanup stops and waits for.
-func pollEvery(t testing.TB, every time.Duration, sample func()) {
-	stop := make(chan struct{})
-	done := make(chan struct{})
-	go func() {
-		defer close(done)
-		for {
-			sample()
-			select {
-			case <-stop:
-				return
-			case <-time.After(every):
-			}
-		}
-	}()
-	t.Cleanup(func() { close(stop); <-done })
-}
-
 // non200Since returns the samples taken at or after since that were not 200.
 func (w *healthzWatch) non200Since(since time.Time) []healthzSample {
 	w.mu.Lock()
