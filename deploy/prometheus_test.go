@@ -36,6 +36,7 @@ import (
 	"github.com/podlifecycle/pleg/cruntime/cri"
 	"github.com/podlifecycle/pleg/cruntime/sim"
 	"github.com/podlifecycle/pleg/internal/httpapi"
+	"github.com/podlifecycle/pleg/internal/testport"
 	"github.com/podlifecycle/pleg/metrics"
 )
 
@@ -118,18 +119,6 @@ func TestPromtoolAlertUnitTests(t *testing.T) {
 	}
 }
 
-// freePort returns a loopback port nothing listens on now (Prometheus
-// cannot be told to pick one itself).
-func freePort(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
-}
-
 // A real Prometheus scrapes pleg's /metrics (as --metrics-address serves
 // it) and evaluates the recording rules against it: the relist quantiles
 // of the node appear, and no rule reports an evaluation error.
@@ -195,7 +184,7 @@ scrape_configs:
 	if err := os.WriteFile(cfgPath, []byte(cfg), 0o644); err != nil {
 		t.Fatal(err)
 	}
-	web := freePort(t)
+	web := testport.Addr(t)
 	var logs bytes.Buffer
 	pctx, pcancel := context.WithCancel(context.Background())
 	cmd := exec.CommandContext(pctx, bin, "--config.file="+cfgPath, "--storage.tsdb.path="+filepath.Join(dir, "tsdb"),

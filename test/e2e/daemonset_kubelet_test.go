@@ -22,6 +22,7 @@ import (
 
 	"github.com/podlifecycle/pleg"
 	"github.com/podlifecycle/pleg/internal/httpapi"
+	"github.com/podlifecycle/pleg/internal/testport"
 )
 
 // TestDaemonSetOnKubelet runs the DaemonSet's pod template
@@ -778,10 +779,7 @@ func nonRootOnKubelet(t *testing.T, k *kubelet, pod map[string]any, podName stri
 	if err != nil {
 		t.Fatal(err)
 	}
-	ports, err := freePorts(2)
-	if err != nil {
-		t.Fatal(err)
-	}
+	ports := testport.ReserveT(t, 2)
 	if err := movePorts(patched, ports[0], ports[1]); err != nil {
 		t.Fatalf("%s: %v", manifestPath, err)
 	}

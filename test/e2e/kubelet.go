@@ -33,7 +33,6 @@ import (
 	"errors"
 	"fmt"
 	"io"
-	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -50,6 +49,8 @@ import (
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
+
+	"github.com/podlifecycle/pleg/internal/testport"
 )
 
 const (
@@ -71,13 +72,14 @@ var kubeletHostPaths = []string{"/var/lib/kubelet", "/var/log/containers", "/var
 
 // kubelet is a running real kubelet and its private containerd.
 type kubelet struct {
-	env         *env
-	dir         string // <env dir>/kubelet
-	manifests   string // the static pod directory
-	logPath     string // the kubelet's stderr (klog, -v=4)
-	port        int    // HTTPS: /pods, /metrics
-	healthzPort int    // HTTP: /healthz
-	client      *http.Client
+	env          *env
+	dir          string // <env dir>/kubelet
+	manifests    string // the static pod directory
+	logPath      string // the kubelet's stderr (klog, -v=4)
+	port         int    // HTTPS: /pods, /metrics
+	healthzPort  int    // HTTP: /healthz
+	releasePorts func() // gives port and healthzPort back to testport
+	client       *http.Client
 
 	cmd  *exec.Cmd
 	done chan struct{} // closed when the kubelet exited
@@ -205,11 +207,11 @@ func (k *kubelet) start() error {
 	if err := os.Symlink(baseEnv.kubeletBin, bin); err != nil {
 		return err
 	}
-	ports, err := freePorts(2)
+	ports, release, err := testport.Reserve(2)
 	if err != nil {
 		return err
 	}
-	k.port, k.healthzPort = ports[0], ports[1]
+	k.port, k.healthzPort, k.releasePorts = ports[0], ports[1], release
 	q := strconv.Quote
 	cfg := strings.NewReplacer(
 		"{{manifests}}", q(k.manifests),
@@ -294,26 +296,6 @@ mount -t tmpfs -o mode=0755 pleg-e2e-kubelet /var/log
 		return fmt.Errorf("the kubelet did not understand its configuration (lenient decoding); see %s", k.logPath)
 	}
 	return nil
-}
-
-// freePorts returns n distinct free TCP ports on 127.0.0.1.
-func freePorts(n int) ([]int, error) {
-	var ls []net.Listener
-	defer func() {
-		for _, l := range ls {
-			l.Close()
-		}
-	}()
-	var out []int
-	for range n {
-		l, err := net.Listen("tcp", "127.0.0.1:0")
-		if err != nil {
-			return nil, err
-		}
-		ls = append(ls, l)
-		out = append(out, l.Addr().(*net.TCPAddr).Port)
-	}
-	return out, nil
 }
 
 func (k *kubelet) exited() bool {
@@ -848,6 +830,9 @@ func (k *kubelet) stop(t testing.TB) {
 				t.Logf("kubelet teardown: the runtime left the empty cgroups %v of %s; removed them", removed, id)
 			}
 		}
+	}
+	if k.releasePorts != nil {
+		k.releasePorts()
 	}
 	t.Logf("kubelet teardown took %v", time.Since(start).Round(time.Millisecond))
 }

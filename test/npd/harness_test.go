@@ -26,6 +26,7 @@ import (
 	"github.com/prometheus/common/model"
 
 	"github.com/podlifecycle/pleg/internal/dockerfile"
+	"github.com/podlifecycle/pleg/internal/testport"
 )
 
 // patience bounds every wait for something NPD or pleg must do. Its
@@ -127,20 +128,6 @@ func shortDir(t *testing.T) string {
 	}
 	t.Cleanup(func() { os.RemoveAll(dir) })
 	return dir
-}
-
-// freePort returns a loopback address nothing listens on now. NPD's
-// Prometheus port cannot be 0 (0 disables the exporter), so a port is
-// picked here; the process that binds it fails loudly if it was taken
-// meanwhile.
-func freePort(t *testing.T) string {
-	t.Helper()
-	ln, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer ln.Close()
-	return ln.Addr().String()
 }
 
 // waitFor polls cond until it returns nil, failing the test with its
@@ -279,7 +266,7 @@ func startPleg(t *testing.T) *plegNode {
 	t.Helper()
 	dir := shortDir(t)
 	sock := "unix://" + filepath.Join(dir, "sim.sock")
-	n := &plegNode{addr: freePort(t)}
+	n := &plegNode{addr: testport.Addr(t)}
 	n.sim = start(t, "pleg simulate", suite.pleg, "simulate", "--listen", sock,
 		"--pods", "3", "--containers-per-pod", "2", "--churn", "0")
 	waitFor(t, patience, "pleg simulate's socket", func() error {
@@ -408,7 +395,7 @@ type npd struct {
 
 func startNPD(t *testing.T, config string) *npd {
 	t.Helper()
-	n := &npd{prom: freePort(t)}
+	n := &npd{prom: testport.Addr(t)}
 	host, port, _ := net.SplitHostPort(n.prom)
 	n.proc = start(t, "node-problem-detector", suite.npd,
 		"--enable-k8s-exporter=false",
