@@ -1,0 +1,65 @@
+package e2e
+
+// Provisioning of the control plane: test/kubelet/build.sh's cluster mode
+// builds etcd, kube-apiserver, kube-controller-manager, kube-scheduler and
+// kubectl into <cache>/kubelet, beside the kubelet.
+
+import (
+	"context"
+	"fmt"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"time"
+)
+
+// clusterBins are the paths of a cluster's programs, all built by
+// test/kubelet/build.sh into <cache>/kubelet.
+type clusterBins struct{ APIServer, ControllerManager, Scheduler, Kubectl, Etcd, Kubelet string }
+
+// provisionCluster builds the control plane (and the kubelet, which it
+// builds first, as provisionKubelet does) with `test/kubelet/build.sh
+// <cache>/kubelet cluster`; it takes well under a second when the build is
+// cached, and many minutes the first time (the control plane compiles on
+// top of the kubelet's packages). A suite that needs only the kubelet calls
+// provisionKubelet, which never waits for a control-plane build.
+func (e *env) provisionCluster() (clusterBins, error) {
+	start := time.Now()
+	out := filepath.Join(e.cacheDir, "kubelet")
+	ctx, cancel := context.WithTimeout(context.Background(), 40*time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, "bash", filepath.Join(e.repoRoot, "test", "kubelet", "build.sh"), out, "cluster")
+	cmd.Env = os.Environ()
+	if os.Getenv("GO") == "" {
+		if goBin := filepath.Join(goRoot(), "bin", "go"); fileExists(goBin) {
+			cmd.Env = append(cmd.Env, "GO="+goBin)
+		}
+	}
+	b, err := cmd.CombinedOutput()
+	if err != nil {
+		os.Stderr.Write(b)
+		return clusterBins{}, fmt.Errorf("test/kubelet/build.sh cluster failed (%v); see its output above", err)
+	}
+	if d := time.Since(start); d > 5*time.Second || testingVerbose() {
+		os.Stderr.Write(b)
+		logf("control plane provisioning took %v", d.Round(time.Millisecond))
+	}
+	bins := clusterBins{
+		APIServer:         filepath.Join(out, "kube-apiserver"),
+		ControllerManager: filepath.Join(out, "kube-controller-manager"),
+		Scheduler:         filepath.Join(out, "kube-scheduler"),
+		Kubectl:           filepath.Join(out, "kubectl"),
+		Etcd:              filepath.Join(out, "etcd"),
+		Kubelet:           filepath.Join(out, "kubelet"),
+	}
+	for _, p := range []string{bins.APIServer, bins.ControllerManager, bins.Scheduler, bins.Kubectl, bins.Etcd, bins.Kubelet} {
+		fi, err := os.Stat(p)
+		if err != nil {
+			return clusterBins{}, fmt.Errorf("provisioning did not produce %s: %v", p, err)
+		}
+		if !fi.Mode().IsRegular() || fi.Mode().Perm()&0o111 == 0 {
+			return clusterBins{}, fmt.Errorf("provisioning produced %s, but it is not an executable file (mode %v)", p, fi.Mode())
+		}
+	}
+	return bins, nil
+}
