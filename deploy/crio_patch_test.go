@@ -9,13 +9,18 @@ import (
 	"github.com/podlifecycle/pleg/internal/jsonpatch"
 )
 
-// TestCRIOPatch: kubernetes/pleg-crio-patch.yaml, applied to the
+// crioPatchPath is the JSON patch that moves the DaemonSet to CRI-O's
+// socket: the overlay kubernetes-crio applies it, and `kubectl patch --type
+// json` can.
+const crioPatchPath = "kubernetes-crio/pleg-crio-patch.yaml"
+
+// TestCRIOPatch: kubernetes-crio/pleg-crio-patch.yaml, applied to the
 // DaemonSet, points pleg at CRI-O's socket inside a read-only mount of the
 // socket's directory, /var/run/crio, and changes nothing else; its tests
 // hold on today's manifest (they make kubectl refuse the patch if the
 // args or mounts move).
 func TestCRIOPatch(t *testing.T) {
-	b, err := os.ReadFile("kubernetes/pleg-crio-patch.yaml")
+	b, err := os.ReadFile(crioPatchPath)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -75,7 +75,7 @@ func TestImageReference(t *testing.T) {
 
 	// Every mention in the deploy files and the documentation.
 	files := []string{"Dockerfile", "README.md", "../README.md"}
-	for _, glob := range []string{"kubernetes/*.yaml", "npd/*", "../docs/*.md"} {
+	for _, glob := range []string{"kubernetes/*.yaml", "kubernetes-crio/*.yaml", "npd/*", "../docs/*.md"} {
 		m, err := filepath.Glob(glob)
 		if err != nil {
 			t.Fatal(err)

@@ -138,7 +138,7 @@ func loadDaemonSet(repoRoot string) (*daemonSet, error) {
 func (ds *daemonSet) container() k8sContainer { return ds.spec.Containers[0] }
 
 // patched is the DaemonSet with the JSON patch at patchPath (relative to
-// the repository, e.g. deploy/kubernetes/pleg-crio-patch.yaml) applied, as
+// the repository, e.g. deploy/kubernetes-crio/pleg-crio-patch.yaml) applied, as
 // `kubectl patch --type json` would: its tests must hold on the manifest.
 // ds is unchanged.
 func (ds *daemonSet) patched(repoRoot, patchPath string) (*daemonSet, error) {
