@@ -129,4 +129,3 @@ func ephemeralLow() int {
 	}
 	return v
 }
-

@@ -18,8 +18,6 @@ import (
 	"testing"
 	"time"
 
-	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
-
 	"github.com/podlifecycle/pleg"
 	"github.com/podlifecycle/pleg/internal/httpapi"
 	"github.com/podlifecycle/pleg/internal/testport"
@@ -46,7 +44,7 @@ func TestDaemonSetOnKubelet(t *testing.T) {
 
 // TestDaemonSetOnKubeletCRIO is TestDaemonSetOnKubelet on a node whose
 // runtime is CRI-O 1.36.3: the DaemonSet patched by
-// deploy/kubernetes/pleg-crio-patch.yaml (CRI-O's socket directory,
+// deploy/kubernetes-crio/pleg-crio-patch.yaml (CRI-O's socket directory,
 // /var/run/crio, mounted read-only), as a static pod on the real kubelet
 // on CRI-O, with CRI-O restarted under it. The non-root step stays
 // containerd's (it gives containerd's socket a group; CRI-O's socket has
@@ -56,7 +54,7 @@ func TestDaemonSetOnKubeletCRIO(t *testing.T) {
 }
 
 // crioPatchPath is the DaemonSet's patch for CRI-O nodes.
-const crioPatchPath = "deploy/kubernetes/pleg-crio-patch.yaml"
+const crioPatchPath = "deploy/kubernetes-crio/pleg-crio-patch.yaml"
 
 func testDaemonSetOnKubelet(t *testing.T, item, patch string) {
 	requireRuntimeItem(t, item)
@@ -392,41 +390,6 @@ func probeCounts(text []byte, namespace, pod, container string) (map[string]floa
 		}
 	}
 	return out, nil
-}
-
-// enablePodNetwork gives the kubelet's containerd a CNI network
-// configuration, as every node has, and waits until its CRI status reports
-// the network ready (without one it reports NetworkReady=false, "cni
-// plugin not initialized", which the kubelet and pleg turn into a node
-// that is not Ready). The pods here use the host's network: no plugin
-// binary ever runs.
-func (k *kubelet) enablePodNetwork(t testing.TB) {
-	t.Helper()
-	dir := filepath.Join(k.env.dir, "cni", "net.d")
-	if err := os.MkdirAll(dir, 0o755); err != nil {
-		t.Fatal(err)
-	}
-	conf := `{"cniVersion": "1.0.0", "name": "pleg-e2e", "plugins": [{"type": "loopback"}]}` + "\n"
-	if err := os.WriteFile(filepath.Join(dir, "10-pleg-e2e.conflist"), []byte(conf), 0o644); err != nil {
-		t.Fatal(err)
-	}
-	eventually(t, 30*time.Second, "the kubelet's containerd reports its network ready", func() error {
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		resp, err := k.env.cri.rt.Status(ctx, &runtimeapi.StatusRequest{})
-		if err != nil {
-			return err
-		}
-		for _, c := range resp.GetStatus().GetConditions() {
-			if c.Type == runtimeapi.NetworkReady {
-				if !c.Status {
-					return fmt.Errorf("NetworkReady false: %s: %s", c.Reason, c.Message)
-				}
-				return nil
-			}
-		}
-		return errors.New("no NetworkReady condition")
-	})
 }
 
 // httpGet fetches url; any status but 200 is an error.

@@ -96,6 +96,10 @@ type env struct {
 	cri *criClient
 
 	kubelet *kubelet // the kubelet running on this containerd, if any (startKubelet)
+	// enter, when set, is the command prefix that runs the supervisor,
+	// and so the runtime and every container, in a cluster node's
+	// namespaces (nodeNS.enter).
+	enter []string
 
 	teardownOnce sync.Once
 	teardownErr  error
@@ -216,6 +220,22 @@ func startEnv(base *env, item string) (*env, error) {
 // exists and its supervisor runs, before containerd starts: e.g. to mount
 // a tmpfs for its root (the supervisor unmounts it at teardown).
 func startEnvWith(base *env, item string, before func(*env) error) (*env, error) {
+	return startEnvOpts(base, item, envOpts{before: before})
+}
+
+// envOpts are startEnvOpts's hooks.
+type envOpts struct {
+	// prepare is called once the env's dir exists and its paths are set,
+	// before its supervisor starts: it may move the socket (e.sock, in a
+	// directory of its own) and set e.enter.
+	prepare func(*env) error
+	// before is startEnvWith's.
+	before func(*env) error
+}
+
+// startEnvOpts is startEnvWith with the hooks of o.
+func startEnvOpts(base *env, item string, o envOpts) (*env, error) {
+	before := o.before
 	e := &env{
 		kind:         kindContainerd,
 		version:      item,
@@ -255,6 +275,12 @@ func startEnvWith(base *env, item string, before func(*env) error) (*env, error)
 	e.cgroupParent = "/" + filepath.Base(e.dir)
 	if _, err := os.Stat("/run/containerd"); e.kind == kindContainerd && errors.Is(err, os.ErrNotExist) {
 		e.runDirMade = true
+	}
+	if o.prepare != nil {
+		if err := o.prepare(e); err != nil {
+			os.RemoveAll(e.dir)
+			return nil, err
+		}
 	}
 	// From here on the supervisor owns cleanup of e.dir, even if this
 	// process dies.

@@ -33,6 +33,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
@@ -93,6 +94,30 @@ type kubelet struct {
 
 	hostPathsBefore map[string]bool
 	featureGates    []string // turned on in its configuration (featureGates)
+
+	// A cluster node's kubelet (startClusterKubelet) registers to an API
+	// server with kubeconfig as node, on ip, in the namespaces ns enters;
+	// a standalone one has none of these.
+	node       string
+	ip         string
+	kubeconfig string
+	ns         *nodeNS
+}
+
+// nodeName is the kubelet's node name.
+func (k *kubelet) nodeName() string {
+	if k.node != "" {
+		return k.node
+	}
+	return kubeletNode
+}
+
+// addr is the address the kubelet serves on.
+func (k *kubelet) addr() string {
+	if k.ip != "" {
+		return k.ip
+	}
+	return "127.0.0.1"
 }
 
 // kubeletLine is a PLEG line of the kubelet's log.
@@ -173,9 +198,9 @@ cgroupsPerQOS: false
 enforceNodeAllocatable: []
 failCgroupV1: false
 failSwapOn: false
-address: 127.0.0.1
+address: {{address}}
 port: {{port}}
-healthzBindAddress: 127.0.0.1
+healthzBindAddress: {{address}}
 healthzPort: {{healthzPort}}
 readOnlyPort: 0
 authentication:
@@ -217,6 +242,7 @@ func (k *kubelet) start() error {
 		"{{manifests}}", q(k.manifests),
 		"{{endpoint}}", q("unix://"+e.sock),
 		"{{cgroupRoot}}", q(e.cgroupParent),
+		"{{address}}", k.addr(),
 		"{{port}}", strconv.Itoa(k.port),
 		"{{healthzPort}}", strconv.Itoa(k.healthzPort),
 		"{{podLogs}}", q(filepath.Join(k.dir, "pod-logs")),
@@ -256,8 +282,15 @@ mount -t tmpfs -o mode=0755 pleg-e2e-kubelet /var/log
 	script += `exec "$@"`
 	args := []string{"--mount", "--propagation", "private", "/bin/sh", "-c", script, "sh",
 		bin, "--config", cfgPath, "--root-dir", filepath.Join(k.dir, "root"), "--cert-dir", filepath.Join(k.dir, "pki"),
-		"--hostname-override", kubeletNode, "--v", "4"}
+		"--hostname-override", k.nodeName(), "--v", "4"}
 	k.cmd = exec.Command("unshare", args...)
+	if k.ns != nil {
+		// A cluster node: the node's namespaces have the tmpfs mounts
+		// already, and the runtime runs in them too.
+		args = append(k.ns.enter(), bin, "--config", cfgPath, "--root-dir", filepath.Join(k.dir, "root"), "--cert-dir", filepath.Join(k.dir, "pki"),
+			"--hostname-override", k.nodeName(), "--node-ip", k.ip, "--kubeconfig", k.kubeconfig, "--v", "4")
+		k.cmd = exec.Command(args[0], args[1:]...)
+	}
 	k.cmd.Dir = k.dir
 	k.cmd.Stdout = logFile
 	k.cmd.Stderr = logFile
@@ -314,7 +347,7 @@ func (k *kubelet) exitErr() error {
 }
 
 // base is the kubelet's HTTPS address.
-func (k *kubelet) base() string { return "https://127.0.0.1:" + strconv.Itoa(k.port) }
+func (k *kubelet) base() string { return "https://" + net.JoinHostPort(k.addr(), strconv.Itoa(k.port)) }
 
 // CRIEndpoint is the endpoint of the kubelet's containerd, for pleg.
 func (k *kubelet) CRIEndpoint() string { return "unix://" + k.env.sock }
@@ -325,7 +358,7 @@ func (k *kubelet) CRIEndpoint() string { return "unix://" + k.env.sock }
 func (k *kubelet) Env() *env { return k.env }
 
 func (k *kubelet) healthz() (int, string, error) {
-	resp, err := k.client.Get("http://127.0.0.1:" + strconv.Itoa(k.healthzPort) + "/healthz")
+	resp, err := k.client.Get("http://" + net.JoinHostPort(k.addr(), strconv.Itoa(k.healthzPort)) + "/healthz")
 	if err != nil {
 		return 0, "", err
 	}
@@ -970,4 +1003,39 @@ func getOK(client *http.Client, url string) ([]byte, error) {
 		err = fmt.Errorf("GET %s: %s: %.300s", url, resp.Status, b)
 	}
 	return b, err
+}
+
+// enablePodNetwork gives the kubelet's containerd a CNI network
+// configuration, as every node has, and waits until its CRI status reports
+// the network ready (without one it reports NetworkReady=false, "cni
+// plugin not initialized", which the kubelet and pleg turn into a node
+// that is not Ready). The pods here use the host's network: no plugin
+// binary ever runs.
+func (k *kubelet) enablePodNetwork(t testing.TB) {
+	t.Helper()
+	dir := filepath.Join(k.env.dir, "cni", "net.d")
+	if err := os.MkdirAll(dir, 0o755); err != nil {
+		t.Fatal(err)
+	}
+	conf := `{"cniVersion": "1.0.0", "name": "pleg-e2e", "plugins": [{"type": "loopback"}]}` + "\n"
+	if err := os.WriteFile(filepath.Join(dir, "10-pleg-e2e.conflist"), []byte(conf), 0o644); err != nil {
+		t.Fatal(err)
+	}
+	eventually(t, 30*time.Second, "the kubelet's containerd reports its network ready", func() error {
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		resp, err := k.env.cri.rt.Status(ctx, &runtimeapi.StatusRequest{})
+		if err != nil {
+			return err
+		}
+		for _, c := range resp.GetStatus().GetConditions() {
+			if c.Type == runtimeapi.NetworkReady {
+				if !c.Status {
+					return fmt.Errorf("NetworkReady false: %s: %s", c.Reason, c.Message)
+				}
+				return nil
+			}
+		}
+		return errors.New("no NetworkReady condition")
+	})
 }

@@ -177,38 +177,16 @@ func buildPlegImage(r dockerfile.Recipe, binary, dir, ref string) (*plegImage, e
 	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
 	defer cancel()
 
-	// The base: busybox, as a static binary with one link per applet in
-	// /bin, and root and nobody in /etc, like the busybox image.
 	base, _, _ := strings.Cut(r.Base, ":")
 	if base != "busybox" {
 		return nil, fmt.Errorf("deploy/Dockerfile's base is %s: the e2e image builder makes only busybox bases", r.Base)
 	}
-	if err := mustBeStatic(busyboxPath); err != nil {
-		return nil, fmt.Errorf("%w (provision.sh installs Debian's busybox-static)", err)
-	}
-	bb, err := os.ReadFile(busyboxPath)
+	files, version, err := busyboxBase(ctx)
 	if err != nil {
 		return nil, err
 	}
-	out, err := exec.CommandContext(ctx, busyboxPath, "--list").Output()
-	if err != nil {
-		return nil, fmt.Errorf("busybox --list: %w", err)
-	}
-	applets := strings.Fields(string(out))
-	// busybox with no arguments prints its version first and exits 1.
-	out, _ = exec.CommandContext(ctx, busyboxPath).Output()
-	img.busybox, _, _ = strings.Cut(string(out), "\n")
-	files := []ocilayout.File{
-		{Path: "/bin/busybox", Mode: 0o755, Data: bb},
-		{Path: "/etc/passwd", Mode: 0o644, Data: []byte("root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/home:/bin/false\n")},
-		{Path: "/etc/group", Mode: 0o644, Data: []byte("root:x:0:\nnobody:x:65534:\n")},
-		{Path: r.BinPath, Mode: 0o755, Data: bin},
-	}
-	for _, a := range applets {
-		if a != "busybox" {
-			files = append(files, ocilayout.File{Path: "/bin/" + a, Link: "busybox"})
-		}
-	}
+	img.busybox = version
+	files = append(files, ocilayout.File{Path: r.BinPath, Mode: 0o755, Data: bin})
 	img.paths = map[string]bool{}
 	for _, f := range files {
 		img.paths[f.Path] = true
@@ -247,4 +225,36 @@ func mustBeStatic(path string) error {
 		}
 	}
 	return nil
+}
+
+// busyboxBase is the files of a busybox image: the static binary with
+// one link per applet in /bin, and root and nobody in /etc; and the
+// version busybox prints.
+func busyboxBase(ctx context.Context) ([]ocilayout.File, string, error) {
+	if err := mustBeStatic(busyboxPath); err != nil {
+		return nil, "", fmt.Errorf("%w (provision.sh installs Debian's busybox-static)", err)
+	}
+	bb, err := os.ReadFile(busyboxPath)
+	if err != nil {
+		return nil, "", err
+	}
+	out, err := exec.CommandContext(ctx, busyboxPath, "--list").Output()
+	if err != nil {
+		return nil, "", fmt.Errorf("busybox --list: %w", err)
+	}
+	applets := strings.Fields(string(out))
+	// busybox with no arguments prints its version first and exits 1.
+	out, _ = exec.CommandContext(ctx, busyboxPath).Output()
+	version, _, _ := strings.Cut(string(out), "\n")
+	files := []ocilayout.File{
+		{Path: "/bin/busybox", Mode: 0o755, Data: bb},
+		{Path: "/etc/passwd", Mode: 0o644, Data: []byte("root:x:0:0:root:/root:/bin/sh\nnobody:x:65534:65534:nobody:/home:/bin/false\n")},
+		{Path: "/etc/group", Mode: 0o644, Data: []byte("root:x:0:\nnobody:x:65534:\n")},
+	}
+	for _, a := range applets {
+		if a != "busybox" {
+			files = append(files, ocilayout.File{Path: "/bin/" + a, Link: "busybox"})
+		}
+	}
+	return files, version, nil
 }

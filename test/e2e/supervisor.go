@@ -87,6 +87,9 @@ func startSupervisor(e *env) (*supervisorClient, error) {
 	}
 	defer replyW.Close()
 	cmd := exec.Command(exe)
+	if len(e.enter) > 0 { // a cluster node's namespaces (nodeNS.enter)
+		cmd = exec.Command(e.enter[0], append(e.enter[1:], exe)...)
+	}
 	cmd.Dir = e.dir
 	runDirMade := "0"
 	if e.runDirMade {
