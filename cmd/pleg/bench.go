@@ -10,7 +10,7 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/podlifecycle/pleg/internal/bench"
+	"github.com/podlifecycle/pleg/internal/app/bench"
 )
 
 func init() { register(newBenchCmd) }

@@ -9,7 +9,7 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/podlifecycle/pleg/internal/bench"
+	"github.com/podlifecycle/pleg/internal/app/bench"
 )
 
 // benchOutput runs the pleg binary's bench with args and returns its standard

@@ -18,8 +18,8 @@ import (
 
 	"github.com/podlifecycle/pleg"
 	"github.com/podlifecycle/pleg/cruntime/sim"
-	"github.com/podlifecycle/pleg/internal/dashboard"
-	"github.com/podlifecycle/pleg/internal/httpapi"
+	"github.com/podlifecycle/pleg/internal/app/dashboard"
+	"github.com/podlifecycle/pleg/internal/app/httpapi"
 	"github.com/podlifecycle/pleg/internal/stats"
 	"github.com/podlifecycle/pleg/internal/textfmt"
 )

@@ -9,7 +9,7 @@ import (
 	"github.com/spf13/cobra"
 
 	"github.com/podlifecycle/pleg/cruntime/cri"
-	"github.com/podlifecycle/pleg/internal/diagnose"
+	"github.com/podlifecycle/pleg/internal/app/diagnose"
 )
 
 func init() { register(newDiagnoseCmd) }

@@ -14,7 +14,7 @@ import (
 	"github.com/podlifecycle/pleg"
 	"github.com/podlifecycle/pleg/cruntime/cri"
 	"github.com/podlifecycle/pleg/forecast"
-	"github.com/podlifecycle/pleg/internal/httpapi"
+	"github.com/podlifecycle/pleg/internal/app/httpapi"
 )
 
 // Flag defaults and bounds.

@@ -8,7 +8,7 @@ import (
 
 	"github.com/podlifecycle/pleg/cruntime/cri"
 	"github.com/podlifecycle/pleg/forecast"
-	"github.com/podlifecycle/pleg/internal/diagnose"
+	"github.com/podlifecycle/pleg/internal/app/diagnose"
 )
 
 // The forecast names the pod when the runtime does not answer its listing

@@ -27,8 +27,8 @@ import (
 
 	lifecyclev1 "github.com/podlifecycle/pleg/api/lifecycle/v1"
 	"github.com/podlifecycle/pleg/cruntime/sim"
+	"github.com/podlifecycle/pleg/internal/app/httpapi"
 	"github.com/podlifecycle/pleg/internal/dockerfile"
-	"github.com/podlifecycle/pleg/internal/httpapi"
 )
 
 // plegBinary is the path of the binary built by TestMain.

@@ -9,8 +9,8 @@ import (
 
 	"github.com/spf13/cobra"
 
-	"github.com/podlifecycle/pleg/internal/dashboard"
-	"github.com/podlifecycle/pleg/internal/httpapi"
+	"github.com/podlifecycle/pleg/internal/app/dashboard"
+	"github.com/podlifecycle/pleg/internal/app/httpapi"
 )
 
 func init() { register(newRunCmd) }

@@ -22,8 +22,8 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/podlifecycle/pleg/cruntime/sim"
-	"github.com/podlifecycle/pleg/internal/diagnose"
-	"github.com/podlifecycle/pleg/internal/httpapi"
+	"github.com/podlifecycle/pleg/internal/app/diagnose"
+	"github.com/podlifecycle/pleg/internal/app/httpapi"
 )
 
 // runTool runs pleg to completion and returns its stdout, stderr and exit

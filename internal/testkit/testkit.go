@@ -1,5 +1,5 @@
 // Package testkit holds what the tests and benchmarks of the lifecycle
-// stream (api/lifecycle/server and client, internal/httpapi) share: a fake
+// stream (api/lifecycle/server and client, internal/app/httpapi) share: a fake
 // clock that reports its timers, a logger that records its lines, a pod as
 // the kubelet labels it and the process's CPU time.
 package testkit

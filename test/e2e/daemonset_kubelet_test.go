@@ -19,7 +19,7 @@ import (
 	"time"
 
 	"github.com/podlifecycle/pleg"
-	"github.com/podlifecycle/pleg/internal/httpapi"
+	"github.com/podlifecycle/pleg/internal/app/httpapi"
 	"github.com/podlifecycle/pleg/internal/testport"
 )
 

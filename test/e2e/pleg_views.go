@@ -46,7 +46,7 @@ import (
 	"github.com/podlifecycle/pleg"
 	lifecyclev1 "github.com/podlifecycle/pleg/api/lifecycle/v1"
 	"github.com/podlifecycle/pleg/cruntime/cri"
-	"github.com/podlifecycle/pleg/internal/httpapi"
+	"github.com/podlifecycle/pleg/internal/app/httpapi"
 	"github.com/podlifecycle/pleg/metrics"
 )
 

@@ -2,7 +2,7 @@ package stream
 
 // A real browser's EventSource on pleg's /api/v1/events: headless Chromium
 // (Debian's package, installed through test/apt-install.sh when missing,
-// as internal/dashboard's browser test does; PLEG_BROWSER_SKIP=1 skips,
+// as internal/app/dashboard's browser test does; PLEG_BROWSER_SKIP=1 skips,
 // PLEG_CHROMIUM names another binary) opens a page that collects every
 // message of the stream. The page and the stream come through a front
 // server (a reverse proxy to `pleg run`, as an ingress would be) that drops

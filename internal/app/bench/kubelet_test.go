@@ -18,7 +18,7 @@ import (
 // the other waits on the script's lock and reuses the binaries.
 func kubeletRelist(t *testing.T) string {
 	t.Helper()
-	root, err := filepath.Abs(filepath.Join("..", ".."))
+	root, err := filepath.Abs(filepath.Join("..", "..", ".."))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -32,7 +32,7 @@ import (
 	"github.com/podlifecycle/pleg"
 	"github.com/podlifecycle/pleg/cruntime/cri"
 	"github.com/podlifecycle/pleg/cruntime/sim"
-	"github.com/podlifecycle/pleg/internal/httpapi"
+	"github.com/podlifecycle/pleg/internal/app/httpapi"
 	"github.com/podlifecycle/pleg/metrics"
 )
 
@@ -81,7 +81,7 @@ func ensureBrowser(t *testing.T) string {
 		ctx, cancel := context.WithTimeout(context.Background(), 25*time.Minute)
 		defer cancel()
 		var out bytes.Buffer
-		cmd := exec.CommandContext(ctx, "bash", filepath.Join("..", "..", "test", "apt-install.sh"), "chromium")
+		cmd := exec.CommandContext(ctx, "bash", filepath.Join("..", "..", "..", "test", "apt-install.sh"), "chromium")
 		cmd.Stdout, cmd.Stderr = &out, &out
 		installOnce.err = cmd.Run()
 		installOnce.out = out.String()

@@ -19,7 +19,7 @@ import (
 // all of them. It reports the process's CPU (server and the clients'
 // line scanning) per event per stream.
 //
-//	go test ./internal/httpapi -run '^$' -bench EventsFanout -benchtime 2000x -count 3
+//	go test ./internal/app/httpapi -run '^$' -bench EventsFanout -benchtime 2000x -count 3
 func BenchmarkEventsFanout(b *testing.B) {
 	const streams = DefaultMaxStreams
 	gen, err := pleg.New(pleg.Options{Runtime: newFakeRuntime()})
