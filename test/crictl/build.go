@@ -14,11 +14,9 @@ import (
 	"time"
 )
 
-// crictlSources are where crictl is built from, in order: the module
-// paths cri-tools has had, at the version the issue names, then the next.
+// crictlSources are where crictl is built from: cri-tools v1.37.0, the
+// newest the module proxy serves (it replaced v1.36.0 on 2026-11-29).
 var crictlSources = []string{
-	"sigs.k8s.io/cri-tools/cmd/crictl@v1.36.0",
-	"github.com/kubernetes-sigs/cri-tools/cmd/crictl@v1.36.0",
 	"sigs.k8s.io/cri-tools/cmd/crictl@v1.37.0",
 }
 

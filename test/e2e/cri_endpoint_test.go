@@ -97,7 +97,7 @@ func table(out string) string {
 	return strings.Join(ls, "\n")
 }
 
-// TestCRIEndpointCrictl runs the real crictl (cri-tools v1.36.0) through
+// TestCRIEndpointCrictl runs the real crictl (cri-tools v1.37.0) through
 // `pleg run --cri-socket` and straight to each containerd: pods, ps -a,
 // inspect and inspectp, as tables and as JSON, are equal but for the
 // fields docs/cri.md lists; runp, stopp, rmp, stop, rm and exec through
