@@ -1,9 +1,11 @@
 package e2e
 
-// A real Prometheus (Debian's) beside the cluster: it discovers pleg's
-// targets from the API server with deploy/prometheus/scrape-config.yaml's
-// job (kubernetes_sd_configs, role node) and evaluates
-// deploy/prometheus/pleg-rules.yaml.
+// A real Prometheus beside the cluster: it discovers pleg's targets from
+// the API server with deploy/prometheus/scrape-config.yaml's job
+// (kubernetes_sd_configs, role node) and evaluates
+// deploy/prometheus/pleg-rules.yaml. Debian's Prometheus (2.42, which the
+// deploy tests run) is built without Kubernetes service discovery: this
+// one is Prometheus 3.16.0, built by test/kubelet/build.sh's cluster mode.
 
 import (
 	"context"
@@ -12,7 +14,6 @@ import (
 	"net/http"
 	"net/url"
 	"os"
-	"os/exec"
 	"path/filepath"
 	"sort"
 	"strings"
@@ -34,31 +35,13 @@ type clusterProm struct {
 	base string // http://127.0.0.1:port
 }
 
-// prometheusBinary finds Debian's prometheus, installing the package
-// when it is missing.
-func prometheusBinary(t testing.TB) string {
-	t.Helper()
-	if p, err := exec.LookPath("prometheus"); err == nil {
-		return p
-	}
-	out, err := exec.Command("bash", filepath.Join(baseEnv.repoRoot, "test", "apt-install.sh"), "prometheus").CombinedOutput()
-	if err != nil {
-		t.Fatalf("prometheus is missing and installing Debian's package failed: %v\n%s", err, out)
-	}
-	p, err := exec.LookPath("prometheus")
-	if err != nil {
-		t.Fatal(err)
-	}
-	return p
-}
-
 // startPrometheus runs Prometheus with the repository's scrape job and
 // rules; only what reaching the API server from outside the cluster needs
 // is added to the job (api_server, and the admin's client certificate).
 func (c *cluster) startPrometheus(t testing.TB) *clusterProm {
 	t.Helper()
 	bin := filepath.Join(c.dir, "bin", "prometheus")
-	if err := os.Symlink(prometheusBinary(t), bin); err != nil {
+	if err := os.Symlink(c.bins.Prometheus, bin); err != nil {
 		t.Fatal(err)
 	}
 	b, err := os.ReadFile(filepath.Join(baseEnv.repoRoot, scrapeConfigPath))

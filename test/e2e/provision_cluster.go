@@ -15,7 +15,7 @@ import (
 
 // clusterBins are the paths of a cluster's programs, all built by
 // test/kubelet/build.sh into <cache>/kubelet.
-type clusterBins struct{ APIServer, ControllerManager, Scheduler, Kubectl, Etcd, Kubelet string }
+type clusterBins struct{ APIServer, ControllerManager, Scheduler, Kubectl, Etcd, Kubelet, Prometheus string }
 
 // provisionCluster builds the control plane (and the kubelet, which it
 // builds first, as provisionKubelet does) with `test/kubelet/build.sh
@@ -51,8 +51,9 @@ func (e *env) provisionCluster() (clusterBins, error) {
 		Kubectl:           filepath.Join(out, "kubectl"),
 		Etcd:              filepath.Join(out, "etcd"),
 		Kubelet:           filepath.Join(out, "kubelet"),
+		Prometheus:        filepath.Join(out, "prometheus"),
 	}
-	for _, p := range []string{bins.APIServer, bins.ControllerManager, bins.Scheduler, bins.Kubectl, bins.Etcd, bins.Kubelet} {
+	for _, p := range []string{bins.APIServer, bins.ControllerManager, bins.Scheduler, bins.Kubectl, bins.Etcd, bins.Kubelet, bins.Prometheus} {
 		fi, err := os.Stat(p)
 		if err != nil {
 			return clusterBins{}, fmt.Errorf("provisioning did not produce %s: %v", p, err)

@@ -12,16 +12,21 @@
 # already in the Go build cache), and etcd from the separate module ./etcd
 # (go.etcd.io/etcd/server/v3 needs newer grpc, otel and etcd client modules
 # than k8s.io/kubernetes v1.37.2, so it cannot share this module's
-# versions). Kept until go.mod, go.sum, etcd/go.mod, etcd/go.sum or this
-# script change (key file OUTDIR/.cluster-key).
+# versions), and Prometheus from the separate module ./prometheus (for the
+# same reason; Debian's prometheus lacks Kubernetes service discovery),
+# with only its Kubernetes (and the always-present static, file and http)
+# service discovery compiled in and without the web UI's assets (the HTTP
+# API works without them). Kept until go.mod, go.sum, etcd/go.mod,
+# etcd/go.sum, prometheus/go.mod, prometheus/go.sum or this script change
+# (key file OUTDIR/.cluster-key).
 #
-# Every suite that needs the kubelet (test/e2e, internal/bench) calls this
+# Every suite that needs the kubelet (test/e2e, internal/app/bench) calls this
 # script; suites that run at once (go test runs test binaries in parallel)
 # build once and never see half-written binaries:
 #   - OUTDIR/.build.lock guards the kubelet step (the kubelet, ./cmd/*,
 #     OUTDIR/.key). Both modes take it, exactly as before, and hold it only
 #     for that step.
-#   - OUTDIR/.cluster.lock guards the control-plane step (its five binaries,
+#   - OUTDIR/.cluster.lock guards the control-plane step (its six binaries,
 #     OUTDIR/.cluster-key). Only cluster mode takes it, after releasing
 #     .build.lock: no one ever holds both locks, so there is no lock-order
 #     deadlock, and a plain caller never waits for a control-plane build
@@ -101,8 +106,9 @@ exec 9>"$out/.build.lock"
 flock 9
 
 cd "$here"
-# ./etcd is a module of its own, for the control-plane step only.
-mapfile -t sources < <(find . -path ./etcd -prune -o \( -name '*.go' -o -name go.mod -o -name go.sum -o -name build.sh \) -print | LC_ALL=C sort)
+# ./etcd and ./prometheus are modules of their own, for the control-plane
+# step only.
+mapfile -t sources < <(find . \( -path ./etcd -o -path ./prometheus \) -prune -o \( -name '*.go' -o -name go.mod -o -name go.sum -o -name build.sh \) -print | LC_ALL=C sort)
 key=$(cat "${sources[@]}" | sha256sum | cut -c1-16)
 mapfile -t programs < <(find ./cmd -mindepth 1 -maxdepth 1 -type d 2>/dev/null | LC_ALL=C sort)
 want=("$out/kubelet")
@@ -135,19 +141,26 @@ exec 8>"$out/.cluster.lock"
 flock 8
 
 etcdmod=$here/etcd
-ckey=$(cat go.mod go.sum build.sh "$etcdmod/go.mod" "$etcdmod/go.sum" | sha256sum | cut -c1-16)
+prommod=$here/prometheus
+ckey=$(cat go.mod go.sum build.sh "$etcdmod/go.mod" "$etcdmod/go.sum" \
+	"$prommod/go.mod" "$prommod/go.sum" | sha256sum | cut -c1-16)
 k8scmds=(kube-apiserver kube-controller-manager kube-scheduler kubectl)
 cwant=()
 for c in "${k8scmds[@]}"; do
 	cwant+=("$out/$c")
 done
-cwant+=("$out/etcd")
+cwant+=("$out/etcd" "$out/prometheus")
 if fresh "$out/.cluster-key" "$ckey" "${cwant[@]}"; then
 	exit 0
 fi
 etcdver=$(cd "$etcdmod" && "$gocmd" list -m -f '{{.Version}}' go.etcd.io/etcd/server/v3) ||
 	fail "go list of go.etcd.io/etcd/server/v3 in $etcdmod"
-echo "kubelet build: building ${k8scmds[*]} $version and etcd $etcdver into $out (minutes, longer on a cold Go cache)"
+# The module github.com/prometheus/prometheus v0.3XX.Y is Prometheus
+# 3.XX.Y; its VERSION file says which.
+promdir=$(cd "$prommod" && "$gocmd" list -m -f '{{.Dir}}' github.com/prometheus/prometheus) ||
+	fail "go list of github.com/prometheus/prometheus in $prommod"
+promver=$(cat "$promdir/VERSION") || fail "no VERSION file in $promdir"
+echo "kubelet build: building ${k8scmds[*]} $version, etcd $etcdver and prometheus $promver into $out (minutes, longer on a cold Go cache)"
 start=$SECONDS
 rm -f "$out/.cluster-key"
 tmp=$(mktemp -d "$out/.cluster.XXXXXX")
@@ -168,6 +181,26 @@ if ! (cd "$etcdmod" && CGO_ENABLED=0 "$gocmd" build -trimpath \
 	-o "$tmp/etcd" go.etcd.io/etcd/server/v3); then
 	fail "go build of etcd in $etcdmod"
 fi
+# Prometheus: the ldflags its release build (.promu.yml) sets, so that
+# --version and prometheus_build_info are right; a module has no git
+# revision or branch, so Revision is the module version. remove_all_sd
+# drops every service discovery but static, file and http;
+# enable_kubernetes_sd adds Kubernetes back (see its plugins/*.go). No
+# builtinassets tag: the web UI is not embedded, so its pages answer 500
+# (no index.html); the HTTP API and /-/ready are unaffected.
+pstart=$SECONDS
+pvar=github.com/prometheus/common/version
+promldflags="-X $pvar.Version=$promver"
+promldflags+=" -X $pvar.Revision=$(cd "$prommod" && "$gocmd" list -m -f '{{.Version}}' github.com/prometheus/prometheus)"
+promldflags+=" -X $pvar.Branch=HEAD"
+promldflags+=" -X $pvar.BuildUser=$(id -un 2>/dev/null || echo unknown)@$(hostname 2>/dev/null || echo unknown)"
+promldflags+=" -X $pvar.BuildDate=$(date -u +%Y%m%d-%H:%M:%S)"
+if ! (cd "$prommod" && CGO_ENABLED=0 "$gocmd" build -trimpath \
+	-tags remove_all_sd,enable_kubernetes_sd -ldflags "$promldflags" \
+	-o "$tmp/prometheus" github.com/prometheus/prometheus/cmd/prometheus); then
+	fail "go build of prometheus in $prommod"
+fi
+echo "kubelet build: prometheus $promver built in $((SECONDS - pstart)) s"
 install_bins "$tmp" "${cwant[@]}"
 echo "$ckey" >"$out/.cluster-key"
 echo "kubelet build: control plane done in $((SECONDS - start)) s"

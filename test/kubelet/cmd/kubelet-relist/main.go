@@ -7,18 +7,28 @@
 // kubelet's GenericPLEG.Relist.
 //
 // Relists are driven from outside, one at a time, over a line protocol on
-// stdin and stdout. The program first answers "ready", then each command
-// with "ok[ <result>]" or "error <message>":
+// stdin and stdout, or by the PLEG's own clock after start. The program
+// first answers "ready", then each command with "ok[ <result>]" or
+// "error <message>":
 //
 //	relist   run one relist; the result is a JSON object: wall time, this
 //	         process's CPU time (user + system), Go heap allocations, the
 //	         runtime calls by CRI operation (the kubelet's own
 //	         kubelet_runtime_operations_total), the events the relist
 //	         emitted and discarded
+//	start    start the PLEG as the kubelet does (GenericPLEG.Start): a
+//	         relist at once, then each --relist-period after the end of
+//	         the last, on its own goroutine and timer; relist is refused
+//	         from then on
+//	next     after start, wait for the end of the next relist; the result
+//	         is the number of relists ended since start
+//	stats    after start, a JSON object: the time (Unix ns), this
+//	         process's CPU time, the relists ended since start, and the
+//	         sum of their durations (kubelet_pleg_relist_duration_seconds)
 //	rss      this process's peak resident set size in bytes (VmHWM)
 //	quit     exit (as on end of input)
 //
-// Usage: kubelet-relist --endpoint unix:///run/cri.sock [--runtime-request-timeout 2m] [--cpuprofile FILE]
+// Usage: kubelet-relist --endpoint unix:///run/cri.sock [--runtime-request-timeout 2m] [--relist-period 1s] [--cpuprofile FILE]
 package main
 
 import (
@@ -34,6 +44,7 @@ import (
 	"runtime/pprof"
 	"strconv"
 	"strings"
+	"sync"
 	"syscall"
 	"time"
 
@@ -63,13 +74,14 @@ const eventCapacity = 1000
 func main() {
 	endpoint := flag.String("endpoint", "", "CRI endpoint (unix:///path)")
 	timeout := flag.Duration("runtime-request-timeout", 2*time.Minute, "timeout of each CRI call (the kubelet's --runtime-request-timeout)")
+	period := flag.Duration("relist-period", time.Second, "the PLEG's relist period after start (the kubelet's: 1s)")
 	cpuProfile := flag.String("cpuprofile", "", "write a CPU profile of the whole run (relists, warm-up and start included) to this file")
 	flag.Parse()
-	if *endpoint == "" {
-		fmt.Fprintln(os.Stderr, "kubelet-relist: --endpoint is required")
+	if *endpoint == "" || *period <= 0 {
+		fmt.Fprintln(os.Stderr, "kubelet-relist: --endpoint is required, and --relist-period must be positive")
 		os.Exit(2)
 	}
-	if err := run(*endpoint, *timeout, *cpuProfile, os.Stdin, os.Stdout); err != nil {
+	if err := run(*endpoint, *timeout, *period, *cpuProfile, os.Stdin, os.Stdout); err != nil {
 		fmt.Fprintf(os.Stderr, "kubelet-relist: %v\n", err)
 		os.Exit(1)
 	}
@@ -81,9 +93,56 @@ type relister struct {
 	gen    *pleg.GenericPLEG
 	events chan *pleg.PodLifecycleEvent
 	counts chan int // the count up to each nil marker sent on events
+
+	started bool
+	clock   *watchedClock
 }
 
-func newRelister(ctx context.Context, endpoint string, timeout time.Duration, rootDir string) (*relister, error) {
+// watchedClock is the real clock, whose timers note each Reset. The
+// GenericPLEG started resets its relist timer right after each global
+// relist ends (workerLoopIteration), and nowhere else: a reset marks the
+// end of a relist. Nothing else about its timing changes.
+type watchedClock struct {
+	clock.RealClock
+
+	mu    sync.Mutex
+	ended int           // relists ended
+	next  chan struct{} // closed and replaced at each end
+}
+
+func newWatchedClock() *watchedClock { return &watchedClock{next: make(chan struct{})} }
+
+func (c *watchedClock) NewTimer(d time.Duration) clock.Timer {
+	return watchedTimer{Timer: c.RealClock.NewTimer(d), c: c}
+}
+
+func (c *watchedClock) relistEnded() {
+	c.mu.Lock()
+	c.ended++
+	close(c.next)
+	c.next = make(chan struct{})
+	c.mu.Unlock()
+}
+
+// state returns the relists ended so far, and a channel closed at the
+// next end.
+func (c *watchedClock) state() (int, <-chan struct{}) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.ended, c.next
+}
+
+type watchedTimer struct {
+	clock.Timer
+	c *watchedClock
+}
+
+func (t watchedTimer) Reset(d time.Duration) bool {
+	t.c.relistEnded()
+	return t.Timer.Reset(d)
+}
+
+func newRelister(ctx context.Context, endpoint string, timeout, period time.Duration, rootDir string) (*relister, error) {
 	tp := noop.NewTracerProvider() // the kubelet's tracer provider without tracing configured
 	// As the kubelet does (PreInitRuntimeService), with the CRIListStreaming
 	// gate at its default (off).
@@ -132,16 +191,18 @@ func newRelister(ctx context.Context, endpoint string, timeout time.Duration, ro
 		return nil, fmt.Errorf("runtime manager: %w", err)
 	}
 	events := make(chan *pleg.PodLifecycleEvent, eventCapacity)
-	// The relist period (1 s) and threshold (3 m) are the kubelet's; relists
-	// here are driven by hand, so only Healthy would read them.
+	// The relist period (the kubelet's 1 s unless --relist-period says
+	// otherwise) and threshold (3 m) are the kubelet's; relists driven by
+	// hand read neither, the started PLEG the period.
+	clk := newWatchedClock()
 	gen := pleg.NewGenericPLEG(rt, events,
-		&pleg.RelistDuration{RelistPeriod: time.Second, RelistThreshold: 3 * time.Minute},
-		kubecontainer.NewCache(), clock.RealClock{})
+		&pleg.RelistDuration{RelistPeriod: period, RelistThreshold: 3 * time.Minute},
+		kubecontainer.NewCache(), clk)
 	g, ok := gen.(*pleg.GenericPLEG)
 	if !ok {
 		return nil, fmt.Errorf("NewGenericPLEG returned a %T, not a *GenericPLEG", gen)
 	}
-	r := &relister{gen: g, events: events, counts: make(chan int)}
+	r := &relister{gen: g, events: events, counts: make(chan int), clock: clk}
 	go r.count()
 	return r, nil
 }
@@ -161,8 +222,68 @@ func (r *relister) count() {
 	close(r.counts)
 }
 
-// stop ends the counting goroutine.
-func (r *relister) stop() { close(r.events) }
+// stop ends the counting goroutine, or, once started, the PLEG (whose
+// goroutine may still send: the channel stays open, the process is
+// exiting).
+func (r *relister) stop() {
+	if r.started {
+		r.gen.Stop()
+		return
+	}
+	close(r.events)
+}
+
+// nextLimit bounds the wait for the next relist.
+const nextLimit = 5 * time.Minute
+
+// next waits for the end of the next relist of the started PLEG and
+// returns the relists ended since start.
+func (r *relister) next() (int, error) {
+	if !r.started {
+		return 0, errors.New("next: not started")
+	}
+	n, ch := r.clock.state()
+	select {
+	case <-ch:
+		return n + 1, nil
+	case <-time.After(nextLimit):
+		return n, fmt.Errorf("next: no relist ended within %v", nextLimit)
+	}
+}
+
+// stats is the answer to "stats".
+type stats struct {
+	NowNs         int64   `json:"nowNs"`
+	CPUNs         int64   `json:"cpuNs"`
+	Relists       int     `json:"relists"`
+	RelistSeconds float64 `json:"relistSeconds"`
+}
+
+// stats reads the started PLEG's figures: the time and the CPU first, so
+// that gathering the metrics is not in the CPU between two stats.
+func (r *relister) stats() (*stats, error) {
+	if !r.started {
+		return nil, errors.New("stats: not started")
+	}
+	c, err := cpuTime()
+	if err != nil {
+		return nil, err
+	}
+	s := &stats{NowNs: time.Now().UnixNano(), CPUNs: int64(c)}
+	s.Relists, _ = r.clock.state()
+	mfs, err := legacyregistry.DefaultGatherer.Gather()
+	if err != nil {
+		return nil, fmt.Errorf("gathering the kubelet's metrics: %w", err)
+	}
+	for _, mf := range mfs {
+		if mf.GetName() == "kubelet_pleg_relist_duration_seconds" {
+			for _, m := range mf.GetMetric() {
+				s.RelistSeconds += m.GetHistogram().GetSampleSum()
+			}
+		}
+	}
+	return s, nil
+}
 
 // result is the answer to "relist".
 type result struct {
@@ -278,7 +399,7 @@ func peakRSS() (int64, error) {
 	return 0, errors.New("no VmHWM in /proc/self/status")
 }
 
-func run(endpoint string, timeout time.Duration, cpuProfile string, in io.Reader, out io.Writer) error {
+func run(endpoint string, timeout, period time.Duration, cpuProfile string, in io.Reader, out io.Writer) error {
 	if cpuProfile != "" {
 		f, err := os.Create(cpuProfile)
 		if err != nil {
@@ -300,7 +421,7 @@ func run(endpoint string, timeout time.Duration, cpuProfile string, in io.Reader
 	defer os.RemoveAll(rootDir)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	r, err := newRelister(ctx, endpoint, timeout, rootDir)
+	r, err := newRelister(ctx, endpoint, timeout, period, rootDir)
 	if err != nil {
 		return err
 	}
@@ -319,9 +440,30 @@ func run(endpoint string, timeout time.Duration, cpuProfile string, in io.Reader
 		var err error
 		switch cmd := strings.TrimSpace(sc.Text()); cmd {
 		case "relist":
+			if r.started {
+				err = errors.New("relist: the PLEG is started")
+				break
+			}
 			var res *result
 			if res, err = r.relist(ctx); err == nil {
 				js, _ := json.Marshal(res)
+				err = reply("ok %s", js)
+			}
+		case "start":
+			if !r.started {
+				r.started = true
+				r.gen.Start(ctx)
+			}
+			err = reply("ok")
+		case "next":
+			var n int
+			if n, err = r.next(); err == nil {
+				err = reply("ok %d", n)
+			}
+		case "stats":
+			var s *stats
+			if s, err = r.stats(); err == nil {
+				js, _ := json.Marshal(s)
 				err = reply("ok %s", js)
 			}
 		case "rss":
