@@ -1,5 +1,5 @@
 // Package e2e is the end-to-end suite that runs against real containerds
-// — 1.6.20, 1.7.35, 2.2.9 and 2.4.2 (CRI plugin, runc) — started privately by the
+// — 1.6.20, 1.7.35, 2.2.9, 2.3.7 and 2.4.2 (CRI plugin, runc) — started privately by the
 // suite itself. The harness is this package's non-test files, each named
 // for what it holds (env.go, supervisor.go, containerd.go, cri.go,
 // kubelet.go, pleg_views.go, ...: README.md has the map), so `go build`

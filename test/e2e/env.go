@@ -34,7 +34,7 @@ const (
 // versions, oldest first, then CRI-O ("crio-<version>"); provision.sh
 // provisions each into <cache>/containerd-<version>/bin or
 // <cache>/crio-<version>/bin.
-var allRuntimes = []string{"1.6.20", "1.7.35", "2.2.9", "2.4.2", "crio-1.36.3"}
+var allRuntimes = []string{"1.6.20", "1.7.35", "2.2.9", "2.3.7", "2.4.2", "crio-1.36.3"}
 
 // Images built by provision.sh and imported into containerd's k8s.io
 // namespace.

@@ -9,7 +9,7 @@
 #      the base of the pleg image the DaemonSet test builds from
 #      deploy/Dockerfile (plegimage.go).
 #   2. containerd, containerd-shim-runc-v2 and ctr for each version in
-#      $PLEG_E2E_RUNTIMES (default: 1.6.20 1.7.35 2.2.9 2.4.2 crio-1.36.3) in
+#      $PLEG_E2E_RUNTIMES (default: 1.6.20 1.7.35 2.2.9 2.3.7 2.4.2 crio-1.36.3) in
 #      $PLEG_E2E_CACHE/containerd-<version>/bin (default cache
 #      <repo>/.cache/e2e), unless that version is already there: 2.x with
 #      go install, 1.7.x built from its module source, 1.6.x Debian's package.
@@ -94,7 +94,7 @@ say "busybox: $(/bin/busybox 2>&1 | head -n1 || true)"
 #           has exclude directives): go mod download, copy, go build
 #   1.6.20  Debian's containerd package (through test/apt-install.sh),
 #           symlinked into the per-version dir; never started as a service
-ALL_RUNTIMES="1.6.20 1.7.35 2.2.9 2.4.2 crio-1.36.3"
+ALL_RUNTIMES="1.6.20 1.7.35 2.2.9 2.3.7 2.4.2 crio-1.36.3"
 runtimes=${PLEG_E2E_RUNTIMES:-$ALL_RUNTIMES}
 runtimes=${runtimes//,/ }
 
