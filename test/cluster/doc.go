@@ -5,7 +5,10 @@
 // in network and mount namespaces of its own) that register to it. Then
 // `kubectl apply` of deploy/'s files, node-problem-detector's conditions on
 // the Node objects, and the forecast of the kubelet's "PLEG is not
-// healthy" on a Node before the kubelet says it (e2e.ClusterInstall).
+// healthy" on a Node before the kubelet says it (e2e.ClusterInstall); and
+// pleg's DaemonSets rolled (a restart, an image change) under node agents
+// watching its lifecycle stream while pods churn, every transition
+// reaching every agent (e2e.ClusterUpgrade).
 //
 // It is a package of its own so that `go test ./...` runs it beside
 // test/e2e's suite (e2e.Main provisions the runtimes and starts none).

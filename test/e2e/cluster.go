@@ -201,7 +201,11 @@ func (c *cluster) setup() error {
 	if err != nil {
 		return err
 	}
-	if err := c.waitHTTP(ctx, "kube-apiserver", admin, c.server+"/readyz"); err != nil {
+	err = c.waitHTTP(ctx, "kube-apiserver", admin, c.server+"/readyz")
+	// An idle keep-alive connection would hold the API server's shutdown
+	// for its request timeout.
+	admin.CloseIdleConnections()
+	if err != nil {
 		return err
 	}
 	insecure := &http.Client{Timeout: 5 * time.Second, Transport: &http.Transport{TLSClientConfig: &tls.Config{InsecureSkipVerify: true}}}

@@ -14,6 +14,7 @@ import (
 	"os/exec"
 	"path/filepath"
 	goruntime "runtime"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -388,15 +389,33 @@ type plegCluster struct {
 // and node-problem-detector's preloaded) and installs pleg as
 // deploy/README.md does: the CRI-O node labelled, pleg.yaml and the
 // overlay deploy/kubernetes-crio applied; it waits until one pleg pod per
-// node is Ready.
-func installPleg(t *testing.T) plegCluster {
+// node is Ready. tags are more references of the pleg image, in both
+// runtimes beside its own (the same archive: CRI-O's storage gets it
+// under each before CRI-O starts, containerd tags the imported image),
+// for a DaemonSet's image changed to another tag of the same build.
+func installPleg(t *testing.T, tags ...string) plegCluster {
 	t.Helper()
 	img := PlegImage(t)
 	npd := npdImage(t)
 	c := startCluster(t)
 	preload := []ociArchive{{img.archive, img.ref}, npd}
+	crioPreload := slices.Clone(preload)
+	for _, tag := range tags {
+		crioPreload = append(crioPreload, ociArchive{img.archive, tag})
+	}
 	a := c.addNode(t, 0, clusterContainerdNode, ClusterRuntimes[0], preload)
-	b := c.addNode(t, 1, clusterCRIONode, ClusterRuntimes[1], preload)
+	for _, tag := range tags {
+		if err := a.k.env.tagImage(img.ref, tag); err != nil {
+			t.Fatalf("node %s: %v", a.name, err)
+		}
+	}
+	b := c.addNode(t, 1, clusterCRIONode, ClusterRuntimes[1], crioPreload)
+	if len(tags) > 0 {
+		// importArchive checks that CRI-O's storage has them.
+		if err := b.k.env.importArchive(img.archive, tags...); err != nil {
+			t.Fatalf("node %s: %v", b.name, err)
+		}
+	}
 	for _, n := range []*clusterNode{a, b} {
 		if err := nodeReachable(n); err != nil {
 			t.Fatalf("node %s is not reachable from the host: %v", n.name, err)

@@ -304,6 +304,35 @@ func (e *env) importArchive(archive string, refs ...string) error {
 	return nil
 }
 
+// tagImage gives the image src of e's containerd (CRI namespace) the
+// reference dst too (ctr images tag: the same image under a second name),
+// and waits until CRI sees dst.
+func (e *env) tagImage(src, dst string) error {
+	if e.kind != kindContainerd {
+		return fmt.Errorf("tagging %s as %s in %s: %w (give CRI-O the archive under dst in env.preload)", src, dst, e.name(), errNotContainerd)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	cmd := exec.CommandContext(ctx, filepath.Join(e.binDir, "ctr"), "-n", criNamespace, "-a", e.sock, "images", "tag", src, dst)
+	if out, err := cmd.CombinedOutput(); err != nil {
+		return fmt.Errorf("ctr images tag %s %s: %v\n%s", src, dst, err, out)
+	}
+	for {
+		resp, err := e.cri.img.ImageStatus(ctx, &runtimeapi.ImageStatusRequest{Image: &runtimeapi.ImageSpec{Image: dst}})
+		if err != nil {
+			return fmt.Errorf("CRI ImageStatus %s: %w", dst, err)
+		}
+		if resp.Image != nil {
+			return nil
+		}
+		select {
+		case <-ctx.Done():
+			return fmt.Errorf("image %s not visible through CRI a minute after ctr images tag", dst)
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+}
+
 // KillContainerd SIGKILLs the suite's runtime (containerd, or CRI-O: these
 // helpers predate it and act on either) and waits until it is gone. Shims
 // (conmons) and containers keep running, as on a real node. If the test does not start

@@ -4,148 +4,45 @@ package stream
 // from Node's @grpc/grpc-js and @grpc/proto-loader (exact versions pinned
 // in its package.json and package-lock.json) and the repository's
 // api/lifecycle/v1/lifecycle.proto, against a real `pleg run` relisting the
-// simulated runtime.
-//
-// Node comes with the machine; when it is missing the test installs
-// Debian's nodejs and npm through test/apt-install.sh. The npm packages are
-// installed by `npm ci` from the lock file into
-// <repo>/.cache/node/<hash of the lock file>/ under a file lock (several
-// test binaries may run at once), once per lock file.
+// simulated runtime. test/clients/node's Go package (nodeclient) installs
+// node and the npm packages when they are missing.
 
 import (
 	"bufio"
 	"bytes"
 	"context"
-	"crypto/sha256"
-	"encoding/hex"
 	"encoding/json"
 	"fmt"
 	"io"
 	"maps"
-	"os"
 	"os/exec"
 	"path/filepath"
 	"slices"
 	"strings"
 	"sync"
-	"syscall"
 	"testing"
 	"time"
 
 	lifecyclev1 "github.com/podlifecycle/pleg/api/lifecycle/v1"
 	"github.com/podlifecycle/pleg/cruntime/sim"
 	"github.com/podlifecycle/pleg/journal"
+	nodeclient "github.com/podlifecycle/pleg/test/clients/node"
 )
 
-var nodeSetup struct {
-	sync.Once
-	node, modules string
-	err           error
-}
-
 // ensureNode returns the node binary and the node_modules directory of
-// test/clients/node's locked dependencies, installing them when needed.
+// test/clients/node's locked dependencies, installing them when needed
+// (nodeclient.Ensure).
 func ensureNode(t testing.TB) (node, modules string) {
 	t.Helper()
-	nodeSetup.Do(func() { nodeSetup.node, nodeSetup.modules, nodeSetup.err = setupNode() })
-	if nodeSetup.err != nil {
-		t.Fatalf("the Node client needs node, npm and its npm packages: %v", nodeSetup.err)
+	node, modules, err := nodeclient.Ensure(repoRoot())
+	if err != nil {
+		t.Fatal(err)
 	}
-	return nodeSetup.node, nodeSetup.modules
+	return node, modules
 }
 
-func setupNode() (node, modules string, err error) {
-	root := repoRoot()
-	if _, err := exec.LookPath("node"); err != nil {
-		fmt.Fprintln(os.Stderr, "stream test: node is missing; installing Debian's nodejs and npm")
-		if err := aptInstall(root, "nodejs", "npm"); err != nil {
-			return "", "", err
-		}
-	}
-	node, err = exec.LookPath("node")
-	if err != nil {
-		return "", "", err
-	}
-	npm, err := exec.LookPath("npm")
-	if err != nil {
-		if err := aptInstall(root, "npm"); err != nil {
-			return "", "", err
-		}
-		if npm, err = exec.LookPath("npm"); err != nil {
-			return "", "", err
-		}
-	}
-	src := filepath.Join(root, "test", "clients", "node")
-	h := sha256.New()
-	for _, f := range []string{"package.json", "package-lock.json"} {
-		b, err := os.ReadFile(filepath.Join(src, f))
-		if err != nil {
-			return "", "", err
-		}
-		h.Write(b)
-	}
-	cache := filepath.Join(root, ".cache", "node")
-	if err := os.MkdirAll(cache, 0o755); err != nil {
-		return "", "", err
-	}
-	lock, err := os.OpenFile(filepath.Join(cache, "install.lock"), os.O_CREATE|os.O_RDWR, 0o644)
-	if err != nil {
-		return "", "", err
-	}
-	defer lock.Close()
-	if err := syscall.Flock(int(lock.Fd()), syscall.LOCK_EX); err != nil {
-		return "", "", err
-	}
-	dir := filepath.Join(cache, hex.EncodeToString(h.Sum(nil))[:16])
-	modules = filepath.Join(dir, "node_modules")
-	if _, err := os.Stat(filepath.Join(dir, "installed")); err == nil {
-		return node, modules, nil
-	}
-	tmp := dir + ".tmp"
-	_ = os.RemoveAll(tmp)
-	if err := os.MkdirAll(tmp, 0o755); err != nil {
-		return "", "", err
-	}
-	for _, f := range []string{"package.json", "package-lock.json"} {
-		b, _ := os.ReadFile(filepath.Join(src, f))
-		if err := os.WriteFile(filepath.Join(tmp, f), b, 0o644); err != nil {
-			return "", "", err
-		}
-	}
-	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Minute)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, npm, "ci", "--ignore-scripts", "--no-audit", "--no-fund", "--no-update-notifier")
-	cmd.Dir = tmp
-	cmd.Env = append(os.Environ(), "npm_config_cache="+filepath.Join(cache, "npm-cache"))
-	var out bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &out
-	fmt.Fprintln(os.Stderr, "stream test: npm ci of test/clients/node into", dir)
-	if err := cmd.Run(); err != nil {
-		return "", "", fmt.Errorf("npm ci: %v\n%s", err, out.String())
-	}
-	if err := os.WriteFile(filepath.Join(tmp, "installed"), nil, 0o644); err != nil {
-		return "", "", err
-	}
-	_ = os.RemoveAll(dir)
-	if err := os.Rename(tmp, dir); err != nil {
-		return "", "", err
-	}
-	return node, modules, nil
-}
-
-// aptInstall installs Debian packages through test/apt-install.sh, the one
-// entry point of the suites.
-func aptInstall(root string, pkgs ...string) error {
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Minute)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, "bash", append([]string{filepath.Join(root, "test", "apt-install.sh")}, pkgs...)...)
-	var out bytes.Buffer
-	cmd.Stdout, cmd.Stderr = &out, &out
-	if err := cmd.Run(); err != nil {
-		return fmt.Errorf("test/apt-install.sh %v: %v\n%s", pkgs, err, out.String())
-	}
-	return nil
-}
+// aptInstall installs Debian packages through test/apt-install.sh.
+func aptInstall(root string, pkgs ...string) error { return nodeclient.AptInstall(root, pkgs...) }
 
 // nodeMsg is one line of lifecycle.js: a WatchResponse as proto-loader
 // gives it (the .proto's field names, enums as names, int64 as strings,
@@ -178,7 +75,15 @@ type nodeMsg struct {
 	End *struct {
 		Code    int    `json:"code"`
 		Details string `json:"details"`
+		// With --follow: the cursor it resumes from, and when.
+		Resume  string `json:"resume"`
+		RetryMs *int   `json:"retry_ms"`
 	} `json:"end"`
+	// With --follow: it watches again without a cursor.
+	Resync *struct {
+		Reason string `json:"reason"`
+		Cursor string `json:"cursor"`
+	} `json:"resync"`
 }
 
 type nodePod struct {
@@ -272,13 +177,7 @@ func runNode(t testing.TB, socket string, args ...string) []byte {
 func nodeCommand(ctx context.Context, t testing.TB, socket string, args ...string) *exec.Cmd {
 	t.Helper()
 	node, modules := ensureNode(t)
-	root := repoRoot()
-	all := append([]string{filepath.Join(root, "test", "clients", "node", "lifecycle.js"),
-		"--proto", filepath.Join(root, "api", "lifecycle", "v1", "lifecycle.proto"),
-		"--address", "unix://" + socket}, args...)
-	cmd := exec.CommandContext(ctx, node, all...)
-	cmd.Env = append(os.Environ(), "NODE_PATH="+modules)
-	return cmd
+	return nodeclient.Command(ctx, repoRoot(), node, modules, "unix://"+socket, args...)
 }
 
 // nodeClient is a running `node lifecycle.js`.
@@ -678,4 +577,121 @@ func TestNodeClient(t *testing.T) {
 		}
 	}
 	t.Logf("node client: %d snapshot pods, %d events in phase 1, %d after resuming from %s", len(view), phase1, len(events)-phase1, cursor)
+}
+
+// TestNodeClientFollow: `watch --follow`, the Node client as an agent that
+// stays. pleg stopped under it: the end of the stream (UNAVAILABLE, the
+// cursor it resumes from, a retry), retries while the socket is gone, then
+// pleg B answers the old cursor with resync_required; the client says it
+// resyncs and takes B's snapshot, which carries what changed while pleg
+// was down, then B's events with consecutive sequence numbers. Closed, it
+// prints its cursor; a follower started from that cursor resumes exactly
+// after it.
+func TestNodeClientFollow(t *testing.T) {
+	ensureNode(t)
+	r := startSim(t, sim.Config{Seed: 41, Pods: 6, ContainersPerPod: 2, ChurnPerStep: 2})
+	sock := filepath.Join(shortDir(t), "pleg.sock")
+	a := startPleg(t, r.Endpoint(), sock)
+	settle(t, r, a)
+	n := startNode(t, sock, "watch", "--follow", "--max-backoff-ms", "200")
+
+	// view applies a follower's lines to its pods until the cursor reaches
+	// head, checking that every entry of an epoch comes once, in order.
+	view := map[string]podView{}
+	next := uint64(0) // the sequence number the next event must have
+	var ends, resyncs []nodeMsg
+	follow := func(head string) {
+		t.Helper()
+		for want := seqOf(t, head); ; {
+			m := n.next()
+			switch {
+			case m.End != nil:
+				ends = append(ends, m)
+				continue
+			case m.Resync != nil:
+				resyncs = append(resyncs, m)
+				continue
+			case m.Snapshot != nil:
+				if next != 0 {
+					view, next = map[string]podView{}, 0
+				}
+				view[m.Snapshot.UID] = m.Snapshot.view()
+				continue
+			case m.Message == "snapshot_end":
+				next = seqOf(t, m.Cursor) + 1
+			case m.Message == "resync_required":
+				continue // its cursor is the head the watch began at, not a position
+			case m.Message == "bookmark":
+			case m.Event != nil || m.RuntimeStatus != nil:
+				if s := seqOf(t, m.Cursor); s != next {
+					t.Fatalf("sequence %d, want %d (a gap or a duplicate)", s, next)
+				}
+				next++
+				if m.Event != nil && m.Event.Pod.Gone {
+					delete(view, m.Event.Pod.UID)
+				} else if m.Event != nil {
+					view[m.Event.Pod.UID] = m.Event.Pod.view()
+				}
+			default:
+				t.Fatalf("unexpected line %+v", m)
+			}
+			if strings.HasPrefix(m.Cursor, strings.SplitN(head, "-", 2)[0]+"-") && seqOf(t, m.Cursor) >= want {
+				return
+			}
+		}
+	}
+	churn(t, r, a, 1)
+	follow(headCursor(t, sock))
+	if !maps.EqualFunc(view, cachePods(t, a.base), podViewEqual) {
+		t.Fatalf("the follower's pods differ from pleg A's pod API")
+	}
+	oldCursor := headCursor(t, sock)
+	if code := a.stop(); code != 0 {
+		t.Fatalf("pleg A exited with %d", code)
+	}
+	// While pleg is down: a pod goes, one comes.
+	pods := r.Pods()
+	must(t, r.StopPod(pods[0].UID))
+	must(t, r.RemovePod(pods[0].UID))
+	_, err := r.AddPod(sim.PodSpec{Name: "during-outage", Namespace: "agents", Containers: []string{"app"}, Behaviour: sim.Steady})
+	must(t, err)
+	// The follower retries meanwhile.
+	for len(ends) < 3 {
+		m := n.next()
+		if m.End == nil {
+			t.Fatalf("with pleg down: %+v, want end lines (retries)", m)
+		}
+		ends = append(ends, m)
+	}
+	first := ends[0].End
+	if first.Code != 14 || !strings.Contains(first.Details, "shutting down") || first.Resume != oldCursor || first.RetryMs == nil {
+		t.Fatalf("pleg A stopping: %+v, want UNAVAILABLE (14), shutting down, resume from %s, a retry", *first, oldCursor)
+	}
+	b := startPleg(t, r.Endpoint(), sock)
+	settle(t, r, b)
+	churn(t, r, b, 2)
+	headB := headCursor(t, sock)
+	follow(headB)
+	if len(resyncs) != 1 || resyncs[0].Resync.Cursor != oldCursor || resyncs[0].Resync.Reason != journal.ReasonOtherEpoch {
+		t.Fatalf("resync lines %+v, want one, from %s, reason %q", resyncs, oldCursor, journal.ReasonOtherEpoch)
+	}
+	if !maps.EqualFunc(view, cachePods(t, b.base), podViewEqual) {
+		t.Fatalf("after pleg B's snapshot and events the follower's pods differ from pleg B's pod API:\nnode %v\npods %v", view, cachePods(t, b.base))
+	}
+	cursor := n.disconnect()
+	if cursor != headB {
+		t.Fatalf("the follower closed at %s, want pleg B's head %s", cursor, headB)
+	}
+
+	// Started from that cursor: exactly what followed it.
+	churn(t, r, b, 3)
+	head := headCursor(t, sock)
+	n = startNode(t, sock, "watch", "--follow", "--cursor", cursor)
+	next = seqOf(t, cursor) + 1
+	follow(head)
+	if !maps.EqualFunc(view, cachePods(t, b.base), podViewEqual) {
+		t.Fatalf("resumed from %s, the follower's pods differ from pleg B's pod API", cursor)
+	}
+	t.Logf("follower: %d end lines while pleg was down (first: code %d, %q, resume %s, retry in %d ms), resync from %s, resumed from %s to %s",
+		len(ends), first.Code, first.Details, first.Resume, *first.RetryMs, oldCursor, cursor, head)
 }

@@ -3,6 +3,7 @@
 // repository's .proto: no generated code, no pleg code.
 //
 //   node lifecycle.js --proto PATH --address unix:///run/pleg/pleg.sock watch [--cursor C] [--namespace NS]...
+//   node lifecycle.js --proto PATH --address ADDR watch --follow [--max-backoff-ms N] [--cursor C] [--namespace NS]...
 //   node lifecycle.js --proto PATH --address ADDR list [--namespace NS]...
 //   node lifecycle.js --proto PATH --address ADDR get-container ID
 //
@@ -13,6 +14,18 @@
 // resumes. A stream that ends on its own prints {"end":{"code":N,
 // "details":"..."}}. list and get-container print their answer as one JSON
 // line. Errors go to stderr with exit code 1.
+//
+// watch --follow is an agent that stays: when the stream ends it prints
+// {"end":{"code":N,"details":"...","resume":C,"retry_ms":N}} and watches
+// again after a backoff (100 ms, doubling up to --max-backoff-ms, default
+// 5000; a message received resets it) from C, the cursor of the last
+// message it printed that can be resumed from (a snapshot's cannot: a
+// snapshot cut short starts again without a cursor). When pleg cannot
+// resume the cursor (resync_required, then the stream ends OK) it prints
+// {"resync":{"reason":"...","cursor":OLD}} and watches again at once
+// without a cursor: the snapshot that follows replaces everything. An
+// INVALID_ARGUMENT end is not retried. Closing its standard input
+// disconnects it as watch does ({"closed":{"cursor":C}}).
 'use strict';
 
 const grpc = require('@grpc/grpc-js');
@@ -24,7 +37,7 @@ function usage(msg) {
 }
 
 function parseArgs(argv) {
-  const o = { namespaces: [], cursor: '', rest: [] };
+  const o = { namespaces: [], cursor: '', rest: [], follow: false, maxBackoffMs: 5000 };
   for (let i = 0; i < argv.length; i++) {
     const a = argv[i];
     const val = () => {
@@ -36,6 +49,11 @@ function parseArgs(argv) {
       case '--address': o.address = val(); break;
       case '--cursor': o.cursor = val(); break;
       case '--namespace': o.namespaces.push(val()); break;
+      case '--follow': o.follow = true; break;
+      case '--max-backoff-ms':
+        o.maxBackoffMs = Number(val());
+        if (!Number.isInteger(o.maxBackoffMs) || o.maxBackoffMs < 100) usage('--max-backoff-ms wants an integer of at least 100');
+        break;
       default:
         if (a.startsWith('--')) usage(`unknown flag ${a}`);
         o.rest.push(a);
@@ -61,7 +79,12 @@ const definition = protoLoader.loadSync(opts.proto, {
 });
 const pkg = grpc.loadPackageDefinition(definition);
 const Lifecycle = pkg.pleg.lifecycle.v1.Lifecycle;
-const client = new Lifecycle(opts.address, grpc.credentials.createInsecure());
+// A follower also reconnects its channel as fast as its own backoff asks,
+// not grpc-js's default of up to two minutes.
+const channelOptions = opts.follow
+  ? { 'grpc.initial_reconnect_backoff_ms': 100, 'grpc.max_reconnect_backoff_ms': opts.maxBackoffMs }
+  : {};
+const client = new Lifecycle(opts.address, grpc.credentials.createInsecure(), channelOptions);
 
 function out(obj) {
   process.stdout.write(JSON.stringify(obj) + '\n');
@@ -74,8 +97,75 @@ function fail(err) {
 
 const filter = { namespaces: opts.namespaces };
 
+// follow watches until standard input closes, reconnecting, resuming
+// and resyncing by itself.
+function follow() {
+  let resume = opts.cursor; // where the next watch starts
+  let call = null;
+  let timer = null;
+  let backoff = 0;
+  let closing = false;
+
+  const watch = () => {
+    timer = null;
+    const from = resume;
+    let resync = null; // the reason of a resync_required
+    let status = null;
+    let ended = false;
+    const c = client.Watch({ cursor: from, filter });
+    call = c;
+    // Reconnect once the status came and every message before it was
+    // handled (grpc-js emits the status before the buffered messages).
+    const finish = () => {
+      if (!status || !ended || closing) return;
+      call = null;
+      if (resync !== null && status.code === grpc.status.OK) {
+        out({ resync: { reason: resync, cursor: from } });
+        backoff = 0;
+        watch();
+        return;
+      }
+      if (status.code === grpc.status.INVALID_ARGUMENT) {
+        out({ end: { code: status.code, details: status.details } });
+        client.close();
+        return;
+      }
+      backoff = backoff === 0 ? 100 : Math.min(2 * backoff, opts.maxBackoffMs);
+      const wait = Math.round(backoff * (0.8 + 0.2 * Math.random()));
+      out({ end: { code: status.code, details: status.details, resume, retry_ms: wait } });
+      timer = setTimeout(watch, wait);
+    };
+    c.on('data', (m) => {
+      backoff = 0;
+      switch (m.message) {
+        case 'snapshot': resume = ''; break;
+        case 'resync_required': resume = ''; resync = m.resync_required.reason; break;
+        default: resume = m.cursor;
+      }
+      out(m);
+    });
+    c.on('error', () => {}); // the status says it
+    c.on('status', (st) => { status = st; finish(); });
+    c.on('end', () => { ended = true; finish(); });
+  };
+
+  process.stdin.on('end', () => {
+    closing = true;
+    if (timer !== null) clearTimeout(timer);
+    if (call !== null) call.cancel();
+    out({ closed: { cursor: resume } });
+    client.close();
+  });
+  process.stdin.resume();
+  watch();
+}
+
 switch (opts.rest[0]) {
   case 'watch': {
+    if (opts.follow) {
+      follow();
+      break;
+    }
     let last = opts.cursor;
     let closing = false;
     const call = client.Watch({ cursor: opts.cursor, filter });
