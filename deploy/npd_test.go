@@ -19,7 +19,7 @@ import (
 // npdImage is the image the DaemonSet runs: NPD's release whose plugin
 // protocol and exporter the plugin config and the RBAC were checked
 // against (test/npd builds the same version).
-const npdImage = "registry.k8s.io/node-problem-detector/node-problem-detector:v1.34.0"
+const npdImage = "registry.k8s.io/node-problem-detector/node-problem-detector:v1.36.0"
 
 // npdObjects returns npd/node-problem-detector.yaml's objects by kind.
 func npdObjects(t *testing.T) map[string]object {
@@ -379,13 +379,13 @@ func TestNPDKustomize(t *testing.T) {
 	}
 }
 
-// npdAPICalls are the calls NPD v1.34.0's Kubernetes exporter makes, as
+// npdAPICalls are the calls NPD v1.36.0's Kubernetes exporter makes, as
 // (resource, verb) in the core API group. Read from the source, not
 // copied: pkg/exporters/k8sexporter/problemclient/problem_client.go gets
 // its node (GetNode, at start and for GetConditions), patches the node's
 // status (SetConditions: Nodes().PatchStatus) and records events through
 // client-go's tools/record, whose sink creates an event and patches it
-// when it repeats (recordEvent in k8s.io/client-go v0.34.1,
+// when it repeats (recordEvent in k8s.io/client-go v0.35.6, which v1.36.0 requires;
 // tools/record/event.go: sink.Create and sink.Patch, never Update).
 var npdAPICalls = [][2]string{
 	{"nodes", "get"},

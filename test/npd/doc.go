@@ -1,5 +1,5 @@
 // Package npd runs the real node-problem-detector (k8s.io/node-problem-detector
-// v1.34.0, built by provision.sh into <repo>/.cache/npd) with the plugin
+// v1.36.0, built by provision.sh into <repo>/.cache/npd) with the plugin
 // config pleg ships, deploy/npd/pleg-plugin-monitor.json, against a real
 // `pleg run` relisting a real `pleg simulate` process, and asserts what NPD
 // itself reports (its /metrics problem_gauge and problem_counter, and the

@@ -131,7 +131,7 @@ func TestNPDReportsPlegVerdicts(t *testing.T) {
 
 // The rule's pleg binary is not in place when NPD starts (NPD's patch
 // copies it in an init container; a node may install it later): NPD
-// v1.34.0 refuses a config whose rule's path does not exist and exits at
+// v1.36.0 refuses a config whose rule's path does not exist and exits at
 // start, taking its other monitors with it. The shipped rule runs
 // /bin/sh, which always exists, and its one-line script reports a missing
 // binary as unknown (exit 2). So NPD stays up, reports Unknown until the

@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Provision the real node-problem-detector for the test/npd suite: builds
 # k8s.io/node-problem-detector's cmd/nodeproblemdetector at $NPD_VERSION
-# (default v1.34.0) from its module source, CGO_ENABLED=0, with the tags that
+# (default v1.36.0) from its module source, CGO_ENABLED=0, with the tags that
 # leave out the system log monitor (journald needs cgo), the system stats
 # monitor and the Stackdriver exporter, none of which the suite uses.
 # The binary lands at $PLEG_NPD_CACHE/bin/node-problem-detector (default
@@ -14,7 +14,7 @@
 # Exits non-zero with a message starting "provision: FAILED" when it cannot.
 set -euo pipefail
 
-NPD_VERSION=${NPD_VERSION:-v1.34.0}
+NPD_VERSION=${NPD_VERSION:-v1.36.0}
 NPD_TAGS="disable_system_log_monitor disable_system_stats_monitor disable_stackdriver_exporter"
 NPD_MODULE=k8s.io/node-problem-detector
 
