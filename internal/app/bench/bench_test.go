@@ -354,8 +354,16 @@ func TestChildFailureIsReported(t *testing.T) {
 
 func TestLookup(t *testing.T) {
 	all, err := Lookup("all")
-	if err != nil || len(all) != 11 {
+	if err != nil || len(all) != 13 {
 		t.Fatalf("all: %d, %v", len(all), err)
+	}
+	// The idle scenarios beside the kubelet's PLEG run only when named.
+	if slices.ContainsFunc(all, func(s Scenario) bool { return s.OnDemand }) || len(Scenarios()) != 15 {
+		t.Errorf("all holds a scenario on demand, or there are %d scenarios, want 15", len(Scenarios()))
+	}
+	idle, err := Lookup("1000x10-idle-adaptive,110x5-idle-adaptive")
+	if err != nil || len(idle) != 2 || !idle[0].Live.Idle || !hasKubeletRun(idle[1].Live) {
+		t.Fatalf("idle adaptive: %+v, %v", idle, err)
 	}
 	two, err := Lookup("500x10, 110x5-hung")
 	if err != nil || len(two) != 2 || two[0].Name != "500x10" || two[1].HungPods != 1 {
@@ -367,8 +375,10 @@ func TestLookup(t *testing.T) {
 	// The scenarios.
 	want := map[string][4]int{"66x7": {66, 7, 10, 0}, "500x10": {500, 10, 50, 0}, "1000x10-idle": {1000, 10, 0, 0}, "110x5-idle": {110, 5, 0, 0}, "110x5-hung": {110, 5, 0, 1},
 		"hung-pod-events": {110, 5, 0, 1}, "hint-storm": {500, 5, 0, 0},
-		"events-unchanged": {200, 5, 0, 0}, "events-churn": {200, 5, 0, 0}, "watchers": {110, 5, 0, 0}, "events-isolated": {200, 5, 0, 0}}
-	for _, s := range all {
+		"events-unchanged": {200, 5, 0, 0}, "events-churn": {200, 5, 0, 0}, "watchers": {110, 5, 0, 0}, "events-isolated": {200, 5, 0, 0},
+		"events-churn-adaptive": {200, 5, 0, 0}, "events-isolated-adaptive": {200, 5, 0, 0},
+		"1000x10-idle-adaptive": {1000, 10, 0, 0}, "110x5-idle-adaptive": {110, 5, 0, 0}}
+	for _, s := range append(all, idle...) {
 		w := want[s.Name]
 		if [4]int{s.Pods, s.Containers, s.Changed, s.HungPods} != w {
 			t.Errorf("%s: %d x %d, %d changed, %d hung; want %v", s.Name, s.Pods, s.Containers, s.Changed, s.HungPods, w)

@@ -41,6 +41,12 @@ type plegConfig struct {
 	InspectionTimeout time.Duration `json:"podInspectionTimeout"` // negative: none
 	RelistPeriod      time.Duration `json:"relistPeriod"`         // started generators'; 0: the default
 	RelistThreshold   time.Duration `json:"relistThreshold"`      // positive: health is watched
+	// MaxRelistPeriod is pleg.Options.MaxRelistPeriod (above RelistPeriod:
+	// the adaptive global relist).
+	MaxRelistPeriod time.Duration `json:"maxRelistPeriod,omitempty"`
+	// Readiness runs the daemon's readiness check (pleg.Readiness, a CRI
+	// Status call every 5 s) beside a started generator.
+	Readiness bool `json:"readiness,omitempty"`
 	// Events turns the runtime's event stream on as hints (a started
 	// generator); it is off otherwise.
 	Events bool   `json:"events"`
@@ -84,8 +90,13 @@ type Budget struct {
 //	           some global relists, the last of which inspected nothing,
 //	           and the event stream connected if on; answers a liveStart
 //	hung <uid> count the calls for this pod apart
-//	begin      begin a measured window: health checked every healthEvery
-//	end        end it; answers a LiveResult as JSON (pleg's figures)
+//	begin [idle]
+//	           begin a measured window: health checked every healthEvery
+//	           (idle: nothing runs in the window but the generator and,
+//	           if on, the readiness check; health is checked at its end)
+//	next       wait for the end of the next global relist
+//	end        end the window; answers a LiveResult as JSON (pleg's
+//	           figures)
 //	await <uid> <after>
 //	           wait for an event about the pod delivered after the Unix
 //	           time <after> (ns); answers its delivery time (Unix ns)
@@ -138,6 +149,19 @@ type plegChild struct {
 	sink   *sink              // started
 	win    *window            // between begin and end
 	api    *apiServer         // after api
+	ready  *readiness         // started, with cfg.Readiness
+}
+
+// readiness is the daemon's readiness check, run beside a started
+// generator.
+type readiness struct {
+	cancel context.CancelFunc
+	done   chan struct{}
+}
+
+func (r *readiness) stop() {
+	r.cancel()
+	<-r.done
 }
 
 // apiServer is the lifecycle API the pleg child serves after "api", as
@@ -210,6 +234,7 @@ func newPLEGChild(c plegConfig) (*plegChild, error) {
 		Events:                 events,
 		Metrics:                m,
 		RelistPeriod:           c.RelistPeriod,
+		MaxRelistPeriod:        c.MaxRelistPeriod,
 		RelistThreshold:        c.RelistThreshold,
 		PodInspectionTimeout:   c.InspectionTimeout,
 		MaxParallelInspections: c.Parallel,
@@ -239,6 +264,9 @@ func (p *plegChild) close() {
 	}
 	if p.api != nil {
 		p.api.stop()
+	}
+	if p.ready != nil {
+		p.ready.stop()
 	}
 	// Stop cancels the calls still out (a hung pod's), so it returns at
 	// once; it closes the Watch channel, which ends the sink.
@@ -292,8 +320,16 @@ func (p *plegChild) command(name, arg string) (string, error) {
 		if p.sink == nil || p.win != nil {
 			return "", errors.New("begin: not started, or a window is open")
 		}
-		p.win = p.beginWindow()
+		if arg != "" && arg != "idle" {
+			return "", fmt.Errorf("begin %q: want nothing or idle", arg)
+		}
+		p.win = p.beginWindow(arg == "idle")
 		return "", nil
+	case "next":
+		if p.sink == nil {
+			return "", errors.New("next: not started")
+		}
+		return "", p.nextRelist()
 	case "end":
 		if p.win == nil {
 			return "", errors.New("end: no window")
@@ -438,23 +474,73 @@ const (
 // relist inspects those pods again, each for up to the pod inspection
 // timeout; a window must start in the steady state it measures, not in
 // the startup's tail.
+//
+// With the adaptive global relist on, the warm-up also lasts until the
+// period has grown to its maximum: until the last relist started at least
+// (nearly) MaxRelistPeriod after the end of the one before.
 func (p *plegChild) start() (*liveStart, error) {
 	p.sink = newSink(p.events)
 	started := time.Now()
 	p.g.Start()
+	if p.cfg.Readiness {
+		ctx, cancel := context.WithCancel(context.Background())
+		r := &readiness{cancel: cancel, done: make(chan struct{})}
+		check := pleg.NewReadiness(p.g, pleg.ReadinessOptions{Runtime: p.client, Timeout: p.cfg.RequestTimeout})
+		go func() {
+			defer close(r.done)
+			check.Run(ctx)
+		}()
+		p.ready = r
+	}
+	adaptive := p.cfg.MaxRelistPeriod > p.period()
 	limit := started.Add(liveStartLimit)
+	if adaptive {
+		// The doublings up to the maximum, and a hold at the base.
+		limit = limit.Add(4 * p.cfg.MaxRelistPeriod)
+	}
 	for {
 		recent := p.g.RecentRelists()
 		if len(recent) >= liveWarmupRelists && (!p.cfg.Events || p.g.EventStream().State == pleg.StreamConnected) {
-			if last := recent[len(recent)-1]; last.Err == "" && last.Inspected == 0 {
+			last, prev := recent[len(recent)-1], recent[len(recent)-2]
+			stretched := !adaptive || last.Start.Sub(prev.Start.Add(prev.Duration)) >= p.cfg.MaxRelistPeriod*95/100
+			if last.Err == "" && last.Inspected == 0 && stretched {
 				return &liveStart{StartupMs: ms(time.Since(started)), WarmupRelists: len(recent)}, nil
 			}
 		}
 		if time.Now().After(limit) {
-			return nil, fmt.Errorf("no global relist that inspected nothing, with the event stream connected if on, within %v (relists %d, stream %+v)",
-				liveStartLimit, len(recent), p.g.EventStream())
+			return nil, fmt.Errorf("no global relist that inspected nothing, with the event stream connected if on (and the period at its maximum if adaptive), within %v (relists %d, stream %+v)",
+				limit.Sub(started), len(recent), p.g.EventStream())
 		}
 		time.Sleep(5 * time.Millisecond)
+	}
+}
+
+// nextLimit bounds the wait for the next global relist.
+const nextLimit = 5 * time.Minute
+
+// nextRelist waits for the end of the next global relist: for its listing
+// to return (the probe says when, without waking this process before),
+// then for its RelistStat, which comes once it ends (at once on an idle
+// node).
+func (p *plegChild) nextRelist() error {
+	recent := p.g.RecentRelists()
+	var last time.Time
+	if len(recent) > 0 {
+		last = recent[len(recent)-1].Start
+	}
+	select {
+	case <-p.probe.listed():
+	case <-time.After(nextLimit):
+		return fmt.Errorf("next: no global listing within %v", nextLimit)
+	}
+	for limit := time.Now().Add(nextLimit); ; {
+		if recent := p.g.RecentRelists(); len(recent) > 0 && recent[len(recent)-1].Start.After(last) {
+			return nil
+		}
+		if time.Now().After(limit) {
+			return fmt.Errorf("next: the global relist did not end within %v of its listing", nextLimit)
+		}
+		time.Sleep(time.Millisecond)
 	}
 }
 
@@ -471,6 +557,8 @@ type window struct {
 	s0   liveSnapshot
 	quit chan struct{}
 	done chan struct{}
+
+	idle bool // no checker goroutine: health is checked at the end
 
 	mu        sync.Mutex // the checker goroutine writes what follows
 	checks    int
@@ -501,10 +589,18 @@ func (p *plegChild) snapshot() liveSnapshot {
 // beginWindow starts checking health every healthEvery, and keeping the
 // global relists: the generator keeps its last 300, read as often as 100
 // relist periods (at least every healthEvery) and at the end.
-func (p *plegChild) beginWindow() *window {
-	w := &window{quit: make(chan struct{}), done: make(chan struct{}), connected: true, seen: map[time.Time]pleg.RelistStat{}}
+//
+// An idle window runs no goroutine: the generator's last 300 relists are
+// read at the end (idle windows are minutes of relists a second at most),
+// and health is checked once then.
+func (p *plegChild) beginWindow(idle bool) *window {
+	w := &window{quit: make(chan struct{}), done: make(chan struct{}), connected: true, seen: map[time.Time]pleg.RelistStat{}, idle: idle}
 	w.s0 = p.snapshot()
 	w.t0 = time.Now()
+	if idle {
+		close(w.done)
+		return w
+	}
 	collectEvery := max(healthEvery, 100*p.period())
 	go func() {
 		defer close(w.done)
@@ -559,11 +655,19 @@ func (p *plegChild) endWindow(w *window) *LiveResult {
 	t1 := time.Now()
 	s1 := p.snapshot()
 	w.collect(p.g)
+	if w.idle {
+		ok, err := p.g.Healthy()
+		w.checks, w.connected = 1, !p.cfg.Events || p.g.EventStream().State == pleg.StreamConnected
+		if !ok {
+			w.unhealthy, w.first = 1, fmt.Sprintf("at the window's end: %v", err)
+		}
+	}
 	s0 := w.s0
 	c := p.cfg
 	r := &LiveResult{
 		WindowMs:               ms(t1.Sub(w.t0)),
 		RelistPeriodMs:         ms(p.period()),
+		MaxRelistPeriodMs:      ms(p.cfg.MaxRelistPeriod),
 		PodInspectionTimeoutMs: ms(c.InspectionTimeout),
 		RequestTimeoutMs:       ms(c.RequestTimeout),
 		RelistThresholdMs:      ms(p.g.RelistThreshold()),
@@ -594,6 +698,7 @@ func (p *plegChild) endWindow(w *window) *LiveResult {
 	r.EarlyRelists = d["pleg_early_relists_total"]
 	r.QueueDropped = d["pleg_pod_relist_requests_dropped_total"]
 	r.InspectionTimeouts = d["pleg_pod_inspection_timeouts_total"]
+	r.Unannounced = d["pleg_unannounced_changes_total"]
 
 	var starts []time.Time
 	var durs []time.Duration
@@ -615,6 +720,11 @@ func (p *plegChild) endWindow(w *window) *LiveResult {
 	r.IntervalP99Ms = ms(stats.Percentile(intervals, 0.99))
 	r.IntervalMaxMs = ms(slices.Max(intervals))
 	if len(durs) > 0 {
+		var sum time.Duration
+		for _, d := range durs {
+			sum += d
+		}
+		r.RelistMeanMs = ms(sum) / float64(len(durs))
 		r.RelistP50Ms = ms(stats.Percentile(durs, 0.50))
 		r.RelistP99Ms = ms(stats.Percentile(durs, 0.99))
 		r.RelistMaxMs = ms(slices.Max(durs))
@@ -698,8 +808,19 @@ type probe struct {
 	podLists, statuses      atomic.Int64
 	hungLists, hungStatuses atomic.Int64
 
-	mu    sync.Mutex
-	lists []timedCall // the last maxTimedLists global listings
+	mu     sync.Mutex
+	lists  []timedCall   // the last maxTimedLists global listings
+	listCh chan struct{} // closed and replaced as each listing returns
+}
+
+// listed returns a channel closed when the next global listing returns.
+func (p *probe) listed() <-chan struct{} {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	if p.listCh == nil {
+		p.listCh = make(chan struct{})
+	}
+	return p.listCh
 }
 
 type timedCall struct {
@@ -720,6 +841,10 @@ func (p *probe) ListPods(ctx context.Context) ([]*cruntime.Pod, error) {
 		p.lists = slices.Delete(p.lists, 0, maxTimedLists/2)
 	}
 	p.lists = append(p.lists, timedCall{start, d})
+	if p.listCh != nil {
+		close(p.listCh)
+		p.listCh = nil
+	}
 	p.mu.Unlock()
 	return pods, err
 }

@@ -254,11 +254,14 @@ func newReport(o Options) *Report {
 		GOMAXPROCS: goruntime.GOMAXPROCS(0),
 		Notes:      []string{"The simulated CRI runtime (cruntime/sim, real gRPC on a unix socket) runs in a child process, and each generator in a process of its own: CPU time, allocations and peak RSS are that process's own (generator, CRI client, Go runtime and GC), CPU and allocations measured around each relist; the simulator's CPU is shown apart."},
 	}
-	driven, live := false, false
+	driven, live, idle := false, false, false
 	for _, sc := range o.Scenarios {
-		if sc.Live != nil {
+		switch {
+		case sc.Live != nil && sc.Live.Idle:
+			idle = true
+		case sc.Live != nil:
 			live = true
-		} else {
+		default:
 			driven = true
 		}
 	}
@@ -270,7 +273,11 @@ func newReport(o Options) *Report {
 	}
 	if live {
 		r.Notes = append(r.Notes,
-			"Live scenarios run a started generator (Generator.Start: real clock, relist goroutine) for a wall-time window after its warm-up; the relist figures are those of Generator.RecentRelists whose start falls in the window, Healthy() is checked every "+healthEvery.String()+", runtime calls are those the simulated runtime received, CPU is per second of the window. Percentiles are nearest-rank. They have no kubelet baseline (the kubelet makes no single-pod relists from runtime events): where a scenario has several runs, the first is its baseline and ratio = run / baseline.")
+			"Live scenarios run a started generator (Generator.Start: real clock, relist goroutine) for a wall-time window after its warm-up; the relist figures are those of Generator.RecentRelists whose start falls in the window, Healthy() is checked every "+healthEvery.String()+", runtime calls are those the simulated runtime received, CPU is per second of the window. Percentiles are nearest-rank. They have no kubelet baseline (the kubelet makes no single-pod relists from runtime events): where a scenario has several runs, the first is its baseline and ratio = run / baseline. A run with the adaptive global relist (MaxRelistPeriod) starts its window once the period has grown to its maximum.")
+	}
+	if idle {
+		r.Notes = append(r.Notes,
+			"Idle scenarios run each relister started, on its own clock, on a node where nothing changes: the kubelet v1.37.2's PLEG (the kubelet-relist program, --kubelet: GenericPLEG.Start, a relist every period after the end of the last; its warm-up relists by hand), pleg with its period fixed and with the adaptive global relist (its window starts once the period has grown to its maximum), each pleg run with the daemon's readiness check (a CRI Status call every 5s). Every CRI call the simulated runtime received in the window is counted (the bench's own commands go over the children's line protocols, not CRI); CPU is each process's own per second of the window; ratio = run / the kubelet's.")
 	}
 	return r
 }
@@ -315,7 +322,11 @@ func (r *Report) WriteText(w io.Writer) error {
 
 func writeScenario(w io.Writer, s ScenarioResult) {
 	if s.Live != nil {
-		writeLive(w, s)
+		if s.Scenario.Live != nil && s.Scenario.Live.Idle {
+			writeIdle(w, s)
+		} else {
+			writeLive(w, s)
+		}
 		return
 	}
 	p, b := s.PLEG, s.Kubelet

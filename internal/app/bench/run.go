@@ -23,7 +23,8 @@ type Options struct {
 	// (test/kubelet/cmd/kubelet-relist: the kubelet v1.37.2's own
 	// GenericPLEG, runtime manager and CRI client): every scenario driven
 	// by hand then also runs with it, against an identical simulated node,
-	// as the baseline.
+	// as the baseline, and so do the live scenarios' kubelet runs
+	// (LiveRun.Kubelet; left out without it).
 	Kubelet string
 	// Quick uses the scenarios' small relist counts and the live
 	// scenarios' short windows (for tests and smoke runs).
@@ -150,7 +151,7 @@ func Run(ctx context.Context, o Options) (*Report, error) {
 	for _, sc := range o.Scenarios {
 		res := ScenarioResult{Scenario: sc, Description: sc.Description()}
 		if sc.Live != nil {
-			for _, run := range sc.Live.runs() {
+			for _, run := range sc.Live.runs(o.Kubelet != "") {
 				if o.Progress != nil {
 					fmt.Fprintf(o.Progress, "pleg bench: %s: live, %s...\n", sc.Name, run.Name)
 				}
@@ -252,6 +253,33 @@ func inspectedBy(r *relistResult) int64 {
 	return int64(r.Calls["podsandbox_status"])
 }
 
+// warmUp runs the warm-up relists of a generator driven by hand (gen
+// answers relist),
+// on a node of pods pods, and returns how many it ran.
+func warmUp(gen *lineproto.Child, pods int) (int, error) {
+	var warm int64
+	i := 1
+	for ; ; i++ {
+		var r relistResult
+		if err := gen.CallJSON(&r, "relist"); err != nil {
+			return i, fmt.Errorf("warm-up relist: %w", err)
+		}
+		n := inspectedBy(&r)
+		warm += n
+		if i >= warmupRelists && n == 0 {
+			break
+		}
+		if i == maxWarmupRelists {
+			return i, fmt.Errorf("warm-up relist %d still inspected %d pods", i, n)
+		}
+	}
+	// Every pod is new to the generator: each is inspected at least once.
+	if warm < int64(pods) {
+		return i, fmt.Errorf("warm-up relists inspected %d pods, want at least %d", warm, pods)
+	}
+	return i, nil
+}
+
 // runOne measures relists relists of one scenario with one column, against
 // a fresh simulated runtime.
 func runOne(ctx context.Context, o Options, sc Scenario, col column, relists int) (_ *RunResult, err error) {
@@ -284,24 +312,8 @@ func runOne(ctx context.Context, o Options, sc Scenario, col column, relists int
 		return &r, gen.CallJSON(&r, "relist")
 	}
 
-	var warm int64
-	for i := 1; ; i++ {
-		r, err := relist()
-		if err != nil {
-			return nil, fmt.Errorf("warm-up relist: %w", err)
-		}
-		n := inspectedBy(r)
-		warm += n
-		if i >= warmupRelists && n == 0 {
-			break
-		}
-		if i == maxWarmupRelists {
-			return nil, fmt.Errorf("warm-up relist %d still inspected %d pods", i, n)
-		}
-	}
-	// Every pod is new to the generator: each is inspected at least once.
-	if warm < int64(sc.Pods) {
-		return nil, fmt.Errorf("warm-up relists inspected %d pods, want at least %d", warm, sc.Pods)
+	if _, err := warmUp(gen, sc.Pods); err != nil {
+		return nil, err
 	}
 	if sc.Latency > 0 {
 		if _, err := rt.Call("latency %v", sc.Latency); err != nil {

@@ -17,7 +17,10 @@
 // events (for a hung pod, or a storm over every pod) or pods change: what
 // single-pod relists, which only a started generator makes, cost the
 // runtime and do to the global relists, to health and to delivery; each
-// run with the runtime's events on and, as the baseline, off.
+// run with the runtime's events on and, as the baseline, off. Idle live
+// scenarios (idle.go) measure instead what relisting a node where nothing
+// changes costs, each relister on its own clock: the kubelet's PLEG
+// started, pleg with its period fixed and with the adaptive global relist.
 //
 // The simulated runtime and each generator run in processes of their own
 // (`pleg bench child runtime|pleg`, see ServeChild; the kubelet's is its
@@ -74,8 +77,13 @@ type Scenario struct {
 	// Live, when set, makes this a live scenario (live.go): a started
 	// generator runs against the simulated runtime for a fixed wall time,
 	// instead of relists driven by hand. Changed, Relists and Pause do not
-	// apply to it; there is no kubelet baseline.
+	// apply to it; its kubelet baseline, if any, is a run of its own
+	// (LiveRun.Kubelet).
 	Live *LiveSpec `json:"live,omitempty"`
+
+	// OnDemand leaves the scenario out of "all" (the default set): it
+	// runs only when named, a full run of it taking minutes.
+	OnDemand bool `json:"-"`
 }
 
 // LiveSpec is what a live scenario adds to a Scenario.
@@ -112,6 +120,15 @@ type LiveSpec struct {
 	// API makes pleg's child serve the lifecycle API (as the daemon does)
 	// in every run, for the runs' Watchers.
 	API bool `json:"api,omitempty"`
+	// Readiness makes pleg's child run the daemon's readiness check
+	// (pleg.Readiness: a CRI Status call at once and every 5 s) beside
+	// the generator in every run: its calls are pleg's too.
+	Readiness bool `json:"readiness,omitempty"`
+	// Idle measures a relister at rest without waking it (idle.go): no
+	// health poller runs in pleg's process (Healthy is checked once, at
+	// the window's end), and the window begins and ends right after a
+	// global relist ends, so that it holds whole relist periods.
+	Idle bool `json:"idle,omitempty"`
 	// Runs are the runs of the scenario, each against a fresh runtime and
 	// generator; the first is the baseline of the others. Nil: one run
 	// with events on.
@@ -132,14 +149,40 @@ type LiveRun struct {
 	// window (LiveSpec.API; see watchers): each reads every message, and
 	// in a quiet run is idle after its snapshot.
 	Watchers int `json:"watchers,omitempty"`
+	// MaxRelistPeriod, when above the scenario's relist period, turns
+	// pleg's adaptive global relist on (pleg.Options.MaxRelistPeriod);
+	// QuickMaxRelistPeriod replaces it in quick mode (0: the same). The
+	// warm-up then lasts until the period has grown to it.
+	MaxRelistPeriod      time.Duration `json:"maxRelistPeriod,omitempty"`
+	QuickMaxRelistPeriod time.Duration `json:"-"`
+	// Kubelet makes this run the kubelet's own PLEG instead of pleg's
+	// (Options.Kubelet: the kubelet-relist program, GenericPLEG.Start,
+	// relisting on its own clock every RelistPeriod); it is left out
+	// without Options.Kubelet.
+	Kubelet bool `json:"kubelet,omitempty"`
 }
 
-// runs returns the runs of a live scenario.
-func (l *LiveSpec) runs() []LiveRun {
+// maxPeriod returns the run's MaxRelistPeriod.
+func (r LiveRun) maxPeriod(quick bool) time.Duration {
+	if quick && r.QuickMaxRelistPeriod > 0 {
+		return r.QuickMaxRelistPeriod
+	}
+	return r.MaxRelistPeriod
+}
+
+// runs returns the runs of a live scenario; those of the kubelet only
+// with kubelet (Options.Kubelet set).
+func (l *LiveSpec) runs(kubelet bool) []LiveRun {
 	if len(l.Runs) == 0 {
 		return []LiveRun{{Name: "pleg", Events: true}}
 	}
-	return l.Runs
+	var out []LiveRun
+	for _, r := range l.Runs {
+		if !r.Kubelet || kubelet {
+			out = append(out, r)
+		}
+	}
+	return out
 }
 
 // changes returns the number of changes of a run.
@@ -335,15 +378,66 @@ func Scenarios() []Scenario {
 				Runs: []LiveRun{{Name: "events off"}, {Name: "events on", Events: true}},
 			},
 		},
+		// The adaptive global relist (issue 37), with churn: events-churn
+		// with the period fixed and adaptive, events on in both.
+		{
+			Name: "events-churn-adaptive", Pods: 200, Containers: 5, Latency: 20 * time.Millisecond,
+			RequestTimeout: 10 * time.Second, RelistThreshold: 10 * time.Second,
+			Live: &LiveSpec{
+				Window: 12 * time.Second, Quick: 4 * time.Second,
+				RelistPeriod: 100 * time.Millisecond,
+				Churn:        50, ChurnEvery: 100 * time.Millisecond,
+				Runs: []LiveRun{{Name: "period 100ms", Events: true},
+					{Name: "adaptive to 1s", Events: true, MaxRelistPeriod: time.Second}},
+			},
+		},
+		{
+			// events-isolated, events on, with the period fixed and adaptive:
+			// a change the runtime announces waits for no global relist.
+			Name: "events-isolated-adaptive", Pods: 200, Containers: 5, Latency: time.Millisecond,
+			RequestTimeout: 10 * time.Second, RelistThreshold: 30 * time.Second,
+			Live: &LiveSpec{
+				RelistPeriod: time.Second,
+				Changes:      40, QuickChanges: 8, ChangeGap: 500 * time.Millisecond,
+				Runs: []LiveRun{{Name: "period 1s", Events: true},
+					{Name: "adaptive to 10s", Events: true, MaxRelistPeriod: 10 * time.Second, QuickMaxRelistPeriod: 2 * time.Second}},
+			},
+		},
+		// At rest beside the kubelet's PLEG (idle.go): on demand, each
+		// lasts about four minutes with --kubelet.
+		{
+			Name: "1000x10-idle-adaptive", Pods: 1000, Containers: 10,
+			RequestTimeout: 2 * time.Second, OnDemand: true, Live: idleAdaptive(),
+		},
+		{
+			Name: "110x5-idle-adaptive", Pods: 110, Containers: 5,
+			RequestTimeout: 2 * time.Second, OnDemand: true, Live: idleAdaptive(),
+		},
 	}
 }
 
-// Lookup returns the scenarios named by spec: "all", or names separated by
-// commas.
+// idleAdaptive is the live spec of the idle scenarios of issue 37: the
+// kubelet's PLEG relisting every second on its own clock, pleg relisting
+// every second, and pleg with the adaptive global relist up to 10 s (2 s
+// in quick mode), each for a minute (3 s in quick mode).
+func idleAdaptive() *LiveSpec {
+	return &LiveSpec{
+		Window: time.Minute, Quick: 3 * time.Second,
+		RelistPeriod: time.Second, Readiness: true, Idle: true,
+		Runs: []LiveRun{
+			{Name: "kubelet, 1s", Kubelet: true},
+			{Name: "pleg, 1s", Events: true},
+			{Name: "pleg, adaptive to 10s", Events: true, MaxRelistPeriod: 10 * time.Second, QuickMaxRelistPeriod: 2 * time.Second},
+		},
+	}
+}
+
+// Lookup returns the scenarios named by spec: "all" (every scenario but
+// those on demand), or names separated by commas.
 func Lookup(spec string) ([]Scenario, error) {
 	all := Scenarios()
 	if spec == "" || spec == "all" {
-		return all, nil
+		return slices.DeleteFunc(all, func(s Scenario) bool { return s.OnDemand }), nil
 	}
 	var out []Scenario
 	for _, name := range strings.Split(spec, ",") {
@@ -402,9 +496,25 @@ func (s Scenario) liveDescription() string {
 	if l.Changes > 0 {
 		fmt.Fprintf(&b, ", one pod changed at a time, %v after the last change was delivered (%d changes; a fifth with events off)", l.ChangeGap, l.Changes)
 	}
+	if l.Idle {
+		b.WriteString(", nothing changed")
+	}
 	if s.Latency > 0 {
 		fmt.Fprintf(&b, ", %v per runtime call", s.Latency)
 	}
-	fmt.Fprintf(&b, "; a started generator, relist period %v", l.RelistPeriod)
+	if hasKubeletRun(l) {
+		fmt.Fprintf(&b, "; the kubelet's PLEG started (a relist every %v after the end of the last) and", l.RelistPeriod)
+	} else {
+		b.WriteString(";")
+	}
+	fmt.Fprintf(&b, " a started generator, relist period %v", l.RelistPeriod)
+	for _, r := range l.Runs {
+		if r.MaxRelistPeriod > l.RelistPeriod {
+			fmt.Fprintf(&b, ", adaptive up to %v in run %q", r.MaxRelistPeriod, r.Name)
+		}
+	}
+	if l.Readiness {
+		b.WriteString(", with the daemon's readiness check (a CRI Status call every 5s)")
+	}
 	return b.String()
 }
