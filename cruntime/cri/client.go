@@ -20,6 +20,7 @@ import (
 	"k8s.io/klog/v2"
 
 	"github.com/podlifecycle/pleg/cruntime"
+	"github.com/podlifecycle/pleg/cruntime/cri/directlist"
 	"github.com/podlifecycle/pleg/metrics"
 )
 
@@ -62,7 +63,7 @@ type Client struct {
 	shared            *cruntime.Interner // the statuses' image references, labels and annotations; swept after each listing
 
 	listStreaming ListStreaming
-	direct        *directLister  // nil: unfiltered listings go through conn (WithDirectLists)
+	direct        lister         // nil: unfiltered listings go through conn (WithDirectLists)
 	conns         *atomic.Uint64 // connections made and lost so far (connCounter)
 	noStreamConn  atomic.Uint64  // 1 + conns when the runtime answered Unimplemented to a streamed listing; 0: never
 }
@@ -191,11 +192,7 @@ func Dial(endpoint string, opts ...Option) (*Client, error) {
 	if err != nil {
 		return nil, &EndpointError{Endpoint: endpoint, Reason: err.Error()}
 	}
-	var direct *directLister
-	if !o.grpcLists {
-		direct = newDirectLister(path, conns)
-	}
-	return &Client{
+	c := &Client{
 		endpoint:          endpoint,
 		path:              path,
 		conn:              conn,
@@ -206,10 +203,13 @@ func Dial(endpoint string, opts ...Option) (*Client, error) {
 		metrics:           o.metrics,
 		log:               log,
 		listStreaming:     o.listStreaming,
-		direct:            direct,
 		conns:             conns,
 		shared:            cruntime.NewInterner(o.intern),
-	}, nil
+	}
+	if !o.grpcLists {
+		c.direct = directlist.New(path, maxMsgSize, conns)
+	}
+	return c, nil
 }
 
 // socketPath returns the unix socket path an endpoint names.
@@ -260,7 +260,7 @@ func (c *Client) Endpoint() string { return c.endpoint }
 // Close closes the connections. Calls in flight fail.
 func (c *Client) Close() error {
 	if c.direct != nil {
-		c.direct.close()
+		c.direct.Close()
 	}
 	return c.conn.Close()
 }

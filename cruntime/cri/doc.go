@@ -12,8 +12,8 @@
 //
 // The relist's two unfiltered listings are read from an HTTP/2 connection
 // of their own and decoded as their bytes arrive, instead of being held
-// whole by gRPC first (listdirect.go; WithDirectLists). Every other call
-// goes through the gRPC connection.
+// whole by gRPC first (package directlist; WithDirectLists). Every other
+// call goes through the gRPC connection.
 //
 // Dial does no I/O; the connection is made on the first call. Call Version
 // first to check that the runtime is reachable:

@@ -4,6 +4,8 @@ import (
 	"context"
 
 	"google.golang.org/grpc"
+
+	"github.com/podlifecycle/pleg/cruntime/cri/directlist"
 )
 
 // discardReply counts the bytes of a reply the codec does not decode.
@@ -23,9 +25,9 @@ func (c *Client) ListDiscard(ctx context.Context) (int, error) {
 		cctx, cancel := c.bound(ctx)
 		var err error
 		if c.direct != nil {
-			_, err = c.direct.call(cctx, lc.unary, lc.req, true, func(sr *streamReader) error {
-				n += discardReply(sr.left())
-				sr.skip(sr.left()) // a failed read is in sr.err
+			_, err = c.direct.Call(cctx, lc.unary, lc.req, true, func(m *directlist.Message) error {
+				n += discardReply(m.Left())
+				m.Skip(m.Left()) // a failed read is in m.Err()
 				return nil
 			})
 		} else {

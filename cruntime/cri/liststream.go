@@ -14,6 +14,7 @@ import (
 	"google.golang.org/protobuf/proto"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
+	"github.com/podlifecycle/pleg/cruntime/cri/directlist"
 	"github.com/podlifecycle/pleg/metrics"
 )
 
@@ -186,7 +187,7 @@ func (c *Client) list(ctx context.Context, lc listCall, r *listReply) error {
 // It returns the number of batches received.
 func (c *Client) listStream(ctx context.Context, lc listCall, r *listReply) (int, error) {
 	if c.direct != nil {
-		return c.direct.call(ctx, lc.streamed, lc.streamReq, false, r.decode)
+		return c.direct.Call(ctx, lc.streamed, lc.streamReq, false, r.decode)
 	}
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel() // ends the stream whatever happened to it
@@ -207,11 +208,11 @@ func (c *Client) listStream(ctx context.Context, lc listCall, r *listReply) (int
 // listUnary receives a unary listing into r.
 func (c *Client) listUnary(ctx context.Context, lc listCall, r *listReply) error {
 	if c.direct != nil {
-		_, err := c.direct.call(ctx, lc.unary, lc.req, true, r.decode)
+		_, err := c.direct.Call(ctx, lc.unary, lc.req, true, r.decode)
 		return err
 	}
 	return c.conn.Invoke(ctx, lc.unary, lc.req, r, grpc.ForceCodecV2(leanCodec{}))
 }
 
 // decode decodes one message of a direct listing into r.
-func (r *listReply) decode(sr *streamReader) error { return decodeListFrom(sr, r) }
+func (r *listReply) decode(m *directlist.Message) error { return decodeListFrom(m, r) }

@@ -225,28 +225,28 @@ func decodeListSlice(data mem.BufferSlice, r *listReply) error {
 // generated code rejects in the reply's own fields (see walk), and in an
 // item's fields the generator reads.
 func decodeListFrom(rd wireReader, r *listReply) error {
-	for !rd.done() {
+	for !rd.Done() {
 		num, typ, ok := readTag(rd)
 		if !ok || num > protowire.MaxValidNumber {
 			return errMalformed
 		}
 		switch typ {
 		case protowire.VarintType:
-			if _, ok := rd.varint(); !ok {
+			if _, ok := rd.Varint(); !ok {
 				return errMalformed
 			}
 		case protowire.BytesType:
-			n, ok := rd.varint()
-			if !ok || n > uint64(rd.left()) {
+			n, ok := rd.Varint()
+			if !ok || n > uint64(rd.Left()) {
 				return errMalformed
 			}
 			if num != fieldListItems {
-				if !rd.skip(int(n)) {
+				if !rd.Skip(int(n)) {
 					return errMalformed
 				}
 				continue
 			}
-			v, ok := rd.bytes(int(n), &r.scratch)
+			v, ok := rd.Bytes(int(n), &r.scratch)
 			if !ok {
 				return errMalformed
 			}
@@ -403,9 +403,9 @@ func (p *pieceReader) piece() []byte {
 	return nil
 }
 
-func (p *pieceReader) done() bool { return len(p.piece()) == 0 }
+func (p *pieceReader) Done() bool { return len(p.piece()) == 0 }
 
-func (p *pieceReader) left() int { return p.rest }
+func (p *pieceReader) Left() int { return p.rest }
 
 // advance moves past n bytes of the current piece.
 func (p *pieceReader) advance(n int) {
@@ -413,7 +413,7 @@ func (p *pieceReader) advance(n int) {
 	p.rest -= n
 }
 
-func (p *pieceReader) varint() (uint64, bool) {
+func (p *pieceReader) Varint() (uint64, bool) {
 	if b := p.piece(); len(b) > 0 {
 		if x, n := protowire.ConsumeVarint(b); n > 0 {
 			p.advance(n)
@@ -440,23 +440,23 @@ func (p *pieceReader) varint() (uint64, bool) {
 }
 
 // wireReader reads a message field by field: pieceReader from the pieces
-// gRPC received, streamReader (listdirect.go) from a body as it arrives.
+// gRPC received, *directlist.Message from a body as it arrives.
 type wireReader interface {
-	// done reports whether the message has no bytes left.
-	done() bool
-	// left is how many bytes the message has left.
-	left() int
-	varint() (uint64, bool)
-	// skip moves past n bytes.
-	skip(n int) bool
-	// bytes returns the next n bytes (n <= left()): a view that is valid
+	// Done reports whether the message has no bytes left.
+	Done() bool
+	// Left is how many bytes the message has left.
+	Left() int
+	Varint() (uint64, bool)
+	// Skip moves past n bytes.
+	Skip(n int) bool
+	// Bytes returns the next n bytes (n <= Left()): a view that is valid
 	// until the next read, or a copy in *scratch.
-	bytes(n int, scratch *[]byte) ([]byte, bool)
+	Bytes(n int, scratch *[]byte) ([]byte, bool)
 }
 
 // readTag reads a field's tag: its number is at least 1.
 func readTag(rd wireReader) (protowire.Number, protowire.Type, bool) {
-	x, ok := rd.varint()
+	x, ok := rd.Varint()
 	if !ok {
 		return 0, 0, false
 	}
@@ -470,15 +470,15 @@ func readTag(rd wireReader) (protowire.Number, protowire.Type, bool) {
 func skipField(rd wireReader, num protowire.Number, typ protowire.Type, depth int) bool {
 	switch typ {
 	case protowire.VarintType:
-		_, ok := rd.varint()
+		_, ok := rd.Varint()
 		return ok
 	case protowire.Fixed32Type:
-		return rd.left() >= 4 && rd.skip(4)
+		return rd.Left() >= 4 && rd.Skip(4)
 	case protowire.Fixed64Type:
-		return rd.left() >= 8 && rd.skip(8)
+		return rd.Left() >= 8 && rd.Skip(8)
 	case protowire.BytesType:
-		n, ok := rd.varint()
-		return ok && n <= uint64(rd.left()) && rd.skip(int(n))
+		n, ok := rd.Varint()
+		return ok && n <= uint64(rd.Left()) && rd.Skip(int(n))
 	case protowire.StartGroupType:
 		if depth < 0 {
 			return false
@@ -499,7 +499,7 @@ func skipField(rd wireReader, num protowire.Number, typ protowire.Type, depth in
 	return false // an end of group without its start, or a reserved type
 }
 
-func (p *pieceReader) skip(n int) bool {
+func (p *pieceReader) Skip(n int) bool {
 	for n > 0 {
 		b := p.piece()
 		if len(b) == 0 {
@@ -512,9 +512,9 @@ func (p *pieceReader) skip(n int) bool {
 	return true
 }
 
-// bytes returns the next n bytes (n <= left()): where they are when in
+// Bytes returns the next n bytes (n <= Left()): where they are when in
 // one piece, else copied into *scratch.
-func (p *pieceReader) bytes(n int, scratch *[]byte) ([]byte, bool) {
+func (p *pieceReader) Bytes(n int, scratch *[]byte) ([]byte, bool) {
 	if b := p.piece(); len(b) >= n {
 		p.advance(n)
 		return b[:n:n], true

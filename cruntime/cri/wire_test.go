@@ -18,6 +18,7 @@ import (
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/podlifecycle/pleg/cruntime"
+	"github.com/podlifecycle/pleg/cruntime/cri/directlist"
 )
 
 // randomReplies builds list replies with every shape grouping cares about:
@@ -199,9 +200,9 @@ func TestWireDecodePieces(t *testing.T) {
 		// A body that ends before the length its prefix gave: the read's
 		// error, not a malformed message.
 		r = listReply{strings: (&interner{}).begin()}
-		sr := streamReader{br: bufio.NewReaderSize(iotest.HalfReader(bytes.NewReader(b[:n])), 16), rest: len(b)}
-		if err := decodeListFrom(&sr, &r); err == nil || !errors.Is(sr.err, io.ErrUnexpectedEOF) {
-			t.Fatalf("body cut at %d of %d: decode %v, read error %v; want a failed decode and io.ErrUnexpectedEOF", n, len(b), err, sr.err)
+		m := directlist.NewMessage(bufio.NewReaderSize(iotest.HalfReader(bytes.NewReader(b[:n])), 16), len(b))
+		if err := decodeListFrom(m, &r); err == nil || !errors.Is(m.Err(), io.ErrUnexpectedEOF) {
+			t.Fatalf("body cut at %d of %d: decode %v, read error %v; want a failed decode and io.ErrUnexpectedEOF", n, len(b), err, m.Err())
 		}
 	}
 }
@@ -209,10 +210,10 @@ func TestWireDecodePieces(t *testing.T) {
 // decodeStreamed decodes the list reply b as it arrives from a body, a few
 // bytes a read, through a read buffer of bufSize bytes (at least 16).
 func decodeStreamed(b []byte, bufSize int, r *listReply) error {
-	sr := streamReader{br: bufio.NewReaderSize(iotest.HalfReader(bytes.NewReader(b)), bufSize), rest: len(b)}
-	err := decodeListFrom(&sr, r)
-	if sr.err != nil {
-		return sr.err
+	m := directlist.NewMessage(bufio.NewReaderSize(iotest.HalfReader(bytes.NewReader(b)), bufSize), len(b))
+	err := decodeListFrom(m, r)
+	if m.Err() != nil {
+		return m.Err()
 	}
 	return err
 }
