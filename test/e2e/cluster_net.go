@@ -95,6 +95,23 @@ func teardownClusterNet() error {
 			}
 		}
 	}
+	// A veth pair goes with its namespace, but the kernel destroys a
+	// namespace asynchronously: delete the host ends now, so that the next
+	// cluster can make them again at once.
+	if out, err := exec.Command("ip", "-o", "link", "show").Output(); err == nil {
+		for _, line := range strings.Split(string(out), "\n") {
+			f := strings.Fields(line)
+			if len(f) < 2 {
+				continue
+			}
+			name, _, _ := strings.Cut(strings.TrimSuffix(f[1], ":"), "@")
+			if strings.HasPrefix(name, "pleg-e2e-v") {
+				if err := run("ip", "link", "del", name); err != nil {
+					errs = append(errs, err)
+				}
+			}
+		}
+	}
 	if exec.Command("ip", "link", "show", clusterBridge).Run() == nil {
 		if err := run("ip", "link", "del", clusterBridge); err != nil {
 			errs = append(errs, err)
@@ -109,6 +126,7 @@ type nodeNS struct {
 	ip    string
 	netns string // its name for ip netns (/run/netns/<netns>)
 	mntns string // the bind-mounted nsfs file
+	veth  string // the host end of its veth pair
 }
 
 // bindMount is a directory of the host mounted over a path in the node.
@@ -125,6 +143,7 @@ func newNodeNS(i int, name string, binds []bindMount, tmpfs []string) (*nodeNS, 
 		mntns: filepath.Join(clusterNSDir, name),
 	}
 	host, peer := "pleg-e2e-v"+strconv.Itoa(i), "pleg-e2e-p"+strconv.Itoa(i)
+	n.veth = host
 	steps := [][]string{
 		{"netns", "add", n.netns},
 		{"link", "add", host, "type", "veth", "peer", "name", peer},
@@ -183,6 +202,13 @@ func (n *nodeNS) remove() error {
 	}
 	if err := os.Remove(n.mntns); err != nil {
 		errs = append(errs, err)
+	}
+	// The host end first: deleting it deletes the pair at once, where the
+	// namespace's destruction (and with it the pair's) is asynchronous.
+	if exec.Command("ip", "link", "show", n.veth).Run() == nil {
+		if err := run("ip", "link", "del", n.veth); err != nil {
+			errs = append(errs, err)
+		}
 	}
 	if err := run("ip", "netns", "del", n.netns); err != nil {
 		errs = append(errs, err)

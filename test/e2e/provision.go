@@ -72,11 +72,27 @@ func goRoot() string {
 // <cache>/kubelet with test/kubelet/build.sh, the one entry point every
 // suite uses; it takes well under a second when the build is cached.
 func (e *env) provisionKubelet() error {
+	out, err := e.kubeletBuild("kubelet")
+	if err != nil {
+		return err
+	}
+	e.kubeletBin = filepath.Join(out, "kubelet")
+	if !fileExists(e.kubeletBin) {
+		return fmt.Errorf("provisioning did not produce %s", e.kubeletBin)
+	}
+	return nil
+}
+
+// kubeletBuild runs test/kubelet/build.sh <cache>/kubelet with args (none,
+// or "cluster") under a 40-minute bound, printing its output when it
+// failed or took long (a build), and returns the directory it built into.
+// what names the step in the log.
+func (e *env) kubeletBuild(what string, args ...string) (string, error) {
 	start := time.Now()
 	out := filepath.Join(e.cacheDir, "kubelet")
 	ctx, cancel := context.WithTimeout(context.Background(), 40*time.Minute)
 	defer cancel()
-	cmd := exec.CommandContext(ctx, "bash", filepath.Join(e.repoRoot, "test", "kubelet", "build.sh"), out)
+	cmd := exec.CommandContext(ctx, "bash", append([]string{filepath.Join(e.repoRoot, "test", "kubelet", "build.sh"), out}, args...)...)
 	cmd.Env = os.Environ()
 	if os.Getenv("GO") == "" {
 		if goBin := filepath.Join(goRoot(), "bin", "go"); fileExists(goBin) {
@@ -86,15 +102,11 @@ func (e *env) provisionKubelet() error {
 	b, err := cmd.CombinedOutput()
 	if err != nil {
 		os.Stderr.Write(b)
-		return fmt.Errorf("test/kubelet/build.sh failed (%v); see its output above", err)
+		return "", fmt.Errorf("test/kubelet/build.sh %s failed (%v); see its output above", strings.Join(args, " "), err)
 	}
 	if d := time.Since(start); d > 5*time.Second || testingVerbose() {
 		os.Stderr.Write(b)
-		logf("kubelet provisioning took %v", d.Round(time.Millisecond))
+		logf("%s provisioning took %v", what, d.Round(time.Millisecond))
 	}
-	e.kubeletBin = filepath.Join(out, "kubelet")
-	if !fileExists(e.kubeletBin) {
-		return fmt.Errorf("provisioning did not produce %s", e.kubeletBin)
-	}
-	return nil
+	return out, nil
 }

@@ -5,12 +5,9 @@ package e2e
 // kubectl into <cache>/kubelet, beside the kubelet.
 
 import (
-	"context"
 	"fmt"
 	"os"
-	"os/exec"
 	"path/filepath"
-	"time"
 )
 
 // clusterBins are the paths of a cluster's programs, all built by
@@ -24,25 +21,9 @@ type clusterBins struct{ APIServer, ControllerManager, Scheduler, Kubectl, Etcd,
 // top of the kubelet's packages). A suite that needs only the kubelet calls
 // provisionKubelet, which never waits for a control-plane build.
 func (e *env) provisionCluster() (clusterBins, error) {
-	start := time.Now()
-	out := filepath.Join(e.cacheDir, "kubelet")
-	ctx, cancel := context.WithTimeout(context.Background(), 40*time.Minute)
-	defer cancel()
-	cmd := exec.CommandContext(ctx, "bash", filepath.Join(e.repoRoot, "test", "kubelet", "build.sh"), out, "cluster")
-	cmd.Env = os.Environ()
-	if os.Getenv("GO") == "" {
-		if goBin := filepath.Join(goRoot(), "bin", "go"); fileExists(goBin) {
-			cmd.Env = append(cmd.Env, "GO="+goBin)
-		}
-	}
-	b, err := cmd.CombinedOutput()
+	out, err := e.kubeletBuild("control plane", "cluster")
 	if err != nil {
-		os.Stderr.Write(b)
-		return clusterBins{}, fmt.Errorf("test/kubelet/build.sh cluster failed (%v); see its output above", err)
-	}
-	if d := time.Since(start); d > 5*time.Second || testingVerbose() {
-		os.Stderr.Write(b)
-		logf("control plane provisioning took %v", d.Round(time.Millisecond))
+		return clusterBins{}, err
 	}
 	bins := clusterBins{
 		APIServer:         filepath.Join(out, "kube-apiserver"),

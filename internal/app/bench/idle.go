@@ -224,15 +224,7 @@ func writeIdle(w io.Writer, s ScenarioResult) {
 	} else {
 		fmt.Fprintln(w, "   ratio = run / the kubelet's PLEG (kubelet v1.37.2's GenericPLEG, its runtime manager and CRI client)")
 	}
-	var heads []string
-	ratios := map[int][2]int{}
-	for i, r := range runs {
-		heads = append(heads, r.Run)
-		if i > 0 {
-			ratios[i] = [2]int{i, 0}
-		}
-	}
-	f := newFigures(heads, ratios)
+	f := liveFigures(runs)
 	get := func(g func(*LiveResult) float64) []float64 { return each(runs, g) }
 	perSecond := func(m string) func(*LiveResult) float64 {
 		return func(r *LiveResult) float64 { return float64(r.RuntimeCalls[m]) / (r.WindowMs / 1000) }

@@ -460,15 +460,7 @@ func writeLive(w io.Writer, s ScenarioResult) {
 	fmt.Fprintf(w, "   relist period %s; pod inspection timeout %s; runtime request timeout %s; relist threshold %s; MaxParallelInspections %d\n",
 		fmtMs(r0.RelistPeriodMs), fmtMs(r0.PodInspectionTimeoutMs), fmtMs(r0.RequestTimeoutMs), fmtMs(r0.RelistThresholdMs), r0.MaxParallelInspections)
 	fmt.Fprintln(w, "   kubelet: not applicable: the kubelet makes no single-pod relists from runtime events, so it has no baseline here")
-	var heads []string
-	ratios := map[int][2]int{}
-	for i, r := range runs {
-		heads = append(heads, r.Run)
-		if i > 0 {
-			ratios[i] = [2]int{i, 0}
-		}
-	}
-	f := newFigures(heads, ratios)
+	f := liveFigures(runs)
 	get := func(g func(*LiveResult) float64) []float64 { return each(runs, g) }
 	texts := func(g func(*LiveResult) string) []string {
 		var out []string
@@ -768,4 +760,18 @@ func fmtPerMethod(m map[string]float64) string {
 		return "none"
 	}
 	return strings.Join(parts, ", ")
+}
+
+// liveFigures is the table of a live scenario's runs: a column each, and
+// each run after the first with its ratio to the first.
+func liveFigures(runs []*LiveResult) *figures {
+	var heads []string
+	ratios := map[int][2]int{}
+	for i, r := range runs {
+		heads = append(heads, r.Run)
+		if i > 0 {
+			ratios[i] = [2]int{i, 0}
+		}
+	}
+	return newFigures(heads, ratios)
 }
