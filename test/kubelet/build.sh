@@ -156,9 +156,14 @@ fi
 etcdver=$(cd "$etcdmod" && "$gocmd" list -m -f '{{.Version}}' go.etcd.io/etcd/server/v3) ||
 	fail "go list of go.etcd.io/etcd/server/v3 in $etcdmod"
 # The module github.com/prometheus/prometheus v0.3XX.Y is Prometheus
-# 3.XX.Y; its VERSION file says which.
+# 3.XX.Y; its VERSION file says which. `go list -m` names the module's
+# directory only once the module is in the module cache: download it first
+# (a new machine has an empty cache).
+(cd "$prommod" && "$gocmd" mod download github.com/prometheus/prometheus) ||
+	fail "go mod download of github.com/prometheus/prometheus in $prommod"
 promdir=$(cd "$prommod" && "$gocmd" list -m -f '{{.Dir}}' github.com/prometheus/prometheus) ||
 	fail "go list of github.com/prometheus/prometheus in $prommod"
+[[ -n $promdir ]] || fail "go list names no directory for github.com/prometheus/prometheus in $prommod"
 promver=$(cat "$promdir/VERSION") || fail "no VERSION file in $promdir"
 echo "kubelet build: building ${k8scmds[*]} $version, etcd $etcdver and prometheus $promver into $out (minutes, longer on a cold Go cache)"
 start=$SECONDS
