@@ -217,15 +217,9 @@ func (f *confCRI) StreamPodSandboxes(r *runtimeapi.StreamPodSandboxesRequest, s 
 		return f.UnimplementedRuntimeServiceServer.StreamPodSandboxes(r, s)
 	}
 	sbs, _ := f.node()
-	for i, sb := range sbs {
-		if err := f.hook(s.Context(), "StreamPodSandboxes", i); err != nil {
-			return err
-		}
-		if err := s.Send(&runtimeapi.StreamPodSandboxesResponse{PodSandboxes: []*runtimeapi.PodSandbox{sb}}); err != nil {
-			return err
-		}
-	}
-	return nil
+	return streamEach(f, s.Context(), "StreamPodSandboxes", sbs, func(sb *runtimeapi.PodSandbox) error {
+		return s.Send(&runtimeapi.StreamPodSandboxesResponse{PodSandboxes: []*runtimeapi.PodSandbox{sb}})
+	})
 }
 
 func (f *confCRI) StreamContainers(r *runtimeapi.StreamContainersRequest, s grpc.ServerStreamingServer[runtimeapi.StreamContainersResponse]) error {
@@ -234,11 +228,18 @@ func (f *confCRI) StreamContainers(r *runtimeapi.StreamContainersRequest, s grpc
 		return f.UnimplementedRuntimeServiceServer.StreamContainers(r, s)
 	}
 	_, cts := f.node()
-	for i, ct := range cts {
-		if err := f.hook(s.Context(), "StreamContainers", i); err != nil {
+	return streamEach(f, s.Context(), "StreamContainers", cts, func(ct *runtimeapi.Container) error {
+		return s.Send(&runtimeapi.StreamContainersResponse{Containers: []*runtimeapi.Container{ct}})
+	})
+}
+
+// streamEach sends items one a batch, the case's hook before each.
+func streamEach[T any](f *confCRI, ctx context.Context, method string, items []T, send func(T) error) error {
+	for i, it := range items {
+		if err := f.hook(ctx, method, i); err != nil {
 			return err
 		}
-		if err := s.Send(&runtimeapi.StreamContainersResponse{Containers: []*runtimeapi.Container{ct}}); err != nil {
+		if err := send(it); err != nil {
 			return err
 		}
 	}

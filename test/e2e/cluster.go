@@ -274,7 +274,16 @@ func (c *cluster) waitHTTP(ctx context.Context, what string, client *http.Client
 				return fmt.Errorf("%s exited (%v) while waiting for %s; its log:\n%s", p.name, p.err, what, tailFile(p.log, 30))
 			}
 		}
-		resp, err := client.Get(url)
+		// Each request bounded by the wait's context and 5 s: a process
+		// that accepts and never answers must not hold the wait.
+		rctx, cancel := context.WithTimeout(ctx, 5*time.Second)
+		req, err := http.NewRequestWithContext(rctx, http.MethodGet, url, nil)
+		if err != nil {
+			cancel()
+			return err
+		}
+		resp, err := client.Do(req)
+		cancel()
 		if err == nil {
 			resp.Body.Close()
 			if resp.StatusCode == http.StatusOK {
@@ -413,7 +422,8 @@ func (c *cluster) addNode(t testing.TB, i int, name, item string, preload []ociA
 	if err != nil {
 		t.Fatal(err)
 	}
-	k := &kubelet{done: make(chan struct{}), hostPathsBefore: map[string]bool{}, node: name, kubeconfig: kubeconfig}
+	k := newKubelet()
+	k.node, k.kubeconfig = name, kubeconfig
 	prepare := func(e *env) error {
 		binds := []bindMount{{n.plegRun(), "/run/pleg"}}
 		var tmpfs []string
@@ -454,15 +464,7 @@ func (c *cluster) addNode(t testing.TB, i int, name, item string, preload []ociA
 			}
 		}
 	})
-	e, err := startEnvOpts(baseEnv, item, envOpts{prepare: prepare, before: before})
-	if e != nil {
-		k.env = e
-		e.kubelet = k
-		t.Cleanup(func() { k.stop(t) })
-	}
-	if err != nil {
-		t.Fatalf("node %s: starting its runtime %s: %v", name, runtimeName(item), err)
-	}
+	e := k.startRuntime(t, item, envOpts{prepare: prepare, before: before})
 	k.ns, k.ip = n.ns, n.ns.ip
 	n.k = k
 	if e.kind == kindContainerd {

@@ -26,6 +26,7 @@ package e2e
 // runtime's supervisor and the kubelet enter it with nsenter.
 
 import (
+	"context"
 	"errors"
 	"fmt"
 	"os"
@@ -33,6 +34,7 @@ import (
 	"path/filepath"
 	"strconv"
 	"strings"
+	"time"
 )
 
 const (
@@ -46,8 +48,12 @@ const (
 )
 
 // run runs a command, its output in the error.
+// Each is bounded (ip, mount, unshare answer in milliseconds; a minute
+// says something is stuck).
 func run(name string, args ...string) error {
-	out, err := exec.Command(name, args...).CombinedOutput()
+	ctx, cancel := context.WithTimeout(context.Background(), time.Minute)
+	defer cancel()
+	out, err := exec.CommandContext(ctx, name, args...).CombinedOutput()
 	if err != nil {
 		return fmt.Errorf("%s %s: %v: %s", name, strings.Join(args, " "), err, strings.TrimSpace(string(out)))
 	}

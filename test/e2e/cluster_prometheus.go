@@ -30,6 +30,9 @@ const (
 	rulesPath        = "deploy/prometheus/pleg-rules.yaml"
 )
 
+// promClient asks Prometheus's API, each request bounded.
+var promClient = &http.Client{Timeout: 10 * time.Second}
+
 // clusterProm is a running Prometheus.
 type clusterProm struct {
 	base string // http://127.0.0.1:port
@@ -104,7 +107,7 @@ type promSample struct {
 
 // query runs an instant query.
 func (p *clusterProm) query(q string) ([]promSample, error) {
-	resp, err := http.Get(p.base + "/api/v1/query?query=" + url.QueryEscape(q))
+	resp, err := promClient.Get(p.base + "/api/v1/query?query=" + url.QueryEscape(q))
 	if err != nil {
 		return nil, err
 	}
@@ -137,7 +140,7 @@ func instances(ss []promSample) map[string]string {
 
 // ruleHealth lists the rules whose last evaluation failed.
 func (p *clusterProm) ruleHealth() (evaluated int, bad []string, err error) {
-	resp, err := http.Get(p.base + "/api/v1/rules")
+	resp, err := promClient.Get(p.base + "/api/v1/rules")
 	if err != nil {
 		return 0, nil, err
 	}

@@ -165,11 +165,31 @@ func startKubeletWith(t testing.TB, item string, before func(*env) error, featur
 	}
 	requireRuntimeItem(t, item)
 	start := time.Now()
-	k := &kubelet{done: make(chan struct{}), hostPathsBefore: map[string]bool{}, featureGates: featureGates}
+	k := newKubelet()
+	k.featureGates = featureGates
 	for _, p := range kubeletHostPaths {
 		k.hostPathsBefore[p] = fileExists(p)
 	}
-	e, err := startEnvWith(baseEnv, item, before)
+	e := k.startRuntime(t, item, envOpts{before: before})
+	if err := k.start(); err != nil {
+		t.Fatalf("starting the kubelet: %v\n%s", err, k.logTail(40))
+	}
+	t.Logf("kubelet on %s (%s) healthy after %v; log %s", k.base(), e.name(), time.Since(start).Round(time.Millisecond), k.logPath)
+	return k
+}
+
+// newKubelet is a kubelet not started yet.
+func newKubelet() *kubelet {
+	return &kubelet{done: make(chan struct{}), hostPathsBefore: map[string]bool{}}
+}
+
+// startRuntime starts the kubelet's runtime (an allRuntimes item) with
+// o's hooks and makes it the kubelet's: t's cleanup stops the kubelet and
+// then tears the runtime down (kubelet.stop), also when the runtime failed
+// to start, which fails t.
+func (k *kubelet) startRuntime(t testing.TB, item string, o envOpts) *env {
+	t.Helper()
+	e, err := startEnvOpts(baseEnv, item, o)
 	if e != nil {
 		k.env = e
 		e.kubelet = k
@@ -178,11 +198,7 @@ func startKubeletWith(t testing.TB, item string, before func(*env) error, featur
 	if err != nil {
 		t.Fatalf("starting the kubelet's runtime %s: %v", runtimeName(item), err)
 	}
-	if err := k.start(); err != nil {
-		t.Fatalf("starting the kubelet: %v\n%s", err, k.logTail(40))
-	}
-	t.Logf("kubelet on %s (%s) healthy after %v; log %s", k.base(), e.name(), time.Since(start).Round(time.Millisecond), k.logPath)
-	return k
+	return e
 }
 
 // kubeletConfig is the KubeletConfiguration; every key is explained in
