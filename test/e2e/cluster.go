@@ -314,9 +314,11 @@ func tailFile(path string, n int) string {
 // registered after it) and the cluster's network, and removes its dir.
 func (c *cluster) stop(t testing.TB) {
 	if t.Failed() {
+		logs := map[string]string{}
 		for _, p := range c.procs {
-			t.Logf("%s's log (%s), last lines:\n%s", p.name, p.log, tailFile(p.log, 40))
+			logs[p.name] = p.log
 		}
+		keepFailedLogs(t, "the control plane's", logs)
 	}
 	for i := len(c.procs) - 1; i >= 0; i-- {
 		p := c.procs[i]
@@ -328,10 +330,10 @@ func (c *cluster) stop(t testing.TB) {
 		p.cmd.Process.Signal(syscall.SIGTERM)
 		select {
 		case <-p.done:
-			took := time.Since(start)
-			t.Logf("%s stopped %v after SIGTERM", p.name, took.Round(time.Millisecond))
-			if took > 5*time.Second {
-				t.Logf("%s's log, last lines:\n%s", p.name, tailFile(p.log, 25))
+			// Said only when slow: lines after a failure push its
+			// message out of what CI's report shows.
+			if took := time.Since(start); took > 5*time.Second {
+				t.Logf("%s stopped %v after SIGTERM; its log's last lines:\n%s", p.name, took.Round(time.Millisecond), tailFile(p.log, 25))
 			}
 		case <-time.After(15 * time.Second):
 			// kube-apiserver stops listening at once, then waits up to its

@@ -288,13 +288,14 @@ func rollout(t *testing.T, c *cluster, agents []*upgradeAgent, what string, do f
 // plegPod is a pleg pod of the DaemonSets.
 type plegPod struct{ uid, image string }
 
-// plegPods is the pleg pod of each node.
+// plegPods is the pleg pod of each node, terminating ones left out.
 func plegPods(t *testing.T, c *cluster) map[string]plegPod {
 	t.Helper()
 	var pods struct {
 		Items []struct {
 			Metadata struct {
-				UID string `json:"uid"`
+				UID               string `json:"uid"`
+				DeletionTimestamp string `json:"deletionTimestamp"`
 			} `json:"metadata"`
 			Spec struct {
 				NodeName   string `json:"nodeName"`
@@ -309,6 +310,12 @@ func plegPods(t *testing.T, c *cluster) map[string]plegPod {
 	}
 	out := map[string]plegPod{}
 	for _, p := range pods.Items {
+		if p.Metadata.DeletionTimestamp != "" {
+			// The old pod of a rollout, still terminating: kubectl rollout
+			// status waits for the new pods to be available, not for the
+			// old ones to be gone, so it may still be listed.
+			continue
+		}
 		if _, dup := out[p.Spec.NodeName]; dup || len(p.Spec.Containers) != 1 {
 			t.Fatalf("pleg-system: more than one pleg pod on %s, or not one container", p.Spec.NodeName)
 		}

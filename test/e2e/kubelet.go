@@ -842,7 +842,7 @@ func (k *kubelet) logTail(n int) string {
 func (k *kubelet) stop(t testing.TB) {
 	start := time.Now()
 	if t.Failed() && k.logPath != "" {
-		t.Logf("kubelet log (%s), last lines:\n%s", k.logPath, k.logTail(60))
+		keepFailedLogs(t, "the kubelet's", map[string]string{"kubelet": k.logPath})
 	}
 	if k.cmd != nil && k.cmd.Process != nil && k.exited() {
 		t.Errorf("the kubelet exited during the test: %v\n%s", k.exitErr(), k.logTail(40))
