@@ -30,7 +30,7 @@ func TestAdaptiveCacheNeverFresherThanTaken(t *testing.T) {
 	}
 	h.now = h.now.Add(300 * time.Millisecond)
 	takenAt := h.now
-	h.step(taken{at: takenAt})
+	h.step(taken{at: takenAt, waiters: 1})
 	h.now = h.now.Add(200 * time.Millisecond)
 	h.tick(h.now)
 
@@ -67,7 +67,7 @@ func TestAdaptiveOffKeepsPeriod(t *testing.T) {
 				}
 			}
 			h.now = h.now.Add(500 * time.Millisecond)
-			if s := h.step(taken{at: h.now}); len(s.lines) > 0 {
+			if s := h.step(taken{at: h.now, waiters: 1}); len(s.lines) > 0 {
 				t.Errorf("off, a take moved the cache: %v", s.lines)
 			}
 		})
@@ -163,6 +163,61 @@ func TestAdaptiveRelistLoop(t *testing.T) {
 		}
 		if n := testutil.ToFloat64(m.UnannouncedChanges.WithLabelValues("died")); n != 1 {
 			t.Fatalf("unannounced died = %v after an announced change, want still 1", n)
+		}
+	})
+}
+
+// TestAdaptiveReaderServedBetweenRelists: with the period stretched, a
+// reader of the cache that waits for news of a pod nothing happened to is
+// served within a base period (the wait wakes the loop), not at the next
+// global relist; and no reader waiting, the cache's timestamp stays where
+// the last global relist put it.
+func TestAdaptiveReaderServedBetweenRelists(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const period, maxPeriod = time.Second, 16 * time.Second
+		rt := newFakeRuntime()
+		src := &fakeEvents{live: make(chan cruntime.Event)}
+		g := newLoopGenerator(t, rt, func(o *Options) {
+			o.EventSource, o.RelistPeriod, o.MaxRelistPeriod = src, period, maxPeriod
+		})
+		rt.setPods(pod("a", "c1=running"))
+		g.Start()
+		time.Sleep(time.Minute) // stretched to 16s by now
+		synctest.Wait()
+		lists := rt.count("ListPods")
+		stamp := g.Cache().Timestamp()
+		time.Sleep(maxPeriod / 2)
+		synctest.Wait()
+		if rt.count("ListPods") == lists {
+			// Between global relists: nobody waits, the timestamp stays.
+			if got := g.Cache().Timestamp(); !got.Equal(stamp) {
+				t.Errorf("nobody waiting, the cache's timestamp moved from %v to %v", stamp, got)
+			}
+		}
+		asked := time.Now()
+		lists = rt.count("ListPods")
+		var servedAt time.Time
+		done := make(chan error, 1)
+		go func() {
+			_, err := g.Cache().GetNewerThan(t.Context(), "a", asked)
+			servedAt = time.Now()
+			done <- err
+		}()
+		time.Sleep(2 * period)
+		synctest.Wait()
+		select {
+		case err := <-done:
+			if err != nil {
+				t.Fatal(err)
+			}
+		default:
+			t.Fatalf("a reader of a pod nothing happened to still waits %v after it asked (period %v)", 2*period, period)
+		}
+		if d := servedAt.Sub(asked); d > period {
+			t.Errorf("served %v after it asked, want within a base period (%v)", d, period)
+		}
+		if n := rt.count("ListPods") - lists; n != 0 {
+			t.Errorf("%d global relists to serve it, want none (the timestamp moves with the events)", n)
 		}
 	})
 }

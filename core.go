@@ -320,7 +320,7 @@ func (c *core) Step(now time.Time, in input) Ready {
 		c.out.Runtime = &in.status
 		c.onStream(in.status)
 	case taken:
-		c.adapt.taken = in.at
+		c.adapt.taken, c.adapt.wanted = in.at, in.waiters > 0
 	case hintsLost:
 		c.toBase()
 	}

@@ -31,8 +31,12 @@ import (
 // The cache's freshness: while adaptive and streaming, the global
 // timestamp moves between global relists, at most once a cfg.period, to
 // the time of the loop's last take of its inbox (taken), and only when
-// everything taken is processed: no hint queued, no call out (no
-// single-pod relist, no handed-over pod), no global relist running. Every
+// a reader of the cache was waiting at that take (GetNewerThan: the hook
+// the generator sets on the cache wakes the loop to take) and everything
+// taken is processed: no hint queued, no call out (no single-pod relist,
+// no handed-over pod), no global relist running. Nobody waiting, nothing
+// moves it and nothing wakes the loop for it: an idle node's loop sleeps
+// until the next global relist. Every
 // hint received by then has had its single-pod relist or was found to
 // change nothing, so no entry is claimed fresher than what the events
 // said. It never moves backwards and never past the last take.
@@ -49,8 +53,10 @@ type adaptState struct {
 	// connectedAt is when the stream connected (zero: not connected).
 	connectedAt time.Time
 	// taken is the time of the loop's last take of its inbox: every hint
-	// received before it has been stepped.
-	taken time.Time
+	// received before it has been stepped. wanted: a reader of the cache
+	// was waiting then.
+	taken  time.Time
+	wanted bool
 	// cacheAt is the cache's global timestamp as the core last set it;
 	// freshDue is when it may next move between global relists.
 	cacheAt, freshDue time.Time
@@ -60,8 +66,12 @@ type adaptState struct {
 }
 
 // taken: the loop took its inbox at time at; the inputs taken have been
-// stepped before this one.
-type taken struct{ at time.Time }
+// stepped before this one. waiters is how many readers of the cache were
+// waiting for it to be fresher (podcache.Cache.Waiters) right after.
+type taken struct {
+	at      time.Time
+	waiters int
+}
 
 // hintsLost: the loop's inbox dropped hints (it was full).
 type hintsLost struct{}
@@ -196,7 +206,7 @@ func (c *core) adaptAfterRelist(ok bool) {
 // everything taken from the inbox has been processed (see above).
 func (c *core) freshen() {
 	a := &c.adapt
-	if !c.freshening() || c.stepNow.Before(a.freshDue) || !a.taken.After(a.cacheAt) || !a.connectedAt.Before(a.taken) {
+	if !c.freshening() || !a.wanted || c.stepNow.Before(a.freshDue) || !a.taken.After(a.cacheAt) || !a.connectedAt.Before(a.taken) {
 		return
 	}
 	c.setCacheTime(a.taken, nil)
@@ -222,7 +232,7 @@ func (c *core) freshening() bool {
 // freshWake returns when freshen may next move the cache's timestamp (zero:
 // not now; what would let it, a call's return or a hint, steps the core).
 func (c *core) freshWake() time.Time {
-	if !c.freshening() || c.adapt.freshDue.IsZero() {
+	if !c.freshening() || !c.adapt.wanted || c.adapt.freshDue.IsZero() {
 		return time.Time{}
 	}
 	return c.adapt.freshDue

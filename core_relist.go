@@ -165,9 +165,10 @@ func (c *core) endRelist() {
 	now := c.stepNow
 	stat := c.relist.stat
 	stat.Duration = now.Sub(c.relist.start)
-	c.out.Relist = &stat
 	c.adaptAfterRelist(stat.err == nil)
-	c.relist = relistState{end: now, due: now.Add(c.period())}
+	stat.NextPeriod = c.period()
+	c.out.Relist = &stat
+	c.relist = relistState{end: now, due: now.Add(stat.NextPeriod)}
 	c.foldHints()
 }
 
@@ -228,6 +229,9 @@ type RelistStat struct {
 	TimedOut  int `json:"timedOut"`
 	// Events delivered by this relist.
 	Events int `json:"events"`
+	// NextPeriod is the period this relist's end set to the next: the
+	// base period, or the adaptive relist's stretched one.
+	NextPeriod time.Duration `json:"nextPeriod,omitempty"`
 	// Err is the listing error of a failed relist.
 	Err string `json:"error,omitempty"`
 	err error

@@ -19,6 +19,11 @@ const (
 	ReasonNotReady    = "KubeletNotReady"
 	MessageReady      = "kubelet is posting ready status"
 	runtimeStaleAfter = 30 * time.Second
+	// MaxStatusInterval bounds how far the runtime's status checks stretch
+	// with the adaptive relist (ReadinessOptions.Period): well below the
+	// 30 s after which a runtime whose last ready answer is older counts as
+	// down, so that a slow answer does not make it so.
+	MaxStatusInterval = 20 * time.Second
 )
 
 // HealthChecker is anything with a health check, such as a Generator.
@@ -51,6 +56,7 @@ type Readiness struct {
 	rt       cruntime.StatusChecker
 	clock    clock.WithTicker
 	interval time.Duration
+	period   func() time.Duration
 	timeout  time.Duration
 	log      logr.Logger
 
@@ -70,8 +76,17 @@ type ReadinessOptions struct {
 	Runtime  cruntime.StatusChecker
 	Interval time.Duration
 	Timeout  time.Duration
-	Clock    clock.WithTicker
-	Logger   logr.Logger
+	// Period, when set, is the period of the relist beside the check
+	// (Generator.RelistPeriodNow). While it is longer than Interval (the
+	// adaptive relist stretched it: the runtime's event stream is
+	// connected and relists find nothing no event announced), Run checks
+	// the runtime's status every Period instead, at most every
+	// MaxStatusInterval: at idle, the Status calls are about as rare as
+	// the listings, and back to every Interval within a tick of the
+	// relist's fall back.
+	Period func() time.Duration
+	Clock  clock.WithTicker
+	Logger logr.Logger
 }
 
 // NewReadiness returns a Readiness with the health check "PLEG".
@@ -89,7 +104,7 @@ func NewReadiness(pleg HealthChecker, opts ReadinessOptions) *Readiness {
 		opts.Logger = logr.Discard()
 	}
 	r := &Readiness{checks: map[string]HealthChecker{}, rt: opts.Runtime, clock: opts.Clock,
-		interval: opts.Interval, timeout: opts.Timeout, log: opts.Logger}
+		interval: opts.Interval, period: opts.Period, timeout: opts.Timeout, log: opts.Logger}
 	if pleg != nil {
 		r.AddCheck("PLEG", pleg)
 	}
@@ -107,19 +122,36 @@ func (r *Readiness) AddCheck(name string, c HealthChecker) {
 	r.checks[name] = c
 }
 
-// Run checks the runtime's status at once and then every interval until
-// ctx ends.
+// Run checks the runtime's status at once and then every interval (see
+// ReadinessOptions.Period) until ctx ends.
 func (r *Readiness) Run(ctx context.Context) {
 	t := r.clock.NewTicker(r.interval)
 	defer t.Stop()
 	for {
+		last := r.clock.Now()
 		r.CheckRuntime(ctx)
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C():
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-t.C():
+			}
+			// Due at the first tick at least the interval after the last
+			// check's start, less half a tick: ticks keep their phase, the
+			// check's start lags its tick.
+			if r.clock.Since(last) >= r.every()-r.interval/2 {
+				break
+			}
 		}
 	}
+}
+
+// every is how often Run checks the runtime's status now.
+func (r *Readiness) every() time.Duration {
+	if r.period == nil {
+		return r.interval
+	}
+	return max(r.interval, min(r.period(), MaxStatusInterval))
 }
 
 // CheckRuntime asks the runtime for its status once.

@@ -3,7 +3,10 @@ package pleg
 import (
 	"context"
 	"errors"
+	"sync"
+	"sync/atomic"
 	"testing"
+	"testing/synctest"
 	"time"
 
 	"github.com/podlifecycle/pleg/cruntime"
@@ -85,4 +88,85 @@ func TestJoinErrors(t *testing.T) {
 	if got := JoinErrors([]error{errors.New("a"), errors.New("b")}); got != "[a, b]" {
 		t.Fatal(got)
 	}
+}
+
+// countingStatus records when Status was called.
+type countingStatus struct {
+	mu    sync.Mutex
+	calls []time.Time
+}
+
+func (c *countingStatus) Status(context.Context) ([]cruntime.Condition, error) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.calls = append(c.calls, time.Now())
+	return []cruntime.Condition{{Type: cruntime.RuntimeReady, Status: true}, {Type: cruntime.NetworkReady, Status: true}}, nil
+}
+
+// TestReadinessFollowsRelistPeriod: while the relist beside it is
+// stretched, the runtime's status is checked as rarely, never less often
+// than every MaxStatusInterval, and every Interval again once the relist
+// falls back; the runtime is never called down meanwhile.
+func TestReadinessFollowsRelistPeriod(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		var period atomic.Int64
+		period.Store(int64(time.Second))
+		st := &countingStatus{}
+		r := NewReadiness(nil, ReadinessOptions{Runtime: st, Period: func() time.Duration { return time.Duration(period.Load()) }})
+		ctx, cancel := context.WithCancel(t.Context())
+		done := make(chan struct{})
+		go func() { defer close(done); r.Run(ctx) }()
+
+		start := time.Now()
+		gaps := func(phase string, d time.Duration, want time.Duration) {
+			t.Helper()
+			st.mu.Lock()
+			n := len(st.calls)
+			st.mu.Unlock()
+			time.Sleep(d)
+			synctest.Wait()
+			st.mu.Lock()
+			calls := st.calls[n-1:]
+			st.mu.Unlock()
+			if len(calls) < 2 {
+				t.Fatalf("%s: no Status call in %v", phase, d)
+			}
+			for i := 1; i < len(calls); i++ {
+				if g := calls[i].Sub(calls[i-1]); g != want {
+					t.Errorf("%s: Status calls %v apart at %v, want %v", phase, g, calls[i].Sub(start), want)
+				}
+			}
+			if c := r.Condition(); !c.Ready() {
+				t.Errorf("%s: %+v", phase, c)
+			}
+		}
+		synctest.Wait()
+		gaps("base period", 30*time.Second, 5*time.Second)
+		period.Store(int64(10 * time.Second))
+		gaps("stretched to 10s", time.Minute, 10*time.Second)
+		period.Store(int64(time.Minute))
+		gaps("stretched to 1m", 2*time.Minute, MaxStatusInterval)
+		// The fall back, 1 s after a check: the next check within a tick
+		// (5 s), not at the stretched interval's end.
+		time.Sleep(MaxStatusInterval - time.Second)
+		period.Store(int64(time.Second))
+		fellBack := time.Now()
+		time.Sleep(MaxStatusInterval)
+		synctest.Wait()
+		st.mu.Lock()
+		var next time.Time
+		for _, c := range st.calls {
+			if c.After(fellBack) {
+				next = c
+				break
+			}
+		}
+		st.mu.Unlock()
+		if next.IsZero() || next.Sub(fellBack) > 5*time.Second {
+			t.Errorf("after the fall back: the next Status call %v after it, want within 5s", next.Sub(fellBack))
+		}
+		gaps("back to the base period", 30*time.Second, 5*time.Second)
+		cancel()
+		<-done
+	})
 }

@@ -75,7 +75,8 @@ func (g *Generator) take(into []input) []input {
 		return g.inbox.take(into)
 	}
 	at := g.clock.Now()
-	return append(g.inbox.take(into), taken{at: at})
+	into = g.inbox.take(into)
+	return append(into, taken{at: at, waiters: g.cache.Waiters()})
 }
 
 // step steps the core with in at the clock's time and carries out the
@@ -122,6 +123,7 @@ func (g *Generator) step(in input) {
 	}
 	if s := rd.Relist; s != nil {
 		g.relistRunningSince.Store(0)
+		g.nextPeriod.Store(int64(s.NextPeriod))
 		g.m.RelistDuration.Observe(s.Duration.Seconds())
 		g.stats.add(*s)
 		g.lastStat = *s

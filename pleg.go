@@ -240,6 +240,7 @@ type Generator struct {
 	// What the loop publishes.
 	lastRelist         atomic.Int64 // the health timestamp, Unix nanoseconds; 0 before the first
 	relistRunningSince atomic.Int64 // the start of the relist running now (0: none)
+	nextPeriod         atomic.Int64 // the last relist's RelistStat.NextPeriod
 	abandoned          atomic.Int64 // abandoned calls out
 	stats              statsRing
 	deliver            *hub
@@ -291,6 +292,12 @@ func New(opts Options) (*Generator, error) {
 	g.m.TrackRelistProgress(g.RelistRunningFor)
 	g.forecast = newForecast(opts)
 	g.m.TrackForecast(g.forecastGauges)
+	if opts.adaptive() {
+		// The cache's timestamp moves between global relists only while a
+		// reader waits (core_adapt.go): one that starts to wait wakes the
+		// loop.
+		g.cache.SetWaitHook(g.inbox.signal)
+	}
 	return g, nil
 }
 
@@ -406,6 +413,15 @@ func (g *Generator) LastRelist() time.Time {
 		return time.Unix(0, last)
 	}
 	return time.Time{}
+}
+
+// RelistPeriodNow returns the period the last global relist's end set to
+// the next: RelistPeriod, or, with the adaptive relist, the period as far
+// as it has stretched. 0 before a started generator's first relist ends.
+// A fall back to RelistPeriod between relists (the event stream lost)
+// shows once the relist it brings forward ends.
+func (g *Generator) RelistPeriodNow() time.Duration {
+	return time.Duration(g.nextPeriod.Load())
 }
 
 // RelistRunningFor returns how long the relist now running has been

@@ -73,10 +73,12 @@ var update = flag.Bool("update", false, "rewrite the expected output of testdata
 //	                    relists start on their own once due, as with auto.
 //	stream connected|lost
 //	                    the runtime's event stream connected or was lost.
-//	taken               the loop took its inbox now (everything before was
-//	                    stepped).
+//	taken [waiters=N]   the loop took its inbox now (everything before was
+//	                    stepped), with N readers of the cache waiting
+//	                    (default 1).
 //	inbox-lost          the loop's inbox dropped hints.
 //	due                 output: when the next global relist starts.
+//	wake                output: when the loop next wakes for time.
 //	cache-time          output: the cache's global timestamp, since the
 //	                    clock's start.
 //	budget rate=R burst=B spacing=DUR early=DUR queue=N slots=N
@@ -779,9 +781,25 @@ func (h *harness) exec(b block) []string {
 		st := map[string]journal.RuntimeState{"connected": journal.RuntimeEventStreamConnected, "lost": journal.RuntimeEventStreamLost}[fields[1]]
 		return render(h.step(streamChanged{status: journal.RuntimeStatus{State: st}}))
 	case "taken":
-		return render(h.step(taken{at: h.now}))
+		// A take with a reader of the cache waiting, unless waiters=N.
+		waiters := 1
+		if v, ok := args["waiters"]; ok {
+			n, err := strconv.Atoi(v)
+			if err != nil {
+				t.Fatalf("line %d: waiters: %v", b.lineNo, err)
+			}
+			waiters = n
+		}
+		return render(h.step(taken{at: h.now, waiters: waiters}))
 	case "inbox-lost":
 		return render(h.step(hintsLost{}))
+	case "wake":
+		// When the loop next wakes for time (core.Wake).
+		w := h.c.Wake()
+		if w.IsZero() {
+			return []string{"no wake"}
+		}
+		return []string{"wake in " + w.Sub(h.now).String()}
 	case "due":
 		if h.c.relist.phase != relistIdle {
 			return []string{"relist running"}

@@ -39,6 +39,7 @@ type Cache struct {
 	// that does (UpdateTime's held pods, until their next write).
 	held    map[types.UID]time.Time
 	waiters map[types.UID][]*waiter
+	onWait  func()
 }
 
 type waiter struct {
@@ -207,7 +208,11 @@ func (c *Cache) GetNewerThan(ctx context.Context, uid types.UID, min time.Time) 
 	}
 	w := &waiter{min: min, ch: make(chan Entry, 1)}
 	c.waiters[uid] = append(c.waiters[uid], w)
+	onWait := c.onWait
 	c.mu.Unlock()
+	if onWait != nil {
+		onWait()
+	}
 
 	select {
 	case e := <-w.ch:
@@ -271,6 +276,16 @@ func (c *Cache) removeWaiterLocked(uid types.UID, w *waiter) {
 	} else {
 		c.waiters[uid] = ws
 	}
+}
+
+// SetWaitHook sets f to be called, outside the cache's lock, each time a
+// GetNewerThan call starts to wait; nil removes it. A generator whose
+// adaptive relist moves the global timestamp only while someone waits
+// sets it to be woken (pleg.Options.MaxRelistPeriod). f must not block.
+func (c *Cache) SetWaitHook(f func()) {
+	c.mu.Lock()
+	c.onWait = f
+	c.mu.Unlock()
 }
 
 // Waiters returns how many GetNewerThan calls are blocked.
