@@ -334,6 +334,9 @@ type relistJSON struct {
 	TimedOut        int     `json:"timedOut"`
 	Events          int     `json:"events"`
 	Error           string  `json:"error,omitempty"`
+	// NextPeriodSeconds is the period the relist's end set to the next
+	// (with --max-relist-period, how far it has stretched).
+	NextPeriodSeconds float64 `json:"nextPeriodSeconds"`
 }
 
 // relists serves the recent global relists (oldest first), the relist
@@ -360,7 +363,7 @@ func (s *Server) relists(w http.ResponseWriter, _ *http.Request) {
 		out.Relists = append(out.Relists, relistJSON{
 			Start: formatTime(st.Start), DurationSeconds: st.Duration.Seconds(), Pods: st.Pods,
 			Containers: st.Containers, Inspected: st.Inspected, Failed: st.Failed, TimedOut: st.TimedOut,
-			Events: st.Events, Error: st.Err,
+			Events: st.Events, Error: st.Err, NextPeriodSeconds: st.NextPeriod.Seconds(),
 		})
 	}
 	s.writeJSON(w, http.StatusOK, out)
