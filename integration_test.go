@@ -10,12 +10,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/prometheus/client_golang/prometheus/testutil"
 	runtimeapi "k8s.io/cri-api/pkg/apis/runtime/v1"
 
 	"github.com/podlifecycle/pleg"
 	"github.com/podlifecycle/pleg/cruntime/cri"
 	"github.com/podlifecycle/pleg/cruntime/sim"
 	"github.com/podlifecycle/pleg/internal/stats"
+	"github.com/podlifecycle/pleg/metrics"
 )
 
 // node is a generator against a simulated CRI runtime over real gRPC.
@@ -357,5 +359,51 @@ func waitEvent(b *testing.B, ctx context.Context, sub *pleg.Subscription, id str
 		if !u.Resync && u.Event.ContainerID == id && u.Event.Type == typ {
 			return
 		}
+	}
+}
+
+// TestAdaptiveRelistWithLostAndReorderedEvents: with the adaptive relist
+// on, a runtime that drops 70 % of its events and sends 30 % of the rest out of
+// order still has every change delivered: the global relist, stretched to
+// its maximum on a quiet node, finds what no event announced, counts it and
+// falls back to the base period, and the node converges.
+func TestAdaptiveRelistWithLostAndReorderedEvents(t *testing.T) {
+	const period, maxPeriod = 50 * time.Millisecond, 400 * time.Millisecond
+	cfg := churn
+	cfg.EventDropRate, cfg.EventReorderRate = 0.7, 0.3
+	m := metrics.New(nil)
+	n := startNode(t, cfg, pleg.Options{RelistPeriod: period, MaxRelistPeriod: maxPeriod, Events: pleg.EventsOn, Metrics: m})
+	stretched := func() bool {
+		rs := n.gen.RecentRelists()
+		return len(rs) > 0 && rs[len(rs)-1].NextPeriod == maxPeriod
+	}
+	waitUntil(t, stretched, "the period never stretched to ", maxPeriod)
+	before := len(n.gen.RecentRelists())
+	for range 15 {
+		n.sim.Step()
+		time.Sleep(10 * time.Millisecond)
+	}
+	n.settle(t)
+	n.check(t)
+	if st := n.sim.EventStats(); st.DroppedRandom == 0 || st.Reordered == 0 {
+		t.Fatalf("the runtime dropped %d events and reordered %d: the test proves nothing", st.DroppedRandom, st.Reordered)
+	}
+	var unannounced float64
+	for _, k := range []string{pleg.UnannouncedStarted, pleg.UnannouncedDied, pleg.UnannouncedRemoved, pleg.UnannouncedCreated, pleg.UnannouncedOther} {
+		unannounced += testutil.ToFloat64(m.UnannouncedChanges.WithLabelValues(k))
+	}
+	if unannounced == 0 {
+		t.Errorf("no unannounced change counted, with %d events dropped", n.sim.EventStats().DroppedRandom)
+	}
+	rs := n.gen.RecentRelists()
+	fellBack := false
+	for _, r := range rs[min(before, len(rs)):] {
+		if r.NextPeriod > maxPeriod {
+			t.Errorf("a relist set the next %v after it, over the maximum %v", r.NextPeriod, maxPeriod)
+		}
+		fellBack = fellBack || r.NextPeriod == period
+	}
+	if !fellBack {
+		t.Errorf("the period never fell back to %v after the changes", period)
 	}
 }

@@ -37,6 +37,7 @@ type simulateOptions struct {
 	events           bool
 	listStreaming    bool
 	eventDropRate    float64
+	eventReorderRate float64
 	eventStorm       int
 	keepEvents       time.Duration
 	replayEvents     int
@@ -95,6 +96,7 @@ func (o *simulateOptions) addFlags(f *pflag.FlagSet) {
 	f.BoolVar(&o.events, "events", true, "serve GetContainerEvents (false: Unimplemented)")
 	f.BoolVar(&o.listStreaming, "list-streaming", true, "serve the streaming list RPCs StreamPodSandboxes and StreamContainers, 5,000 items a message as containerd 2.4 (false: Unimplemented, as containerd 2.3 and earlier)")
 	floatVar(f, &o.eventDropRate, "event-drop-rate", 0, 0, 1, "fraction of container events not sent, in [0,1]")
+	floatVar(f, &o.eventReorderRate, "event-reorder-rate", 0, 0, 1, "fraction of container events a subscriber gets late, right after the next one sent to it (swapped), in [0,1]")
 	intVar(f, &o.eventStorm, "event-storm", 0, 0, 100000, "stream this many container events per second, spread over every pod in turn, the pods unchanged (0: none)")
 	durationVar(f, &o.keepEvents, "keep-events", 0, 0, 24*time.Hour, "keep the events emitted while nobody subscribes for this long and send them to the next subscriber first, as containerd 2.x does for 5m (0: none)")
 	intVar(f, &o.replayEvents, "replay-events", 0, 0, 1000000, "send every new event subscriber this many old events first, about the containers there are (0: none)")
@@ -155,6 +157,7 @@ func (o *simulateOptions) config() (sim.Config, error) {
 		DisableEvents:        !o.events,
 		DisableListStreaming: !o.listStreaming,
 		EventDropRate:        o.eventDropRate,
+		EventReorderRate:     o.eventReorderRate,
 		EventStorm:           o.eventStorm,
 		KeepEvents:           o.keepEvents,
 		ReplayEvents:         o.replayEvents,

@@ -72,6 +72,10 @@ type Config struct {
 	// EventDropRate is the fraction of events (in [0, 1]) not sent to a
 	// subscriber.
 	EventDropRate float64
+	// EventReorderRate is the fraction of events (in [0, 1]) a subscriber
+	// gets late: held back, and sent right after the next event sent to
+	// it (see Runtime.SetEventReorderRate).
+	EventReorderRate float64
 	// EventBuffer is the number of events buffered per subscriber before
 	// further events are dropped (0 means 1000).
 	EventBuffer int

@@ -13,6 +13,9 @@ import (
 type subscriber struct {
 	ch     chan *runtimeapi.ContainerEventResponse
 	closed chan struct{} // closed when events are switched off
+	// held is an event held back to be sent after the next
+	// (SetEventReorderRate); guarded by the runtime's mu, as emitLocked.
+	held *runtimeapi.ContainerEventResponse
 }
 
 // EventStats counts container events.
@@ -27,6 +30,9 @@ type EventStats struct {
 	DroppedFull int64
 	// DroppedRandom counts deliveries dropped by EventDropRate.
 	DroppedRandom int64
+	// Reordered counts deliveries held back by EventReorderRate (sent
+	// after the next, or never: see Runtime.SetEventReorderRate).
+	Reordered int64
 }
 
 // EventStats returns the event counters.
@@ -36,6 +42,7 @@ func (r *Runtime) EventStats() EventStats {
 		Queued:        r.evQueued.Load(),
 		DroppedFull:   r.evDroppedFull.Load(),
 		DroppedRandom: r.evDroppedRandom.Load(),
+		Reordered:     r.evReordered.Load(),
 	}
 }
 
@@ -77,13 +84,33 @@ func (r *Runtime) emitLocked(typ runtimeapi.ContainerEventType, id string, sb *s
 			r.evDroppedRandom.Add(1)
 			continue
 		}
-		select {
-		case s.ch <- ev:
-			r.evQueued.Add(1)
-		default:
-			r.evDroppedFull.Add(1)
+		if s.held == nil && r.reorderEvent() {
+			s.held = ev
+			r.evReordered.Add(1)
+			continue
+		}
+		r.sendLocked(s, ev)
+		if h := s.held; h != nil {
+			s.held = nil
+			r.sendLocked(s, h)
 		}
 	}
+}
+
+// sendLocked queues ev for s, or counts it dropped when s's buffer is full.
+func (r *Runtime) sendLocked(s *subscriber, ev *runtimeapi.ContainerEventResponse) {
+	select {
+	case s.ch <- ev:
+		r.evQueued.Add(1)
+	default:
+		r.evDroppedFull.Add(1)
+	}
+}
+
+func (r *Runtime) reorderEvent() bool {
+	r.kmu.Lock()
+	defer r.kmu.Unlock()
+	return r.reorderRate > 0 && r.frng.Float64() < r.reorderRate
 }
 
 func (r *Runtime) eventLocked(typ runtimeapi.ContainerEventType, id string, sb *sandbox, createdAt int64) *runtimeapi.ContainerEventResponse {

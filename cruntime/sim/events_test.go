@@ -2,6 +2,7 @@ package sim
 
 import (
 	"context"
+	"slices"
 	"testing"
 	"time"
 
@@ -217,5 +218,32 @@ func TestSlowSubscriberDoesNotBlock(t *testing.T) {
 	cancel()
 	if err := <-done; status.Code(err) != codes.Canceled {
 		t.Errorf("stream ended with %v", err)
+	}
+}
+
+// TestEventReorderRate: an event held back is sent right after the next,
+// so that with a rate of 1 a subscriber gets each pair swapped.
+func TestEventReorderRate(t *testing.T) {
+	r, c := newSim(t, Config{EventReorderRate: 1})
+	s := subscribe(t, r, c, 1)
+	p := mustAdd(t, r, PodSpec{Containers: []string{"a"}})
+	sb, ctr := p.SandboxID(), p.ContainerIDs()[0]
+	want := []string{
+		"CONTAINER_STARTED_EVENT " + sb, "CONTAINER_CREATED_EVENT " + sb,
+		"CONTAINER_STARTED_EVENT " + ctr, "CONTAINER_CREATED_EVENT " + ctr,
+	}
+	var got []string
+	for range want {
+		ev, err := s.Recv()
+		if err != nil {
+			t.Fatal(err)
+		}
+		got = append(got, ev.ContainerEventType.String()+" "+ev.ContainerId)
+	}
+	if !slices.Equal(got, want) {
+		t.Errorf("received\n%v\nwant\n%v", got, want)
+	}
+	if st := r.EventStats(); st.Emitted != 4 || st.Queued != 4 || st.Reordered != 2 {
+		t.Errorf("stats = %+v, want 4 emitted and queued, 2 reordered", st)
 	}
 }

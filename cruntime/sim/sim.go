@@ -55,6 +55,7 @@ type Runtime struct {
 	listStreaming  bool
 	streamBatch    int
 	dropRate       float64
+	reorderRate    float64
 	hung           map[string]bool
 	hungLists      map[string]bool
 	hungChanged    chan struct{}         // closed and replaced when hung or hungLists changes
@@ -72,7 +73,7 @@ type Runtime struct {
 	calls    map[string]int64
 	podCalls map[string]map[string]int64 // pod UID -> method -> calls
 
-	evEmitted, evQueued, evDroppedFull, evDroppedRandom atomic.Int64
+	evEmitted, evQueued, evDroppedFull, evDroppedRandom, evReordered atomic.Int64
 
 	// smu guards serving.
 	smu       sync.Mutex
@@ -116,6 +117,7 @@ func New(cfg Config) *Runtime {
 		listStreaming: !cfg.DisableListStreaming,
 		streamBatch:   cfg.ListStreamBatch,
 		dropRate:      clamp01(cfg.EventDropRate),
+		reorderRate:   clamp01(cfg.EventReorderRate),
 		hung:          map[string]bool{},
 		hungLists:     map[string]bool{},
 		hungChanged:   make(chan struct{}),
@@ -191,6 +193,18 @@ func (r *Runtime) SetLatency(l Latency) {
 func (r *Runtime) SetErrorRate(rate float64) {
 	r.kmu.Lock()
 	r.errorRate = clamp01(rate)
+	r.kmu.Unlock()
+}
+
+// SetEventReorderRate sets the fraction of events each subscriber gets
+// out of order (clamped to [0, 1]): such an event is held back and sent
+// right after the next one sent to that subscriber, so that the two
+// arrive swapped. One is held at a time per subscriber; one still held
+// when its subscriber's stream ends, or when no other event follows, is
+// never sent (as a runtime that loses it).
+func (r *Runtime) SetEventReorderRate(rate float64) {
+	r.kmu.Lock()
+	r.reorderRate = clamp01(rate)
 	r.kmu.Unlock()
 }
 
