@@ -761,15 +761,7 @@ func (d *daemonView) readForecast() (forecastJSON, error) {
 // its series); a missing one fails t.
 func (d *daemonView) metricValue(t testing.TB, name string) float64 {
 	t.Helper()
-	code, b, err := d.get("/metrics")
-	if err != nil || code != http.StatusOK {
-		t.Fatalf("%s: /metrics: %d %v", d.name, code, err)
-	}
-	mfs, err := parseMetrics(b)
-	if err != nil {
-		t.Fatal(err)
-	}
-	mf := mfs[name]
+	mf := d.metricFamilies(t)[name]
 	if mf == nil {
 		t.Fatalf("%s: no metric %s", d.name, name)
 	}

@@ -258,6 +258,9 @@ func testPLEGContainerdKilled(t *testing.T, e *env) {
 	if ok, err := lib.g.Healthy(); !ok {
 		t.Errorf("lib: unhealthy at the end: %v", err)
 	}
+	if e.hasEvents() {
+		measureUnannounced(t, "runtime-restart", "lib(100ms)", lib.unannounced(t))
+	}
 	daemon.requireRunning(t)
 	watch.requireRunning(t)
 }

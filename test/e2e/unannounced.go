@@ -1,0 +1,77 @@
+package e2e
+
+import (
+	"fmt"
+	"net/http"
+	"strings"
+
+	dto "github.com/prometheus/client_model/go"
+	"testing"
+
+	"github.com/podlifecycle/pleg"
+)
+
+// unannouncedKinds are the kinds of pleg_unannounced_changes_total, in
+// the order MEASURE lines give them.
+var unannouncedKinds = []string{pleg.UnannouncedStarted, pleg.UnannouncedDied, pleg.UnannouncedRemoved,
+	pleg.UnannouncedCreated, pleg.UnannouncedOther}
+
+// measureUnannounced prints a MEASURE line of the changes a view's global
+// relists found that no runtime event announced (issue 37: what the
+// adaptive relist would have seen only at its next global relist), by
+// kind, from count (the view's pleg_unannounced_changes_total for a
+// kind). A runtime that drops or never sends an event shows here.
+func measureUnannounced(t testing.TB, scenario, view string, count func(kind string) float64) {
+	t.Helper()
+	var parts []string
+	total := 0.0
+	for _, k := range unannouncedKinds {
+		n := count(k)
+		total += n
+		parts = append(parts, fmt.Sprintf("%s=%g", k, n))
+	}
+	measure(t, "unannounced_changes scenario=%s view=%s total=%g %s", scenario, view, total, strings.Join(parts, " "))
+}
+
+// unannounced is a library view's count of unannounced changes of a
+// kind.
+func (v *libView) unannounced(t testing.TB) func(kind string) float64 {
+	return func(kind string) float64 {
+		return v.labelled(t, "pleg_unannounced_changes_total", "kind", kind)
+	}
+}
+
+// unannounced is a pleg run's count of unannounced changes of a kind,
+// from its /metrics.
+func (d *daemonView) unannounced(t testing.TB) func(kind string) float64 {
+	t.Helper()
+	mfs := d.metricFamilies(t)
+	return func(kind string) float64 {
+		mf := mfs["pleg_unannounced_changes_total"]
+		if mf == nil {
+			return 0 // no series yet: none counted
+		}
+		for _, m := range mf.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if l.GetName() == "kind" && l.GetValue() == kind {
+					return m.GetCounter().GetValue()
+				}
+			}
+		}
+		return 0
+	}
+}
+
+// metricFamilies is pleg run's /metrics, parsed; an error fails t.
+func (d *daemonView) metricFamilies(t testing.TB) map[string]*dto.MetricFamily {
+	t.Helper()
+	code, b, err := d.get("/metrics")
+	if err != nil || code != http.StatusOK {
+		t.Fatalf("%s: /metrics: %d %v", d.name, code, err)
+	}
+	mfs, err := parseMetrics(b)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return mfs
+}
