@@ -184,6 +184,9 @@ func TestAdaptiveReaderServedBetweenRelists(t *testing.T) {
 		g.Start()
 		time.Sleep(time.Minute) // stretched to 16s by now
 		synctest.Wait()
+		if p := g.StretchedRelistPeriod(); p != maxPeriod {
+			t.Fatalf("StretchedRelistPeriod = %v after a quiet minute, want %v", p, maxPeriod)
+		}
 		lists := rt.count("ListPods")
 		stamp := g.Cache().Timestamp()
 		time.Sleep(maxPeriod / 2)
@@ -218,6 +221,28 @@ func TestAdaptiveReaderServedBetweenRelists(t *testing.T) {
 		}
 		if n := rt.count("ListPods") - lists; n != 0 {
 			t.Errorf("%d global relists to serve it, want none (the timestamp moves with the events)", n)
+		}
+	})
+}
+
+// TestStretchedRelistPeriodOnlyWhenAdaptive: a long fixed period is not a
+// stretch: the readiness check beside it keeps its own interval.
+func TestStretchedRelistPeriodOnlyWhenAdaptive(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		rt := newFakeRuntime()
+		src := &fakeEvents{live: make(chan cruntime.Event)}
+		g := newLoopGenerator(t, rt, func(o *Options) {
+			o.EventSource, o.RelistPeriod = src, 10*time.Second
+		})
+		rt.setPods(pod("a", "c1=running"))
+		g.Start()
+		time.Sleep(time.Minute)
+		synctest.Wait()
+		if p := g.RelistPeriodNow(); p != 10*time.Second {
+			t.Errorf("RelistPeriodNow = %v, want the fixed 10s", p)
+		}
+		if p := g.StretchedRelistPeriod(); p != 0 {
+			t.Errorf("StretchedRelistPeriod = %v with the adaptive relist off, want 0", p)
 		}
 	})
 }

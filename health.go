@@ -76,14 +76,14 @@ type ReadinessOptions struct {
 	Runtime  cruntime.StatusChecker
 	Interval time.Duration
 	Timeout  time.Duration
-	// Period, when set, is the period of the relist beside the check
-	// (Generator.RelistPeriodNow). While it is longer than Interval (the
-	// adaptive relist stretched it: the runtime's event stream is
-	// connected and relists find nothing no event announced), Run checks
-	// the runtime's status every Period instead, at most every
-	// MaxStatusInterval: at idle, the Status calls are about as rare as
-	// the listings, and back to every Interval within a tick of the
-	// relist's fall back.
+	// Period, when set, is how far the adaptive relist beside the check
+	// has stretched its period (Generator.StretchedRelistPeriod: 0 when
+	// not stretched). While it is longer than Interval (the runtime's
+	// event stream is connected and relists find nothing no event
+	// announced), Run checks the runtime's status every Period instead,
+	// at most every MaxStatusInterval: at idle, the Status calls are about
+	// as rare as the listings, and back to every Interval within a tick of
+	// the relist's fall back.
 	Period func() time.Duration
 	Clock  clock.WithTicker
 	Logger logr.Logger

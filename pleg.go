@@ -424,6 +424,17 @@ func (g *Generator) RelistPeriodNow() time.Duration {
 	return time.Duration(g.nextPeriod.Load())
 }
 
+// StretchedRelistPeriod returns RelistPeriodNow while the adaptive relist
+// has stretched it above RelistPeriod, and 0 otherwise (at the base
+// period, or the adaptive relist off: a long fixed RelistPeriod is not a
+// stretch). The daemon's readiness check follows it (ReadinessOptions.Period).
+func (g *Generator) StretchedRelistPeriod() time.Duration {
+	if p := g.RelistPeriodNow(); p > g.opts.RelistPeriod {
+		return p
+	}
+	return 0
+}
+
 // RelistRunningFor returns how long the relist now running has been
 // running, or 0.
 func (g *Generator) RelistRunningFor() time.Duration {

@@ -97,7 +97,7 @@ func newDaemon(rf *runtimeFlags, o daemonOptions) (*daemon, error) {
 		d.ready = pleg.NewReadiness(d.gen, pleg.ReadinessOptions{
 			Runtime: client,
 			Timeout: rf.requestTimeout,
-			Period:  d.gen.RelistPeriodNow,
+			Period:  d.gen.StretchedRelistPeriod,
 			Logger:  d.log,
 		})
 	}
