@@ -104,33 +104,59 @@ func testMeasurePodStartLatency(t *testing.T, e *env) {
 		}
 	}
 	waitEvents(t, 15*time.Second, []*eventLog{on.log, off.log}, pleg.ContainerStarted, ids...)
+	// statusStarted is when the runtime's status says id started (a
+	// sandbox: was created).
+	statusStarted := func(id string) time.Time {
+		var at int64
+		if cs, err := RuntimeClient().ContainerStatus(criCtx(t), &runtimeapi.ContainerStatusRequest{ContainerId: id}); err == nil {
+			at = cs.Status.StartedAt
+		} else {
+			ps, err := RuntimeClient().PodSandboxStatus(criCtx(t), &runtimeapi.PodSandboxStatusRequest{PodSandboxId: id})
+			if err != nil {
+				t.Fatalf("no container or sandbox status for %.12s: %v", id, err)
+			}
+			at = ps.Status.CreatedAt
+		}
+		return time.Unix(0, at)
+	}
 	if basisName == "runtime_status" {
 		for _, id := range ids {
-			var at int64
-			if cs, err := RuntimeClient().ContainerStatus(criCtx(t), &runtimeapi.ContainerStatusRequest{ContainerId: id}); err == nil {
-				at = cs.Status.StartedAt
-			} else {
-				ps, err := RuntimeClient().PodSandboxStatus(criCtx(t), &runtimeapi.PodSandboxStatusRequest{PodSandboxId: id})
-				if err != nil {
-					t.Fatalf("no container or sandbox status for %.12s: %v", id, err)
-				}
-				at = ps.Status.CreatedAt
-			}
+			at := statusStarted(id)
 			mu.Lock()
-			runtimeStarted[id] = time.Unix(0, at)
+			runtimeStarted[id] = at
 			mu.Unlock()
 		}
 	}
-	eventually(t, 5*time.Second, "runtime STARTED events for every ID", func() error {
+	// The harness's own subscriber may miss a STARTED event: CRI-O drops
+	// what its event channel cannot take (seen under the load harness: a
+	// sandbox's). pleg's delivery is asserted above, by waitEvents; for
+	// an ID whose event the harness missed within 5 s, the basis is the
+	// runtime's status, and the MEASURE line counts them.
+	missed := 0
+	for deadline := time.Now().Add(5 * time.Second); ; time.Sleep(50 * time.Millisecond) {
 		mu.Lock()
-		defer mu.Unlock()
+		var missing []string
 		for _, id := range ids {
 			if _, ok := runtimeStarted[id]; !ok {
-				return fmt.Errorf("none for %.12s", id)
+				missing = append(missing, id)
 			}
 		}
-		return nil
-	})
+		mu.Unlock()
+		if len(missing) == 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			for _, id := range missing {
+				at := statusStarted(id)
+				mu.Lock()
+				runtimeStarted[id] = at
+				mu.Unlock()
+			}
+			missed = len(missing)
+			t.Logf("the harness's subscriber got no STARTED event for %d of %d IDs in 5s; their basis is the runtime's status", missed, len(ids))
+			break
+		}
+	}
 
 	type result struct{ fromReturn, fromRuntime []time.Duration }
 	results := map[string]*result{}
@@ -149,9 +175,9 @@ func testMeasurePodStartLatency(t *testing.T, e *env) {
 			name string
 			ds   []time.Duration
 		}{{"cri_call_return", r.fromReturn}, {basisName, r.fromRuntime}} {
-			measure(t, "pod_start_to_started_p50=%s p99=%s max=%s min=%s n=%d generator=%s relist_period=1s basis=%s",
+			measure(t, "pod_start_to_started_p50=%s p99=%s max=%s min=%s n=%d generator=%s relist_period=1s basis=%s basis_from_status_for=%d",
 				ms(stats.Percentile(basis.ds, 0.50)), ms(stats.Percentile(basis.ds, 0.99)), ms(stats.Percentile(basis.ds, 1)), ms(stats.Percentile(basis.ds, 0)),
-				len(basis.ds), v.name, basis.name)
+				len(basis.ds), v.name, basis.name, missed)
 		}
 	}
 
