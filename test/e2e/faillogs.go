@@ -26,8 +26,14 @@ var unsafeName = regexp.MustCompile(`[^A-Za-z0-9._-]+`)
 // bounded to the last 8 MiB of each log.
 func keepFailedLogs(t testing.TB, what string, logs map[string]string) {
 	t.Helper()
-	dir := filepath.Join(failedLogsDir(), unsafeName.ReplaceAllString(t.Name(), "_")+"-"+time.Now().Format("20060102-150405.000"))
-	if err := os.MkdirAll(dir, 0o755); err != nil {
+	// A dir of its own per call: two kubelets of one test (a cluster's
+	// nodes) each keep a kubelet.log.
+	if err := os.MkdirAll(failedLogsDir(), 0o755); err != nil {
+		t.Logf("%s logs not kept: %v", what, err)
+		return
+	}
+	dir, err := os.MkdirTemp(failedLogsDir(), unsafeName.ReplaceAllString(t.Name(), "_")+"-"+time.Now().Format("20060102-150405")+"-*")
+	if err != nil {
 		t.Logf("%s logs not kept: %v", what, err)
 		return
 	}

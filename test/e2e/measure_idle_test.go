@@ -133,19 +133,11 @@ func TestMeasureIdleContainerd(t *testing.T) {
 		return nil
 	})
 	stretchedAfter := time.Since(started)
+	// Counted from /metrics (the relist histogram's count, the Status
+	// operations), not /api/v1/relists, whose list stops growing at 300.
 	count := func() (relistN int, status float64) {
-		var r relists
-		if _, err := d.getJSON("/api/v1/relists", &r); err != nil {
-			t.Fatal(err)
-		}
-		for _, m := range d.metricFamilies(t)["kubelet_runtime_operations_total"].GetMetric() {
-			for _, l := range m.GetLabel() {
-				if l.GetName() == "operation_type" && l.GetValue() == "status" {
-					status += m.GetCounter().GetValue()
-				}
-			}
-		}
-		return len(r.Relists), status
+		mfs := d.metricFamilies(t)
+		return int(labelled(mfs, "kubelet_pleg_relist_duration_seconds", "", "")), labelled(mfs, "kubelet_runtime_operations_total", "operation_type", "status")
 	}
 	r0, st0 := count()
 	w0 := time.Now()
@@ -170,7 +162,9 @@ func TestMeasureIdleContainerd(t *testing.T) {
 	if kPrice <= 0 || pPrice <= 0 {
 		t.Fatalf("a relist priced at %v (kubelet) and %v (pleg) net of containerd's background (%s/s): not measured", kPrice, pPrice, ms(time.Duration(background)))
 	}
-	if pRate > 1/maxPeriod.Seconds()*1.5 || sRate > 1/pleg.MaxStatusInterval.Seconds()*1.5 {
+	// Twice the designed rates: a window of two periods holds 2 or 3
+	// relists, 3 or 4 Status calls, depending on its phase.
+	if pRate > 2/maxPeriod.Seconds() || sRate > 2/pleg.MaxStatusInterval.Seconds() {
 		t.Errorf("pleg relisted %.3f times and called Status %.3f times a second once stretched, want about 1/%v and 1/%v", pRate, sRate, maxPeriod, pleg.MaxStatusInterval)
 	}
 	if ratio > 0.5 {

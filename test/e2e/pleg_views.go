@@ -37,6 +37,7 @@ import (
 
 	"github.com/go-logr/logr/funcr"
 	"github.com/prometheus/client_golang/prometheus"
+	dto "github.com/prometheus/client_model/go"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/encoding/protojson"
@@ -1094,22 +1095,9 @@ func (v *libView) labelled(t testing.TB, metric, name, value string) float64 {
 	if err != nil {
 		t.Fatal(err)
 	}
-	var sum float64
+	byName := make(map[string]*dto.MetricFamily, len(mfs))
 	for _, mf := range mfs {
-		if mf.GetName() != metric {
-			continue
-		}
-		for _, m := range mf.GetMetric() {
-			match := name == ""
-			for _, l := range m.GetLabel() {
-				if l.GetName() == name && l.GetValue() == value {
-					match = true
-				}
-			}
-			if match {
-				sum += m.GetCounter().GetValue() + m.GetGauge().GetValue() + float64(m.GetHistogram().GetSampleCount())
-			}
-		}
+		byName[mf.GetName()] = mf
 	}
-	return sum
+	return labelled(byName, metric, name, value)
 }

@@ -4,9 +4,9 @@ import (
 	"fmt"
 	"net/http"
 	"strings"
+	"testing"
 
 	dto "github.com/prometheus/client_model/go"
-	"testing"
 
 	"github.com/podlifecycle/pleg"
 )
@@ -46,20 +46,24 @@ func (v *libView) unannounced(t testing.TB) func(kind string) float64 {
 func (d *daemonView) unannounced(t testing.TB) func(kind string) float64 {
 	t.Helper()
 	mfs := d.metricFamilies(t)
-	return func(kind string) float64 {
-		mf := mfs["pleg_unannounced_changes_total"]
-		if mf == nil {
-			return 0 // no series yet: none counted
+	return func(kind string) float64 { return labelled(mfs, "pleg_unannounced_changes_total", "kind", kind) }
+}
+
+// labelled sums a counter or gauge (a histogram: its count) of mfs over
+// its series with label name=value ("" name: every series); 0 when the
+// metric has none yet (a vector with no series is not exposed).
+func labelled(mfs map[string]*dto.MetricFamily, metric, name, value string) float64 {
+	var sum float64
+	for _, m := range mfs[metric].GetMetric() {
+		match := name == ""
+		for _, l := range m.GetLabel() {
+			match = match || l.GetName() == name && l.GetValue() == value
 		}
-		for _, m := range mf.GetMetric() {
-			for _, l := range m.GetLabel() {
-				if l.GetName() == "kind" && l.GetValue() == kind {
-					return m.GetCounter().GetValue()
-				}
-			}
+		if match {
+			sum += m.GetCounter().GetValue() + m.GetGauge().GetValue() + float64(m.GetHistogram().GetSampleCount())
 		}
-		return 0
 	}
+	return sum
 }
 
 // metricFamilies is pleg run's /metrics, parsed; an error fails t.
