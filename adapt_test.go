@@ -3,6 +3,7 @@ package pleg
 import (
 	"context"
 	"reflect"
+	"sync/atomic"
 	"testing"
 	"testing/synctest"
 	"time"
@@ -243,6 +244,65 @@ func TestStretchedRelistPeriodOnlyWhenAdaptive(t *testing.T) {
 		}
 		if p := g.StretchedRelistPeriod(); p != 0 {
 			t.Errorf("StretchedRelistPeriod = %v with the adaptive relist off, want 0", p)
+		}
+	})
+}
+
+// stoppableStatus answers Status ready until stopped; then it hangs, as a
+// SIGSTOPped runtime does, until the call's context ends.
+type stoppableStatus struct{ stopped atomic.Bool }
+
+func (s *stoppableStatus) Status(ctx context.Context) ([]cruntime.Condition, error) {
+	if s.stopped.Load() {
+		<-ctx.Done()
+		return nil, ctx.Err()
+	}
+	return []cruntime.Condition{{Type: cruntime.RuntimeReady, Status: true}, {Type: cruntime.NetworkReady, Status: true}}, nil
+}
+
+// TestAdaptiveDoubtedRuntimeListedSoon: a runtime that stops answering
+// sends no event and closes no stream. With the relist stretched to 30s,
+// the readiness check's Status stalls within MaxStatusInterval, doubts
+// the runtime (Stalled: DoubtRuntime), and the next global listing comes
+// then, not 30s after the last: the listing is what the forecast watches.
+func TestAdaptiveDoubtedRuntimeListedSoon(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		const period, maxPeriod = time.Second, 30 * time.Second
+		rt := newFakeRuntime()
+		rt.setPods(pod("a", "c1=running"))
+		src := &fakeEvents{live: make(chan cruntime.Event)}
+		g := newLoopGenerator(t, rt, func(o *Options) {
+			o.EventSource, o.RelistPeriod, o.MaxRelistPeriod = src, period, maxPeriod
+		})
+		st := &stoppableStatus{}
+		r := NewReadiness(g, ReadinessOptions{Runtime: st, Period: g.StretchedRelistPeriod, Stalled: g.DoubtRuntime})
+		g.Start()
+		ctx, cancel := context.WithCancel(t.Context())
+		done := make(chan struct{})
+		go func() { defer close(done); r.Run(ctx) }()
+		defer func() { cancel(); <-done }()
+
+		time.Sleep(3 * time.Minute)
+		synctest.Wait()
+		if p := g.StretchedRelistPeriod(); p != maxPeriod {
+			t.Fatalf("after 3m of a quiet node the period is %v, want %v", p, maxPeriod)
+		}
+		// The runtime stops right after a global listing: the next is 30s
+		// away.
+		listings := func() int { synctest.Wait(); return rt.count("ListPods") }
+		for n := listings(); listings() == n; {
+			time.Sleep(10 * time.Millisecond)
+		}
+		st.stopped.Store(true)
+		stopped := time.Now()
+		for n := listings(); listings() == n; {
+			time.Sleep(10 * time.Millisecond)
+		}
+		// The next check due (at most MaxStatusInterval, on the readiness
+		// ticker's phase: half a tick more), its stall, a base period.
+		late := MaxStatusInterval + 5*time.Second/2 + DefaultStallAfter + period
+		if d := time.Since(stopped); d < DefaultStallAfter || d > late {
+			t.Fatalf("the runtime stopped %v before the next listing, want within [%v, %v]", d, DefaultStallAfter, late)
 		}
 	})
 }

@@ -321,7 +321,7 @@ func (c *core) Step(now time.Time, in input) Ready {
 		c.onStream(in.status)
 	case taken:
 		c.adapt.taken, c.adapt.wanted = in.at, in.waiters > 0
-	case hintsLost:
+	case hintsLost, runtimeDoubted:
 		c.toBase()
 	}
 	c.dispatch()

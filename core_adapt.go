@@ -23,7 +23,11 @@ import (
 //   - Back to cfg.period, for the next adaptHold successful relists at
 //     least: an unannounced change; the stream connecting (a replay may
 //     follow) or being lost; a hint dropped (the core's queue, or the
-//     loop's inbox: hintsLost) or deferred by the budget; a failed listing.
+//     loop's inbox: hintsLost) or deferred by the budget; a failed listing;
+//     the runtime in doubt (runtimeDoubted: its status check was slow or
+//     failed). A runtime that stops answering sends no event and closes
+//     no stream, so without the last the next listing, the first call to
+//     find out, would wait the stretched period.
 //     A fall back while waiting brings the next relist forward to a period
 //     after the end of the last.
 //   - Without a connected stream the period is cfg.period.
@@ -76,8 +80,13 @@ type taken struct {
 // hintsLost: the loop's inbox dropped hints (it was full).
 type hintsLost struct{}
 
-func (taken) isInput()     {}
-func (hintsLost) isInput() {}
+// runtimeDoubted: a call to the runtime outside the loop (the readiness
+// check's Status) was slow or failed (Generator.DoubtRuntime).
+type runtimeDoubted struct{}
+
+func (taken) isInput()          {}
+func (hintsLost) isInput()      {}
+func (runtimeDoubted) isInput() {}
 
 // Kinds of unannounced changes, the label values of
 // pleg_unannounced_changes_total.

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -22,8 +23,14 @@ const (
 	// MaxStatusInterval bounds how far the runtime's status checks stretch
 	// with the adaptive relist (ReadinessOptions.Period): well below the
 	// 30 s after which a runtime whose last ready answer is older counts as
-	// down, so that a slow answer does not make it so.
-	MaxStatusInterval = 20 * time.Second
+	// down, so that a slow answer does not make it so; and short enough
+	// that a runtime which stopped answering is doubted (Stalled) and
+	// listed, and the forecast says so, within 30 s of its stop (10 s to
+	// the next check, StallAfter, then the forecast's 10 s on the listing).
+	MaxStatusInterval = 10 * time.Second
+	// DefaultStallAfter is ReadinessOptions.StallAfter's default: a Status
+	// call answers in milliseconds.
+	DefaultStallAfter = 2 * time.Second
 )
 
 // HealthChecker is anything with a health check, such as a Generator.
@@ -54,10 +61,12 @@ type Readiness struct {
 	checks   map[string]HealthChecker
 	order    []string
 	rt       cruntime.StatusChecker
-	clock    clock.WithTicker
+	clock    clock.WithTickerAndDelayedExecution
 	interval time.Duration
 	period   func() time.Duration
 	timeout  time.Duration
+	stalled  func()
+	stallAt  time.Duration
 	log      logr.Logger
 
 	mu          sync.Mutex
@@ -85,8 +94,15 @@ type ReadinessOptions struct {
 	// as rare as the listings, and back to every Interval within a tick of
 	// the relist's fall back.
 	Period func() time.Duration
-	Clock  clock.WithTicker
-	Logger logr.Logger
+	// Stalled, when set, is called once for each Status call that has not
+	// answered within StallAfter (default DefaultStallAfter), and for
+	// each that fails (Generator.DoubtRuntime: a runtime that stops
+	// answering is listed soon, not a stretched period later). It must
+	// not block; it runs on a timer's goroutine.
+	Stalled    func()
+	StallAfter time.Duration
+	Clock      clock.WithTickerAndDelayedExecution
+	Logger     logr.Logger
 }
 
 // NewReadiness returns a Readiness with the health check "PLEG".
@@ -100,11 +116,15 @@ func NewReadiness(pleg HealthChecker, opts ReadinessOptions) *Readiness {
 	if opts.Timeout <= 0 {
 		opts.Timeout = 2 * time.Minute
 	}
+	if opts.StallAfter <= 0 {
+		opts.StallAfter = DefaultStallAfter
+	}
 	if opts.Logger.GetSink() == nil {
 		opts.Logger = logr.Discard()
 	}
 	r := &Readiness{checks: map[string]HealthChecker{}, rt: opts.Runtime, clock: opts.Clock,
-		interval: opts.Interval, period: opts.Period, timeout: opts.Timeout, log: opts.Logger}
+		interval: opts.Interval, period: opts.Period, timeout: opts.Timeout,
+		stalled: opts.Stalled, stallAt: opts.StallAfter, log: opts.Logger}
 	if pleg != nil {
 		r.AddCheck("PLEG", pleg)
 	}
@@ -159,9 +179,20 @@ func (r *Readiness) CheckRuntime(ctx context.Context) {
 	if r.rt == nil {
 		return
 	}
+	var fired atomic.Bool
+	var stall clock.Timer
+	if r.stalled != nil {
+		stall = r.clock.AfterFunc(r.stallAt, func() {
+			fired.Store(true)
+			r.stalled()
+		})
+	}
 	cctx, cancel := context.WithTimeout(ctx, r.timeout)
 	conds, err := r.rt.Status(cctx)
 	cancel()
+	if stall != nil {
+		stall.Stop()
+	}
 	if err != nil && ctx.Err() != nil {
 		// The check was stopped (Run's end), not failed by the runtime:
 		// the last answer stands.
@@ -171,6 +202,9 @@ func (r *Readiness) CheckRuntime(ctx context.Context) {
 		// Logged before the lock: a blocked log writer must not block
 		// Condition().
 		r.log.Error(err, "Container runtime sanity check failed")
+		if r.stalled != nil && !fired.Load() {
+			r.stalled()
+		}
 	}
 	r.mu.Lock()
 	defer r.mu.Unlock()

@@ -3,6 +3,7 @@ package pleg
 import (
 	"context"
 	"errors"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -168,5 +169,93 @@ func TestReadinessFollowsRelistPeriod(t *testing.T) {
 		gaps("back to the base period", 30*time.Second, 5*time.Second)
 		cancel()
 		<-done
+	})
+}
+
+// blockingStatus answers Status only once released (or its context ends),
+// and fails with err when set.
+type blockingStatus struct {
+	release chan struct{}
+	err     error
+}
+
+func (b *blockingStatus) Status(ctx context.Context) ([]cruntime.Condition, error) {
+	if b.release != nil {
+		select {
+		case <-b.release:
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+	if b.err != nil {
+		return nil, b.err
+	}
+	return []cruntime.Condition{{Type: cruntime.RuntimeReady, Status: true}, {Type: cruntime.NetworkReady, Status: true}}, nil
+}
+
+// doubtLog records when Stalled was called, from the timer's goroutine.
+type doubtLog struct {
+	mu    sync.Mutex
+	start time.Time
+	at    []time.Duration
+}
+
+func (d *doubtLog) stalled() {
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	d.at = append(d.at, time.Since(d.start))
+}
+
+// take returns the calls so far, and starts afresh from now.
+func (d *doubtLog) take() []time.Duration {
+	synctest.Wait()
+	d.mu.Lock()
+	defer d.mu.Unlock()
+	at := d.at
+	d.at, d.start = nil, time.Now()
+	return at
+}
+
+// TestReadinessDoubtsAStalledRuntime: a Status call that has not answered
+// within StallAfter calls Stalled once, at that moment (the generator then
+// lists soon: a stopped runtime sends no event); one that fails calls it
+// once; one that answers in time never does.
+func TestReadinessDoubtsAStalledRuntime(t *testing.T) {
+	synctest.Test(t, func(t *testing.T) {
+		d := &doubtLog{start: time.Now()}
+		st := &blockingStatus{release: make(chan struct{})}
+		r := NewReadiness(nil, ReadinessOptions{Runtime: st, Stalled: d.stalled})
+		go func() {
+			time.Sleep(5 * time.Second)
+			close(st.release)
+		}()
+		r.CheckRuntime(t.Context())
+		if got, want := d.take(), []time.Duration{DefaultStallAfter}; !slices.Equal(got, want) {
+			t.Errorf("a call answering after 5s: doubts at %v, want %v", got, want)
+		}
+		if c := r.Condition(); !c.Ready() {
+			t.Errorf("answered late but ready: %+v", c)
+		}
+
+		r.CheckRuntime(t.Context()) // released: answers at once
+		time.Sleep(time.Minute)
+		if got := d.take(); len(got) != 0 {
+			t.Errorf("a call answering at once: doubts at %v, want none", got)
+		}
+
+		st.err = errors.New("unavailable")
+		r.CheckRuntime(t.Context())
+		if got, want := d.take(), []time.Duration{0}; !slices.Equal(got, want) {
+			t.Errorf("a call failing at once: doubts at %v, want %v", got, want)
+		}
+
+		// Hung until its own timeout: one doubt, at StallAfter, not a
+		// second for the failure.
+		st.release, st.err = make(chan struct{}), nil
+		r2 := NewReadiness(nil, ReadinessOptions{Runtime: st, Timeout: 30 * time.Second, StallAfter: time.Second, Stalled: d.stalled})
+		r2.CheckRuntime(t.Context())
+		if got, want := d.take(), []time.Duration{time.Second}; !slices.Equal(got, want) {
+			t.Errorf("a call timing out: doubts at %v, want %v", got, want)
+		}
 	})
 }

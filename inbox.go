@@ -29,6 +29,7 @@ type inbox struct {
 	identity  *bool           // the last identity wish, if any since the last take
 	stream    []streamChanged // the event stream's changes, in order
 	lost      bool            // hints were dropped since the last take
+	doubt     bool            // the runtime was doubted since the last take
 	wake      chan struct{}   // capacity 1: "there is something to take"
 }
 
@@ -78,6 +79,14 @@ func (b *inbox) streamChanged(s journal.RuntimeStatus) {
 	b.signal()
 }
 
+// doubtRuntime puts runtimeDoubted, coalesced with any not taken yet.
+func (b *inbox) doubtRuntime() {
+	b.mu.Lock()
+	b.doubt = true
+	b.mu.Unlock()
+	b.signal()
+}
+
 func (b *inbox) identityWanted(wanted bool) {
 	b.mu.Lock()
 	b.identity = &wanted
@@ -94,7 +103,8 @@ func (b *inbox) signal() {
 
 // take returns everything put since the last take: the event stream's
 // changes in the order they came, hintsLost if hints were dropped,
-// reinspection requests, then hints in the order they came. into is
+// runtimeDoubted if the runtime was doubted, reinspection requests, then
+// hints in the order they came. into is
 // reused.
 func (b *inbox) take(into []input) []input {
 	b.mu.Lock()
@@ -105,6 +115,10 @@ func (b *inbox) take(into []input) []input {
 	if b.lost {
 		into = append(into, hintsLost{})
 		b.lost = false
+	}
+	if b.doubt {
+		into = append(into, runtimeDoubted{})
+		b.doubt = false
 	}
 	clear(b.stream)
 	b.stream = b.stream[:0]

@@ -33,6 +33,11 @@ const (
 	DefaultPodRelistBurst   = 10
 	DefaultPodRelistSpacing = 100 * time.Millisecond
 	DefaultEarlyRelistGap   = 500 * time.Millisecond
+	// DefaultMaxRelistPeriod is the adaptive relist's maximum that pleg's
+	// commands use unless told otherwise (--max-relist-period); the
+	// library's is 0, off. Chosen so that, at rest beside the kubelet,
+	// pleg's runtime calls are a tenth of its PLEG's (docs/performance.md).
+	DefaultMaxRelistPeriod = 30 * time.Second
 )
 
 // Bounds of the options, checked by New: values outside make no sense or
@@ -378,6 +383,14 @@ func (g *Generator) SetIdentityWanted(wanted bool) { g.inbox.identityWanted(want
 // nothing changed in its listing, emitting PodSync if no other event
 // results. It is never dropped.
 func (g *Generator) RequestReinspect(uid types.UID) { g.inbox.reinspectPod(uid) }
+
+// DoubtRuntime tells the generator that the runtime may have stopped
+// answering: a call to it outside the generator (the readiness check's
+// Status, ReadinessOptions.Stalled) is slow or failed. A stretched
+// relist falls back to its base period and the next global relist comes
+// forward, so that a listing soon tells, and the forecast with it. Cheap
+// and never blocking; doubts not taken yet coalesce.
+func (g *Generator) DoubtRuntime() { g.inbox.doubtRuntime() }
 
 var (
 	errRelistStarted   = errors.New("pleg: Relist called on a started generator")

@@ -793,6 +793,8 @@ func (h *harness) exec(b block) []string {
 		return render(h.step(taken{at: h.now, waiters: waiters}))
 	case "inbox-lost":
 		return render(h.step(hintsLost{}))
+	case "doubt":
+		return render(h.step(runtimeDoubted{}))
 	case "wake":
 		// When the loop next wakes for time (core.Wake).
 		w := h.c.Wake()

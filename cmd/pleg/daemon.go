@@ -98,6 +98,7 @@ func newDaemon(rf *runtimeFlags, o daemonOptions) (*daemon, error) {
 			Runtime: client,
 			Timeout: rf.requestTimeout,
 			Period:  d.gen.StretchedRelistPeriod,
+			Stalled: d.gen.DoubtRuntime,
 			Logger:  d.log,
 		})
 	}
