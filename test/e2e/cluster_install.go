@@ -426,9 +426,6 @@ func installPleg(t *testing.T, tags ...string) plegCluster {
 			t.Fatalf("node %s is not reachable from the host: %v", n.name, err)
 		}
 	}
-	for _, n := range []*clusterNode{a, b} {
-		waitRecovered(t, n)
-	}
 	waitFor(t, 2*time.Minute, "both nodes registered and Ready", func() error {
 		for _, name := range []string{a.name, b.name} {
 			n, err := c.node(name)
@@ -453,57 +450,4 @@ func installPleg(t *testing.T, tags ...string) plegCluster {
 		return podsReadyOnNodes(c, "pleg-system", owners)
 	})
 	return plegCluster{c: c, a: a, b: b, owners: owners, ready: time.Since(applied)}
-}
-
-// Markers of the kubelet's cAdvisor in its log (klog -v=2 and up):
-// its start recovers every container cgroup already on the machine
-// before the kubelet counts its runtime as up, and so before the node
-// can be Ready.
-const (
-	cadvisorRecoveryStart = "Starting recovery of all containers"
-	cadvisorRecoveryDone  = "Recovery completed"
-	cadvisorForeign       = "Failed to create existing container"
-)
-
-// waitRecovered waits until the node's kubelet has finished its
-// cAdvisor's recovery, for as long as the recovery makes progress.
-//
-// On a machine of its own that takes milliseconds. Here the nodes share
-// the machine's cgroup tree with the other suites' runtimes, and the
-// CRI-O node's cAdvisor asks its CRI-O about every crio-<id> cgroup it
-// finds, retrying a container its CRI-O does not know for 3.1 s (five
-// tries, cAdvisor's crio handler) before giving it up: with the e2e
-// suite's 50-pod tests on CRI-O running beside, that is minutes, and
-// the node stays NotReady ("container runtime status check may not
-// have completed yet") for all of them. So the wait is bounded by the
-// recovery's progress (a foreign container given up at least every
-// minute), not by a fixed time, and its length and cause are logged.
-func waitRecovered(t testing.TB, n *clusterNode) {
-	t.Helper()
-	const stall = time.Minute
-	start := time.Now()
-	lastProgress, given := start, 0
-	for {
-		b, err := os.ReadFile(n.k.logPath)
-		if err != nil {
-			t.Fatalf("node %s: %v", n.name, err)
-		}
-		log := string(b)
-		if strings.Contains(log, cadvisorRecoveryDone) {
-			if d := time.Since(start); given > 0 || d > 10*time.Second {
-				t.Logf("node %s: its kubelet's cAdvisor recovered the machine's containers after a further %v, giving up %d containers its runtime does not know (other suites' CRI-O containers, 3.1 s each)",
-					n.name, d.Round(time.Second), strings.Count(log, cadvisorForeign))
-			}
-			return
-		}
-		if c := strings.Count(log, cadvisorForeign); c > given {
-			given, lastProgress = c, time.Now()
-		}
-		if time.Since(lastProgress) > stall {
-			started := strings.Contains(log, cadvisorRecoveryStart)
-			t.Fatalf("node %s: its kubelet's cAdvisor has not completed its recovery of the machine's containers (recovery started: %v; %d foreign containers given up), and made no progress for %v",
-				n.name, started, given, stall)
-		}
-		time.Sleep(100 * time.Millisecond)
-	}
 }
