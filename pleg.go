@@ -33,11 +33,6 @@ const (
 	DefaultPodRelistBurst   = 10
 	DefaultPodRelistSpacing = 100 * time.Millisecond
 	DefaultEarlyRelistGap   = 500 * time.Millisecond
-	// DefaultMaxRelistPeriod is the adaptive relist's maximum that pleg's
-	// commands use unless told otherwise (--max-relist-period); the
-	// library's is 0, off. Chosen so that, at rest beside the kubelet,
-	// pleg's runtime calls are a tenth of its PLEG's (docs/performance.md).
-	DefaultMaxRelistPeriod = 30 * time.Second
 )
 
 // Bounds of the options, checked by New: values outside make no sense or
