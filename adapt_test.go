@@ -22,6 +22,7 @@ func TestAdaptiveCacheNeverFresherThanTaken(t *testing.T) {
 	h := newHarness(t)
 	h.c.cfg.maxPeriod, h.c.cfg.manual = 8*time.Second, false
 	h.step(streamChanged{status: journal.RuntimeStatus{State: journal.RuntimeEventStreamConnected}})
+	h.now = h.now.Add(time.Minute) // a clean minute: trusted up to 15s
 	h.setListing(h.listing([]string{"a c1=running"}), true)
 	for range 6 {
 		h.relist(nil, nil, false)
@@ -183,10 +184,10 @@ func TestAdaptiveReaderServedBetweenRelists(t *testing.T) {
 		})
 		rt.setPods(pod("a", "c1=running"))
 		g.Start()
-		time.Sleep(time.Minute) // stretched to 16s by now
+		time.Sleep(2 * time.Minute) // stretched to 16s by now (trusted after 64s)
 		synctest.Wait()
 		if p := g.StretchedRelistPeriod(); p != maxPeriod {
-			t.Fatalf("StretchedRelistPeriod = %v after a quiet minute, want %v", p, maxPeriod)
+			t.Fatalf("StretchedRelistPeriod = %v after two quiet minutes, want %v", p, maxPeriod)
 		}
 		lists := rt.count("ListPods")
 		stamp := g.Cache().Timestamp()

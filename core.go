@@ -75,9 +75,12 @@ type coreConfig struct {
 	// maxPeriod: the adaptive relist's longest period (core_adapt.go);
 	// not above period: the period never adapts.
 	maxPeriod time.Duration
-	manual    bool          // global relists start only on relistNow (Generator.Relist)
-	slots     int           // calls out at once (MaxParallelInspections)
-	timeout   time.Duration // bound of each per-pod call (the pod inspection timeout)
+	// trust: the period is at most the stream's clean time over this
+	// (AdaptiveTrust; 0: no bound, for scripts of the other rules).
+	trust   int
+	manual  bool          // global relists start only on relistNow (Generator.Relist)
+	slots   int           // calls out at once (MaxParallelInspections)
+	timeout time.Duration // bound of each per-pod call (the pod inspection timeout)
 	// statusTimeout is the bound of the global relist's status calls: 0
 	// when Options.PodInspectionTimeout is negative (no bound but the
 	// runtime request timeout, as the kubelet); single-pod relists'

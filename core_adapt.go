@@ -30,6 +30,13 @@ import (
 //     find out, would wait the stretched period.
 //     A fall back while waiting brings the next relist forward to a period
 //     after the end of the last.
+//   - Trust is earned: the period never exceeds 1/AdaptiveTrust of the time
+//     the stream has been clean, connected with every change a global
+//     relist found announced (since it connected or since the last
+//     unannounced change; cleanSince). A runtime that drops events
+//     (containerd 1.7 hands each to one of its subscribers) keeps finding
+//     unannounced changes and stays near the base period; one that does
+//     not reaches a 30 s maximum after two clean minutes.
 //   - Without a connected stream the period is cfg.period.
 //
 // The cache's freshness: while adaptive and streaming, the global
@@ -49,6 +56,12 @@ import (
 // after a fall back.
 const adaptHold = 3
 
+// AdaptiveTrust: the adaptive relist's period is at most the time the
+// event stream has been clean (connected, every change a global relist
+// found announced) over this: a 30 s maximum is reached after two clean
+// minutes.
+const AdaptiveTrust = 4
+
 // adaptState is the adaptive relist's state.
 type adaptState struct {
 	period    time.Duration // the period after the next relist ends
@@ -56,6 +69,9 @@ type adaptState struct {
 	streaming bool
 	// connectedAt is when the stream connected (zero: not connected).
 	connectedAt time.Time
+	// cleanSince is when the stream's clean run began: its connect, or
+	// the end of the last global relist that found an unannounced change.
+	cleanSince time.Time
 	// taken is the time of the loop's last take of its inbox: every hint
 	// received before it has been stepped. wanted: a reader of the cache
 	// was waiting then.
@@ -125,9 +141,9 @@ func (c *core) toBase() {
 func (c *core) onStream(s journal.RuntimeStatus) {
 	switch s.State {
 	case journal.RuntimeEventStreamConnected:
-		c.adapt.streaming, c.adapt.connectedAt = true, c.stepNow
+		c.adapt.streaming, c.adapt.connectedAt, c.adapt.cleanSince = true, c.stepNow, c.stepNow
 	case journal.RuntimeEventStreamLost:
-		c.adapt.streaming, c.adapt.connectedAt = false, time.Time{}
+		c.adapt.streaming, c.adapt.connectedAt, c.adapt.cleanSince = false, time.Time{}, time.Time{}
 	default:
 		return
 	}
@@ -197,6 +213,9 @@ func (c *core) adaptAfterRelist(ok bool) {
 	for uid, kind := range found {
 		c.note(note{kind: noteUnannounced, uid: uid, reason: kind})
 	}
+	if len(found) > 0 && c.adapt.streaming {
+		c.adapt.cleanSince = c.stepNow
+	}
 	switch {
 	case !ok || len(found) > 0 || !c.adapt.streaming:
 		c.adapt.period, c.adapt.hold = c.cfg.period, adaptHold
@@ -207,7 +226,11 @@ func (c *core) adaptAfterRelist(ok bool) {
 		c.adapt.hold--
 		c.adapt.period = c.cfg.period
 	default:
-		c.adapt.period = min(2*max(c.adapt.period, c.cfg.period), c.cfg.maxPeriod)
+		p := min(2*max(c.adapt.period, c.cfg.period), c.cfg.maxPeriod)
+		if c.cfg.trust > 0 {
+			p = min(p, c.stepNow.Sub(c.adapt.cleanSince)/time.Duration(c.cfg.trust))
+		}
+		c.adapt.period = max(p, c.cfg.period)
 	}
 }
 

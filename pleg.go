@@ -33,6 +33,12 @@ const (
 	DefaultPodRelistBurst   = 10
 	DefaultPodRelistSpacing = 100 * time.Millisecond
 	DefaultEarlyRelistGap   = 500 * time.Millisecond
+	// DefaultMaxRelistPeriod is the adaptive relist's maximum that pleg's
+	// commands use unless told otherwise (--max-relist-period); the
+	// library's is 0, off. Chosen so that, at rest beside the kubelet,
+	// pleg's runtime calls are under a tenth of its PLEG's
+	// (docs/performance.md).
+	DefaultMaxRelistPeriod = 30 * time.Second
 )
 
 // Bounds of the options, checked by New: values outside make no sense or
@@ -203,7 +209,7 @@ func (o *Options) adaptive() bool { return o.MaxRelistPeriod > o.RelistPeriod }
 
 // coreConfig is the core's part of the options.
 func (o *Options) coreConfig() coreConfig {
-	cfg := coreConfig{period: o.RelistPeriod, maxPeriod: o.MaxRelistPeriod, manual: true, slots: o.MaxParallelInspections,
+	cfg := coreConfig{period: o.RelistPeriod, maxPeriod: o.MaxRelistPeriod, trust: AdaptiveTrust, manual: true, slots: o.MaxParallelInspections,
 		timeout: o.PodInspectionTimeout, statusTimeout: o.PodInspectionTimeout, full: o.FullInspection,
 		budget: hintBudget{rate: o.PodRelistRate, burst: o.PodRelistBurst, spacing: o.PodRelistSpacing,
 			early: o.EarlyRelistGap, queue: o.PodRelistQueue}}

@@ -183,7 +183,7 @@ func parseScript(t *testing.T, file string) (blocks []block, preamble []string) 
 }
 
 func newHarness(t *testing.T) *harness {
-	cfg := coreConfig{period: time.Second, manual: true, slots: 16, timeout: scriptTimeout, statusTimeout: scriptTimeout,
+	cfg := coreConfig{period: time.Second, trust: AdaptiveTrust, manual: true, slots: 16, timeout: scriptTimeout, statusTimeout: scriptTimeout,
 		budget: hintBudget{queue: 4096}, check: true}
 	start := time.Unix(1_700_000_000, 0)
 	return &harness{t: t, c: newCore(cfg), cache: podcache.New(), now: start, start: start,
@@ -776,6 +776,18 @@ func (h *harness) exec(b block) []string {
 			t.Fatalf("line %d: %v", b.lineNo, err)
 		}
 		h.c.cfg.maxPeriod, h.c.cfg.manual = d, false
+		if v, ok := args["trust"]; ok {
+			// trust=off: no bound by the stream's clean time, for
+			// scripts of the other rules.
+			n, err := strconv.Atoi(v)
+			if v == "off" {
+				n, err = 0, nil
+			}
+			if err != nil {
+				t.Fatalf("line %d: trust: %v", b.lineNo, err)
+			}
+			h.c.cfg.trust = n
+		}
 		return nil
 	case "stream":
 		st := map[string]journal.RuntimeState{"connected": journal.RuntimeEventStreamConnected, "lost": journal.RuntimeEventStreamLost}[fields[1]]

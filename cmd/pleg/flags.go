@@ -87,6 +87,9 @@ type runtimeFlags struct {
 	listStreaming         string
 	directLists           bool
 	budget                budgetFlags
+	// fs is the flag set the flags were added to: validate asks it
+	// whether --max-relist-period was given.
+	fs *pflag.FlagSet
 }
 
 // budgetFlags are the hint budget's flags (docs/semantics.md, "Hints and
@@ -139,8 +142,9 @@ func (f *runtimeFlags) addFlags(fs *pflag.FlagSet) {
 		"the kubelet's --runtime-request-timeout: what one hanging call costs its relist in the forecast of its PLEG (docs/forecast.md)")
 	durationVar(fs, &f.relistPeriod, "relist-period", pleg.DefaultRelistPeriod, minRelistPeriod, 10*time.Minute,
 		"period between the end of a relist and the start of the next")
-	durationVar(fs, &f.maxRelistPeriod, "max-relist-period", 0, minRelistPeriod, pleg.MaxMaxRelistPeriod,
-		"adaptive relist: while the runtime's event stream is connected and relists find nothing no event announced, the period doubles after each relist up to this (at least --relist-period, below half --relist-threshold; 0: off, every --relist-period)",
+	f.fs = fs
+	durationVar(fs, &f.maxRelistPeriod, "max-relist-period", pleg.DefaultMaxRelistPeriod, minRelistPeriod, pleg.MaxMaxRelistPeriod,
+		"adaptive relist: while the runtime's event stream is connected and relists find nothing no event announced, the period doubles after each relist up to this (at least --relist-period, below half --relist-threshold; not given: 30s, or a quarter of --relist-threshold when less, off when that is below --relist-period; 0: off, every --relist-period)",
 		special[time.Duration]{0, "off"})
 	durationVar(fs, &f.relistThreshold, "relist-threshold", pleg.DefaultRelistThreshold, time.Second, time.Hour,
 		"PLEG is unhealthy when no relist has succeeded for longer than this (at least twice --relist-period)")
@@ -184,11 +188,26 @@ func (f *runtimeFlags) validate() error {
 		return usageErrorf("invalid --relist-threshold %q: must be at least twice --relist-period (%v), or a healthy node's relists report PLEG unhealthy",
 			f.relistThreshold, f.relistPeriod)
 	}
+	if f.fs == nil || !f.fs.Changed("max-relist-period") {
+		f.maxRelistPeriod = defaultMaxRelistPeriod(f.relistPeriod, f.relistThreshold)
+	}
 	if m := f.maxRelistPeriod; m != 0 && (m < f.relistPeriod || 2*m >= f.relistThreshold) {
 		return usageErrorf("invalid --max-relist-period %q: must be at least --relist-period (%v) and below half --relist-threshold (%v)",
 			m, f.relistPeriod, f.relistThreshold)
 	}
 	return nil
+}
+
+// defaultMaxRelistPeriod is --max-relist-period when not given: the
+// default, or a quarter of the threshold when less (the default must fit
+// any --relist-threshold the user gives); 0, off, when that is below the
+// period.
+func defaultMaxRelistPeriod(period, threshold time.Duration) time.Duration {
+	m := min(pleg.DefaultMaxRelistPeriod, threshold/4)
+	if m < period {
+		return 0
+	}
+	return m
 }
 
 // endpointReason is what is wrong with an endpoint Dial refused, without

@@ -97,3 +97,35 @@ func TestRanges(t *testing.T) {
 }
 
 func timeParse(s string) (time.Duration, error) { return time.ParseDuration(s) }
+
+// TestMaxRelistPeriodDefault: the adaptive relist is on by default, at
+// pleg.DefaultMaxRelistPeriod; a --relist-threshold or --relist-period
+// the default does not fit moves it (a quarter of the threshold) or turns
+// it off, where the same value given explicitly is refused; given, it is
+// taken as is.
+func TestMaxRelistPeriodDefault(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		want time.Duration
+	}{
+		{nil, 30 * time.Second},
+		{[]string{"--relist-threshold=1m"}, 15 * time.Second},
+		{[]string{"--relist-period=20s", "--relist-threshold=1m"}, 0},
+		{[]string{"--max-relist-period=0"}, 0},
+		{[]string{"--max-relist-period=10s"}, 10 * time.Second},
+		{[]string{"--relist-period=100ms", "--max-relist-period=2s"}, 2 * time.Second},
+	} {
+		var f runtimeFlags
+		fs := pflag.NewFlagSet("run", pflag.ContinueOnError)
+		f.addFlags(fs)
+		if err := fs.Parse(c.args); err != nil {
+			t.Fatalf("%v: %v", c.args, err)
+		}
+		if err := f.validate(); err != nil {
+			t.Fatalf("%v: %v", c.args, err)
+		}
+		if got := f.generatorOptions().MaxRelistPeriod; got != c.want {
+			t.Errorf("%v: MaxRelistPeriod %v, want %v", c.args, got, c.want)
+		}
+	}
+}

@@ -118,7 +118,9 @@ func TestMeasureIdleContainerd(t *testing.T) {
 		} `json:"relists"`
 	}
 	started := time.Now()
-	waitFor(t, 3*time.Minute, "pleg's relist stretched to "+maxPeriod.String(), func() error {
+	// A clean stream for pleg.AdaptiveTrust maximum periods, then the
+	// doublings.
+	waitFor(t, (pleg.AdaptiveTrust+3)*maxPeriod, "pleg's relist stretched to "+maxPeriod.String(), func() error {
 		var r relists
 		if _, err := d.getJSON("/api/v1/relists", &r); err != nil {
 			return err

@@ -476,7 +476,8 @@ const (
 // the startup's tail.
 //
 // With the adaptive global relist on, the warm-up also lasts until the
-// period has grown to its maximum: until the last relist started at least
+// period has grown to its maximum (after AdaptiveTrust maximum periods of
+// a clean stream at least): until the last relist started at least
 // (nearly) MaxRelistPeriod after the end of the one before.
 func (p *plegChild) start() (*liveStart, error) {
 	p.sink = newSink(p.events)
@@ -495,8 +496,9 @@ func (p *plegChild) start() (*liveStart, error) {
 	adaptive := p.cfg.MaxRelistPeriod > p.period()
 	limit := started.Add(liveStartLimit)
 	if adaptive {
-		// The doublings up to the maximum, and a hold at the base.
-		limit = limit.Add(4 * p.cfg.MaxRelistPeriod)
+		// The clean time the maximum needs (pleg.AdaptiveTrust), the
+		// doublings up to it, and a hold at the base.
+		limit = limit.Add((pleg.AdaptiveTrust + 4) * p.cfg.MaxRelistPeriod)
 	}
 	for {
 		recent := p.g.RecentRelists()

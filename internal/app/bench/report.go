@@ -277,7 +277,7 @@ func newReport(o Options) *Report {
 	}
 	if idle {
 		r.Notes = append(r.Notes,
-			"Idle scenarios run each relister started, on its own clock, on a node where nothing changes: the kubelet v1.37.2's PLEG (the kubelet-relist program, --kubelet: GenericPLEG.Start, a relist every period after the end of the last; its warm-up relists by hand), pleg with its period fixed and with the adaptive global relist (its window starts once the period has grown to its maximum), each pleg run with the daemon's readiness check (a CRI Status call every 5s; while the adaptive relist is stretched, as rarely as it, at most every 20s). Every CRI call the simulated runtime received in the window is counted (the bench's own commands go over the children's line protocols, not CRI); CPU is each process's own per second of the window; ratio = run / the kubelet's.")
+			"Idle scenarios run each relister started, on its own clock, on a node where nothing changes: the kubelet v1.37.2's PLEG (the kubelet-relist program, --kubelet: GenericPLEG.Start, a relist every period after the end of the last; its warm-up relists by hand), pleg with its period fixed and with the adaptive global relist (its window starts once the period has grown to its maximum, two minutes after its stream connected at 30s), each pleg run with the daemon's readiness check (a CRI Status call every 5s; while the adaptive relist is stretched, as rarely as it, at most every 10s). Every CRI call the simulated runtime received in the window is counted (the bench's own commands go over the children's line protocols, not CRI); CPU is each process's own per second of the window; ratio = run / the kubelet's.")
 	}
 	return r
 }

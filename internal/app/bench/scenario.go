@@ -514,7 +514,7 @@ func (s Scenario) liveDescription() string {
 		}
 	}
 	if l.Readiness {
-		b.WriteString(", with the daemon's readiness check (a CRI Status call every 5s, as rarely as a stretched relist up to 20s)")
+		b.WriteString(", with the daemon's readiness check (a CRI Status call every 5s, as rarely as a stretched relist up to 10s)")
 	}
 	return b.String()
 }
