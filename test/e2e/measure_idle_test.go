@@ -36,7 +36,9 @@ import (
 //
 // containerd's CPU serving each, per second = price x rate. Goal: pleg's
 // at most 0.2 of the kubelet's (asserted at 0.5: the MEASURE line carries
-// the figure).
+// the figure). Then containerd is SIGSTOPped right after one of pleg's
+// stretched relists: the forecast must say the runtime is down before the
+// stretched listing alone would let it (a period and the forecast's 10 s).
 func TestMeasureIdleContainerd(t *testing.T) {
 	e := useRuntime(t, "2.4.")
 	bin := kubeletRelistBin(t, e)
@@ -171,6 +173,32 @@ func TestMeasureIdleContainerd(t *testing.T) {
 	}
 	if ratio > 0.5 {
 		t.Errorf("containerd served pleg's adaptive relist at %.2f of the kubelet's PLEG, want well under 0.5 (goal 0.2)", ratio)
+	}
+
+	// The runtime stops while the relist is stretched: no event comes and
+	// the stream stays open. Stopped right after a global relist ends, the
+	// next is a whole stretched period (30 s) away, and the forecast's
+	// runtimeDown needs a listing outstanding for its 10 s: 40 s at the
+	// earliest without the doubt. With it, the readiness check's Status
+	// (at most 10 s away) stalls for 2 s, brings the listing forward, and
+	// the forecast is at risk within about 25 s.
+	fw := watchForecast(t, d, 100*time.Millisecond)
+	for n, _ := count(); ; {
+		if m, _ := count(); m > n {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	stopped := time.Now()
+	sigstop(t, pid)
+	risk := fw.wait(t, stopped, 2*time.Minute, "forecast at risk, the runtime down", func(f forecastJSON) bool { return f.AtRisk && f.RuntimeDown })
+	sigcont(t, pid)
+	continued := time.Now()
+	cleared := fw.wait(t, continued, time.Minute, "forecast clear after the runtime continued", func(f forecastJSON) bool { return !f.AtRisk })
+	measure(t, "stopped_while_stretched forecast_at_risk_after_stop=%v without_doubt_at_least=%v clear_after_continue=%v",
+		risk.at.Sub(stopped).Round(10*time.Millisecond), maxPeriod+pleg.DefaultPodInspectionTimeout, cleared.at.Sub(continued).Round(10*time.Millisecond))
+	if after := risk.at.Sub(stopped); after >= maxPeriod+pleg.DefaultPodInspectionTimeout {
+		t.Errorf("the forecast said the runtime was down %v after it stopped, as late as the stretched listing would have (%v): the stalled Status did not bring the listing forward", d, maxPeriod+pleg.DefaultPodInspectionTimeout)
 	}
 }
 
