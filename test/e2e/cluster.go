@@ -435,19 +435,6 @@ func (c *cluster) addNode(t testing.TB, i int, name, item string, preload []ociA
 			binds = append(binds, bindMount{filepath.Dir(e.sock), "/run/crio"})
 			// See kubelet.start: no huge page sizes on the node.
 			tmpfs = append(tmpfs, "/sys/kernel/mm/hugepages")
-			// Pod and container stats from CRI (beta in 1.37, as
-			// CRI-O's docs recommend), which turns off the discovery
-			// of the kubelet's cAdvisor. Without it, its start asks the
-			// node's CRI-O about every crio-<id> cgroup on the machine,
-			// whose tree a node here shares with the other suites'
-			// CRI-O: 3.1 s for each the node's CRI-O does not know
-			// (cAdvisor's crio handler retries five times), twice (its
-			// recovery, then its watcher's first pass), before the
-			// kubelet counts its runtime as up. With the e2e suite's
-			// 50-pod tests on CRI-O beside, the node stayed NotReady
-			// for minutes ("container runtime status check may not
-			// have completed yet"): TestClusterUpgrade failed in CI.
-			k.featureGates = append(k.featureGates, "PodAndContainerStatsFromCRI")
 		} else {
 			run := filepath.Join(e.dir, "run")
 			e.sock = filepath.Join(run, "containerd.sock")

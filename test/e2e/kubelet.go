@@ -842,7 +842,13 @@ func (k *kubelet) logTail(n int) string {
 func (k *kubelet) stop(t testing.TB) {
 	start := time.Now()
 	if t.Failed() && k.logPath != "" {
-		keepFailedLogs(t, "the kubelet's", map[string]string{"kubelet": k.logPath})
+		logs := map[string]string{"kubelet": k.logPath}
+		if k.env != nil && k.env.logPath != "" {
+			// Its runtime's too: a runtime that died under the
+			// kubelet says why only there.
+			logs[strings.TrimSuffix(filepath.Base(k.env.logPath), ".log")] = k.env.logPath
+		}
+		keepFailedLogs(t, "the kubelet's and its runtime's", logs)
 	}
 	if k.cmd != nil && k.cmd.Process != nil && k.exited() {
 		t.Errorf("the kubelet exited during the test: %v\n%s", k.exitErr(), k.logTail(40))
