@@ -264,8 +264,9 @@ func (s *stoppableStatus) Status(ctx context.Context) ([]cruntime.Condition, err
 // TestAdaptiveDoubtedRuntimeListedSoon: a runtime that stops answering
 // sends no event and closes no stream. With the relist stretched to 30s,
 // the readiness check's Status stalls within MaxStatusInterval, doubts
-// the runtime (Stalled: DoubtRuntime), and the next global listing comes
-// then, not 30s after the last: the listing is what the forecast watches.
+// the runtime (Stalled, which NewReadiness takes from the generator:
+// DoubtRuntime), and the next global listing comes then, not 30s after
+// the last: the listing is what the forecast watches.
 func TestAdaptiveDoubtedRuntimeListedSoon(t *testing.T) {
 	synctest.Test(t, func(t *testing.T) {
 		const period, maxPeriod = time.Second, 30 * time.Second
@@ -276,7 +277,7 @@ func TestAdaptiveDoubtedRuntimeListedSoon(t *testing.T) {
 			o.EventSource, o.RelistPeriod, o.MaxRelistPeriod = src, period, maxPeriod
 		})
 		st := &stoppableStatus{}
-		r := NewReadiness(g, ReadinessOptions{Runtime: st, Period: g.StretchedRelistPeriod, Stalled: g.DoubtRuntime})
+		r := NewReadiness(g, ReadinessOptions{Runtime: st}) // Period and Stalled: the generator's
 		g.Start()
 		ctx, cancel := context.WithCancel(t.Context())
 		done := make(chan struct{})

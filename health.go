@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	"github.com/go-logr/logr"
@@ -105,7 +104,17 @@ type ReadinessOptions struct {
 	Logger     logr.Logger
 }
 
-// NewReadiness returns a Readiness with the health check "PLEG".
+// adaptiveRelister is a generator whose global relist may stretch
+// (Generator): the check follows its period and tells it of a runtime in
+// doubt.
+type adaptiveRelister interface {
+	StretchedRelistPeriod() time.Duration
+	DoubtRuntime()
+}
+
+// NewReadiness returns a Readiness with the health check "PLEG". When
+// pleg is a Generator, Period and Stalled default to its
+// StretchedRelistPeriod and DoubtRuntime.
 func NewReadiness(pleg HealthChecker, opts ReadinessOptions) *Readiness {
 	if opts.Clock == nil {
 		opts.Clock = clock.RealClock{}
@@ -121,6 +130,14 @@ func NewReadiness(pleg HealthChecker, opts ReadinessOptions) *Readiness {
 	}
 	if opts.Logger.GetSink() == nil {
 		opts.Logger = logr.Discard()
+	}
+	if a, ok := pleg.(adaptiveRelister); ok {
+		if opts.Period == nil {
+			opts.Period = a.StretchedRelistPeriod
+		}
+		if opts.Stalled == nil {
+			opts.Stalled = a.DoubtRuntime
+		}
 	}
 	r := &Readiness{checks: map[string]HealthChecker{}, rt: opts.Runtime, clock: opts.Clock,
 		interval: opts.Interval, period: opts.Period, timeout: opts.Timeout,
@@ -179,20 +196,16 @@ func (r *Readiness) CheckRuntime(ctx context.Context) {
 	if r.rt == nil {
 		return
 	}
-	var fired atomic.Bool
 	var stall clock.Timer
 	if r.stalled != nil {
-		stall = r.clock.AfterFunc(r.stallAt, func() {
-			fired.Store(true)
-			r.stalled()
-		})
+		stall = r.clock.AfterFunc(r.stallAt, r.stalled)
 	}
 	cctx, cancel := context.WithTimeout(ctx, r.timeout)
 	conds, err := r.rt.Status(cctx)
 	cancel()
-	if stall != nil {
-		stall.Stop()
-	}
+	// Stop reports whether the stall had not been called yet: a failure
+	// then doubts the runtime itself, once.
+	unstalled := stall != nil && stall.Stop()
 	if err != nil && ctx.Err() != nil {
 		// The check was stopped (Run's end), not failed by the runtime:
 		// the last answer stands.
@@ -202,7 +215,7 @@ func (r *Readiness) CheckRuntime(ctx context.Context) {
 		// Logged before the lock: a blocked log writer must not block
 		// Condition().
 		r.log.Error(err, "Container runtime sanity check failed")
-		if r.stalled != nil && !fired.Load() {
+		if unstalled {
 			r.stalled()
 		}
 	}

@@ -97,8 +97,6 @@ func newDaemon(rf *runtimeFlags, o daemonOptions) (*daemon, error) {
 		d.ready = pleg.NewReadiness(d.gen, pleg.ReadinessOptions{
 			Runtime: client,
 			Timeout: rf.requestTimeout,
-			Period:  d.gen.StretchedRelistPeriod,
-			Stalled: d.gen.DoubtRuntime,
 			Logger:  d.log,
 		})
 	}

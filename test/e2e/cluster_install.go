@@ -10,6 +10,7 @@ import (
 	"bytes"
 	"context"
 	"fmt"
+	"io"
 	"os"
 	"os/exec"
 	"path/filepath"
@@ -468,6 +469,10 @@ func waitNodesReady(t testing.TB, c *cluster, nodes ...*clusterNode) {
 	const stall, limit = 2 * time.Minute, 15 * time.Minute
 	start := time.Now()
 	progress, given := start, 0
+	logs := make([]logCount, len(nodes))
+	for i, n := range nodes {
+		logs[i] = logCount{path: n.k.logPath, marker: []byte(cadvisorGaveUp)}
+	}
 	for {
 		var notReady error
 		for _, n := range nodes {
@@ -482,10 +487,8 @@ func waitNodesReady(t testing.TB, c *cluster, nodes ...*clusterNode) {
 			}
 		}
 		gaveUp := 0
-		for _, n := range nodes {
-			if b, err := os.ReadFile(n.k.logPath); err == nil {
-				gaveUp += bytes.Count(b, []byte(cadvisorGaveUp))
-			}
+		for i := range logs {
+			gaveUp += logs[i].update()
 		}
 		if gaveUp > given {
 			given, progress = gaveUp, time.Now()
@@ -501,6 +504,32 @@ func waitNodesReady(t testing.TB, c *cluster, nodes ...*clusterNode) {
 		case time.Since(start) > limit:
 			t.Fatalf("both nodes registered and Ready: still not so after %v (%d containers given up by the kubelets' cAdvisor): %v", limit, given, notReady)
 		}
-		time.Sleep(200 * time.Millisecond)
+		time.Sleep(time.Second)
 	}
+}
+
+// logCount counts a marker's lines in a growing log, reading on from
+// where it stopped: a kubelet's log at -v=4 grows by megabytes a minute.
+type logCount struct {
+	path   string
+	marker []byte
+	off    int64
+	part   []byte // the last line read, not ended yet
+	n      int
+}
+
+// update reads what the log gained and returns the count so far.
+func (c *logCount) update() int {
+	f, err := os.Open(c.path)
+	if err != nil {
+		return c.n
+	}
+	defer f.Close()
+	b, _ := io.ReadAll(io.NewSectionReader(f, c.off, 1<<62))
+	c.off += int64(len(b))
+	b = append(c.part, b...)
+	end := bytes.LastIndexByte(b, '\n') + 1
+	c.n += bytes.Count(b[:end], c.marker)
+	c.part = append(c.part[:0], b[end:]...)
+	return c.n
 }

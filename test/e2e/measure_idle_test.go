@@ -183,11 +183,15 @@ func TestMeasureIdleContainerd(t *testing.T) {
 	// (at most 10 s away) stalls for 2 s, brings the listing forward, and
 	// the forecast is at risk within about 25 s.
 	fw := watchForecast(t, d, 100*time.Millisecond)
-	for n, _ := count(); ; {
+	// Each look scrapes /metrics: every 50 ms, not eventually's 10.
+	n, _ := count()
+	for deadline := time.Now().Add(2 * maxPeriod); ; time.Sleep(50 * time.Millisecond) {
 		if m, _ := count(); m > n {
 			break
 		}
-		time.Sleep(20 * time.Millisecond)
+		if time.Now().After(deadline) {
+			t.Fatalf("no global relist of pleg's ended in %v (its period is %v)", 2*maxPeriod, maxPeriod)
+		}
 	}
 	stopped := time.Now()
 	sigstop(t, pid)

@@ -486,7 +486,7 @@ func (p *plegChild) start() (*liveStart, error) {
 	if p.cfg.Readiness {
 		ctx, cancel := context.WithCancel(context.Background())
 		r := &readiness{cancel: cancel, done: make(chan struct{})}
-		check := pleg.NewReadiness(p.g, pleg.ReadinessOptions{Runtime: p.client, Timeout: p.cfg.RequestTimeout, Period: p.g.StretchedRelistPeriod, Stalled: p.g.DoubtRuntime})
+		check := pleg.NewReadiness(p.g, pleg.ReadinessOptions{Runtime: p.client, Timeout: p.cfg.RequestTimeout})
 		go func() {
 			defer close(r.done)
 			check.Run(ctx)
